@@ -1,0 +1,72 @@
+"""Every applicable bound and its PGD reference on one (layer, X, ε): the unit of work of both
+``point`` and the runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+import bounds
+from attacks import attack
+from models import InputError, Stack, as_batch, check_eps
+
+from .env import timed
+
+
+@dataclass
+class Evaluation:
+    values: dict[str, Tensor] = field(default_factory=dict)  # [B] or [B, h], on the CPU
+    seconds: dict[str, float] = field(default_factory=dict)
+    pgd: dict[str, Tensor] = field(default_factory=dict)  # objective -> [B] or [B, h]
+    pgd_seconds: dict[str, float] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # bound -> why it was not computed
+
+    def reference(self, name: str) -> Tensor | None:
+        """The PGD value a bound is compared with (its objective's), or None."""
+        objective = bounds.get(name).objective
+        return self.pgd.get(objective) if objective else None
+
+
+def select(layer, names: list[str] | None) -> list[bounds.Bound]:
+    """The bounds to run: the named ones (each must apply: InputError otherwise), else all that apply."""
+    if not names:
+        return bounds.applicable(layer)
+    chosen = [bounds.get(n) for n in names]
+    for b in chosen:
+        bounds.require(b, layer)
+    return chosen
+
+
+def evaluate(layer, X: Tensor, eps: float, *, names: list[str] | None = None,
+             device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float64,
+             pgd_steps: int = 100, pgd_restarts: int = 8, seed: int = 0) -> Evaluation:
+    """Bounds and PGD values of every objective they refer to, timed one by one.
+
+    A bound that refuses this instance (InputError, e.g. the dense Jacobian above its size limit)
+    is recorded in ``skipped`` when it was not asked for by name; asked for by name, it raises.
+    """
+    eps = check_eps(eps)
+    if pgd_steps < 0 or pgd_restarts < 1:
+        raise InputError(f"need pgd steps >= 0 and restarts >= 1, got {pgd_steps}, {pgd_restarts}")
+    X = as_batch(X, layer.d).to(device=device, dtype=dtype)
+    layer = layer.to(X)
+    out = Evaluation()
+    chosen = select(layer, names)
+    for b in chosen:
+        try:
+            v, s = timed(lambda b=b: bounds.evaluate(b, layer, X, eps), device)
+        except InputError as e:
+            if names:
+                raise
+            out.skipped[b.name] = str(e)
+            continue
+        out.values[b.name], out.seconds[b.name] = v.detach().cpu().double(), s
+    objectives = ["output"] + ([] if isinstance(layer, Stack) else
+                               sorted({b.objective for b in chosen if b.objective} - {"output"}))
+    for obj in objectives:
+        v, s = timed(lambda obj=obj: attack(layer, X, eps, obj, steps=pgd_steps,
+                                            restarts=pgd_restarts, seed=seed), device)
+        out.pgd[obj], out.pgd_seconds[obj] = v.detach().cpu().double(), s
+    return out

@@ -1,0 +1,6 @@
+"""Every bound of SPEC.md, one module per family, listed in an explicit registry."""
+
+from .base import Bound
+from .registry import BOUNDS, REGISTRY, applicable, applies, evaluate, get, require
+
+__all__ = ["BOUNDS", "Bound", "REGISTRY", "applicable", "applies", "evaluate", "get", "require"]

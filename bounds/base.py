@@ -1,0 +1,40 @@
+"""What every bound is: a name, its source, whether it certifies, and a batched function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+BoundFn = Callable[..., Tensor]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One bound of SPEC.md.
+
+    ``fn(layer, X, eps)`` takes a layer already on X's device and dtype, ``X`` as [B, n, d] and
+    ``eps`` as a float or a per-input tensor [B]; it returns [B] (or [B, h] when ``per_head``).
+    ``objective`` names the PGD objective (attacks.objectives) the value is compared with.
+    ``stack`` says how it meets a stack: ``no``; ``propagate`` the radius block by block (SPEC §1.4);
+    or ``only`` on stacks (its fn then takes the stack itself).
+    """
+
+    name: str
+    fn: BoundFn
+    paper: str
+    equation: str
+    certified: bool
+    kinds: frozenset[str]
+    objective: str | None = "output"
+    per_head: bool = False
+    stack: str = "no"
+    ours: bool = False  # a tightening of this suite, not of the cited paper
+    description: str = ""
+
+
+def radius(eps: float | Tensor, X: Tensor) -> Tensor:
+    """eps as a tensor [B] on X's device and dtype."""
+    return torch.as_tensor(eps, dtype=X.dtype, device=X.device).expand(X.shape[0])

@@ -1,0 +1,100 @@
+"""The explicit registry of every bound, and the one entry point that evaluates a bound on a layer
+or a stack (SPEC §1.4: block k is bounded at its projected input X_k with radius ε_k = δ_{k−1})."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from models import InputError, Stack, as_batch, check_eps
+
+from . import jacobian as jac
+from . import kim as kim_
+from . import lofast as lf
+from . import olsa as olsa_
+from . import specformer as sf
+from .base import Bound
+
+DOT, L2, OLSA_KIND = frozenset({"dot"}), frozenset({"l2"}), frozenset({"olsa"})
+ALL = frozenset({"dot", "l2", "olsa"})
+LOFAST = "Havens et al., LoFAST (seed 000)"
+
+BOUNDS: tuple[Bound, ...] = (
+    Bound("naive_delta1", lf.naive_delta1, LOFAST, "eq. 12", True, DOT, objective="delta1"),
+    Bound("zeta", lambda layer, X, eps: lf.zeta(layer, X), LOFAST, "eq. 15", True, DOT,
+          objective=None, description="ζ(X) itself, a norm: compare delta1 = ζε with PGD"),
+    Bound("delta1", lf.delta1, LOFAST, "Lemma 1", True, DOT, objective="delta1"),
+    Bound("naive", lf.naive, LOFAST, "eq. 12 + eq. 28 (Fig. 1)", True, DOT, stack="propagate"),
+    Bound("delta2_M", lf.delta2_M, LOFAST, "eq. 27", True, DOT, objective="delta2"),
+    Bound("delta2_xi", lf.delta2_xi, LOFAST, "eq. 28", True, DOT, objective="delta2"),
+    Bound("lofast_M", lf.lofast_M, LOFAST, "Theorem 1, eq. 27", True, DOT, stack="propagate"),
+    Bound("lofast_xi", lf.lofast_xi, LOFAST, "Theorem 1, eq. 28", True, DOT, stack="propagate"),
+    Bound("delta21_M", lf.delta21_M, LOFAST, "§5.1, eq. 25", True, DOT, objective="delta21",
+          per_head=True),
+    Bound("delta21_xi", lf.delta21_xi, LOFAST, "§5.1, eq. 26", True, DOT, objective="delta21",
+          per_head=True),
+    Bound("delta22_tight", lf.delta22_tight, LOFAST, "eq. 18", True, DOT, objective="delta22",
+          per_head=True),
+    Bound("delta22_naive", lf.delta22_naive, LOFAST, "§5.1", True, DOT, objective="delta22",
+          per_head=True),
+    Bound("lofast_M_half", lf.lofast_M_half, "this suite, SPEC §2.2 (on LoFAST Theorem 1)",
+          "§2.2", True, DOT, stack="propagate", ours=True),
+    Bound("lofast_xi_half", lf.lofast_xi_half, "this suite, SPEC §2.2 (on LoFAST Theorem 1)",
+          "§2.2", True, DOT, stack="propagate", ours=True),
+    Bound("specformer", sf.specformer, "Hu et al., SpecFormer (seed 001)",
+          "Theorem 4.3, adapted (SPEC §3.1)", True, DOT, stack="propagate"),
+    Bound("kim", kim_.kim, "Kim, Papamakarios & Mnih, ICML 2021", "Theorem 3.2", True, L2,
+          stack="propagate"),
+    Bound("olsa", olsa_.olsa, "Xu et al., OLSA (seed 002)", "Theorem 4.1", True, OLSA_KIND,
+          stack="propagate"),
+    Bound("jacobian", jac.jacobian, "Wang & Ruan, the Cauchy view (seed 003)",
+          "σ_max(J_F), §3.4; product over blocks for stacks", False, ALL, stack="propagate"),
+    Bound("jacobian_l1linf", jac.jacobian_l1linf, "Wang & Ruan, the Cauchy view (seed 003)",
+          "√(‖J‖₁‖J‖∞), §3.4", False, ALL),
+    Bound("jacobian_exp", jac.jacobian_exp, "Wang & Ruan, the Cauchy view (seed 003)", "eq. 15",
+          False, ALL, stack="only"),
+)
+REGISTRY: dict[str, Bound] = {b.name: b for b in BOUNDS}
+
+
+def get(name: str) -> Bound:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise InputError(f"unknown bound {name!r}; known: {', '.join(REGISTRY)}") from None
+
+
+def applies(bound: Bound, layer) -> bool:
+    if isinstance(layer, Stack):
+        return bound.stack in ("propagate", "only") and layer.block_kind in bound.kinds
+    return bound.stack != "only" and layer.kind in bound.kinds
+
+
+def applicable(layer) -> list[Bound]:
+    """Every registered bound that applies to this layer or stack, in registry order."""
+    return [b for b in BOUNDS if applies(b, layer)]
+
+
+def require(bound: Bound, layer) -> None:
+    """Raises InputError when the bound does not apply to this layer or stack."""
+    if not applies(bound, layer):
+        what = f"a stack of {layer.block_kind} blocks" if isinstance(layer, Stack) else layer.kind
+        raise InputError(f"bound {bound.name!r} does not apply to {what} layers")
+
+
+def evaluate(bound: Bound | str, layer, X: Tensor, eps: float) -> Tensor:
+    """The bound's values for each input of X ([n, d] or [B, n, d]) at radius eps.
+
+    Computes in X's dtype and on X's device. Raises InputError for bad input or a bound that does
+    not apply to the layer's kind.
+    """
+    bound = get(bound) if isinstance(bound, str) else bound
+    require(bound, layer)
+    X = as_batch(X, layer.d)
+    eps = check_eps(eps)
+    layer = layer.to(X)
+    if not isinstance(layer, Stack) or bound.stack == "only":
+        return bound.fn(layer, X, eps)
+    radius: float | Tensor = eps
+    for block, Xk in zip(layer.blocks, layer.trajectory(X)):
+        radius = bound.fn(block, Xk, radius)
+    return radius

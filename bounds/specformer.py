@@ -1,0 +1,26 @@
+"""SpecFormer (Hu et al., seed 001), Theorem 4.3, adapted to the residual multi-head layer (SPEC §3.1)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from models import DotMHA
+
+from .base import radius
+from .spectral import spectral
+
+
+def specformer(layer: DotMHA, X: Tensor, eps) -> Tensor:
+    """``ε(‖H‖ + Σ_l N(N+1)(‖X‖_F + ε)²[‖C_l‖‖W^Q_l‖‖W^K_l‖ + ‖C_l‖])``.
+
+    Theorem 4.3 is stated for one head, no W^O and no residual: ``Lip ≤ N(N+1)(‖X0‖_F + δ0)²
+    [‖W^V‖‖W^Q‖‖W^K‖ + ‖W^V‖]`` on B(X0, δ0). This adaptation (SPEC §3.1) puts C_l = W^V_l W^O_l in
+    the place of W^V, sums over heads and adds ‖H‖ for the residual branch; the statement drops the
+    softmax's 1/√D, which only loosens it, and so do we.
+    """
+    e = radius(eps, X)
+    N = X.shape[1]
+    C = spectral(layer.C())
+    per_head = C * spectral(layer.W_q) * spectral(layer.W_k) + C  # [h]
+    radius_sq = (X.flatten(1).norm(dim=-1) + e) ** 2  # [B]
+    return e * (layer.H_norm + N * (N + 1) * radius_sq * per_head.sum())

@@ -1,0 +1,160 @@
+"""Layer, stack and input files in safetensors (no pickle); the format is documented in README.md.
+
+A layer file holds per-head tensors and string metadata (``kind`` and the layer's scalars). A stack
+file holds each block's tensors and metadata under the prefix ``blocks.{k}.``, plus ``kind=stack``,
+``depth`` and ``R`` (a number, or ``none`` for no LayerProject).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from .errors import InputError, check_finite
+from .layers import ACTIVATIONS, OLSA, DotMHA, L2MHA, Layer, Stack
+
+# tensor name -> (dims, as letters of h, d, e=d_h), per layer kind
+SCHEMA: dict[str, dict[str, str]] = {
+    "dot": {"W_q": "hde", "W_k": "hde", "W_v": "hde", "W_o": "hed"},
+    "l2": {"W_q": "hde", "W_v": "hde", "W_o": "hed"},
+    "olsa": {"W_q": "hed", "W_k": "hed", "W_v": "hed", "w_s": "he"},
+}
+
+
+def _read(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+    except FileNotFoundError:
+        raise InputError(f"cannot read {path}: no such file") from None
+    except Exception as e:  # safetensors raises its own error type for a corrupt header
+        raise InputError(f"cannot read {path}: not a readable safetensors file ({e})") from None
+
+
+def _meta(meta: dict[str, str], key: str, where: str, default: str | None = None) -> str:
+    if key in meta:
+        return meta[key]
+    if default is not None:
+        return default
+    raise InputError(f"{where}: missing metadata key {key!r}")
+
+
+def _flag(value: str, key: str, where: str) -> bool:
+    if value not in ("0", "1"):
+        raise InputError(f"{where}: metadata {key!r} must be '0' or '1', got {value!r}")
+    return value == "1"
+
+
+def _positive(value: str, key: str, where: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise InputError(f"{where}: metadata {key!r} must be a number, got {value!r}") from None
+    if not math.isfinite(x) or x <= 0:
+        raise InputError(f"{where}: metadata {key!r} must be finite and > 0, got {value!r}")
+    return x
+
+
+def _check_shapes(kind: str, t: dict[str, Tensor], where: str) -> None:
+    sizes: dict[str, int] = {}
+    for name, dims in SCHEMA[kind].items():
+        if name not in t:
+            raise InputError(f"{where}: missing tensor {name!r} for kind {kind!r}")
+        x = t[name]
+        if x.dim() != len(dims):
+            raise InputError(f"{where}: {name} must have {len(dims)} dims ({','.join(dims)}), "
+                             f"got shape {list(x.shape)}")
+        for letter, size in zip(dims, x.shape):
+            if sizes.setdefault(letter, size) != size:
+                raise InputError(f"{where}: {name} has shape {list(x.shape)}, inconsistent with "
+                                 f"{letter}={sizes[letter]} from the other tensors")
+        check_finite(f"{where}: {name}", x)
+    h, d, e = sizes["h"], sizes.get("d", sizes["e"] * sizes["h"]), sizes["e"]
+    if min(h, d, e) < 1:
+        raise InputError(f"{where}: empty weights (h={h}, d={d}, d_h={e})")
+    if h * e != d:
+        raise InputError(f"{where}: d % h != 0 or wrong head width: d={d}, h={h}, d_h={e} "
+                         f"(need d = h*d_h)")
+
+
+def layer_from_tensors(t: dict[str, Tensor], meta: dict[str, str], where: str = "layer") -> Layer:
+    kind = _meta(meta, "kind", where)
+    if kind not in SCHEMA:
+        raise InputError(f"{where}: unknown kind {kind!r}; expected one of {sorted(SCHEMA)} or stack")
+    _check_shapes(kind, t, where)
+    t = {k: t[k].to(torch.float64) for k in SCHEMA[kind]}
+    if kind == "dot":
+        return DotMHA(**t, residual=_flag(_meta(meta, "residual", where, "1"), "residual", where))
+    if kind == "l2":
+        return L2MHA(**t, residual=_flag(_meta(meta, "residual", where, "1"), "residual", where))
+    act = _meta(meta, "activation", where, "relu")
+    if act not in ACTIVATIONS:
+        raise InputError(f"{where}: activation {act!r} is not one of {sorted(ACTIVATIONS)}")
+    return OLSA(**t, alpha1=_positive(_meta(meta, "alpha1", where), "alpha1", where),
+                alpha2=_positive(_meta(meta, "alpha2", where), "alpha2", where), activation=act,
+                residual=_flag(_meta(meta, "residual", where, "0"), "residual", where))
+
+
+def layer_to_tensors(layer: Layer) -> tuple[dict[str, Tensor], dict[str, str]]:
+    t = {k: getattr(layer, k).detach().cpu().contiguous() for k in SCHEMA[layer.kind]}
+    meta = {"kind": layer.kind, "residual": "1" if layer.residual else "0"}
+    if isinstance(layer, OLSA):
+        meta.update(alpha1=repr(layer.alpha1), alpha2=repr(layer.alpha2), activation=layer.activation)
+    return t, meta
+
+
+def save_layer(path: str | Path, layer: Layer | Stack) -> None:
+    if isinstance(layer, Stack):
+        tensors: dict[str, Tensor] = {}
+        meta = {"kind": "stack", "depth": str(len(layer.blocks)),
+                "R": "none" if layer.R is None else repr(layer.R)}
+        for k, block in enumerate(layer.blocks):
+            t, m = layer_to_tensors(block)
+            tensors.update({f"blocks.{k}.{name}": x for name, x in t.items()})
+            meta.update({f"blocks.{k}.{name}": v for name, v in m.items()})
+    else:
+        tensors, meta = layer_to_tensors(layer)
+    save_file(tensors, str(path), metadata=meta)
+
+
+def load_layer(path: str | Path) -> Layer | Stack:
+    """Reads a layer or stack file, validating every tensor and metadata key (InputError if bad)."""
+    tensors, meta = _read(path)
+    where = str(path)
+    if _meta(meta, "kind", where) != "stack":
+        return layer_from_tensors(tensors, meta, where)
+    depth_s = _meta(meta, "depth", where)
+    if not depth_s.isdigit() or int(depth_s) < 1:
+        raise InputError(f"{where}: metadata 'depth' must be a positive integer, got {depth_s!r}")
+    R_s = _meta(meta, "R", where)
+    R = None if R_s == "none" else _positive(R_s, "R", where)
+    blocks = []
+    for k in range(int(depth_s)):
+        p = f"blocks.{k}."
+        bt = {n[len(p):]: x for n, x in tensors.items() if n.startswith(p)}
+        bm = {n[len(p):]: v for n, v in meta.items() if n.startswith(p)}
+        blocks.append(layer_from_tensors(bt, bm, f"{where} block {k}"))
+    if len({(b.kind, b.d) for b in blocks}) != 1:
+        raise InputError(f"{where}: all blocks of a stack must share kind and d")
+    return Stack(tuple(blocks), R=R)
+
+
+def save_input(path: str | Path, X: Tensor) -> None:
+    save_file({"X": X.detach().cpu().contiguous()}, str(path))
+
+
+def load_input(path: str | Path) -> Tensor:
+    """Reads ``X`` ([n, d] or [B, n, d]) from an input file, as float64."""
+    tensors, _ = _read(path)
+    if "X" not in tensors:
+        raise InputError(f"{path}: missing tensor 'X'")
+    X = tensors["X"]
+    if X.dim() not in (2, 3):
+        raise InputError(f"{path}: X must be [n, d] or [B, n, d], got shape {list(X.shape)}")
+    check_finite(f"{path}: X", X)
+    return X.to(torch.float64)

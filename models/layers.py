@@ -1,0 +1,199 @@
+"""The layers of SPEC §1 as plain tensor containers with a batched forward.
+
+Every function takes inputs of shape ``[..., n, d]``: leading dimensions are batch dimensions, so
+restarts, inputs and heads of an attack can all be evaluated in one call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Union
+
+import torch
+from torch import Tensor
+
+ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}  # 1-Lipschitz, as OLSA's Theorem 4.1 assumes
+
+
+class _Tensors:
+    """Moves every tensor field to the device and dtype of a reference tensor."""
+
+    def to(self, like: Tensor):
+        moved = {
+            f.name: getattr(self, f.name).to(device=like.device, dtype=like.dtype)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), Tensor)
+        }
+        return replace(self, **moved)
+
+    @property
+    def h(self) -> int:
+        return self.W_q.shape[0]
+
+    @property
+    def H_norm(self) -> float:
+        """Spectral norm of H: 1 for the residual layer, 0 for bare attention."""
+        return 1.0 if self.residual else 0.0
+
+
+@dataclass(frozen=True)
+class DotMHA(_Tensors):
+    """Dot-product multi-head attention, SPEC §1.1: ``F(X) = HX + Σ_l P_l(X) X C_l``."""
+
+    W_q: Tensor  # [h, d, d_h]
+    W_k: Tensor  # [h, d, d_h]
+    W_v: Tensor  # [h, d, d_h]
+    W_o: Tensor  # [h, d_h, d]
+    residual: bool = True
+    kind = "dot"
+
+    @property
+    def d(self) -> int:
+        return self.W_q.shape[1]
+
+    @property
+    def d_h(self) -> int:
+        return self.W_q.shape[2]
+
+    def A(self) -> Tensor:
+        """``A_l = W^Q_l W^K_lᵀ``, shape [h, d, d]."""
+        return self.W_q @ self.W_k.transpose(-1, -2)
+
+    def C(self) -> Tensor:
+        """``C_l = W^V_l W^O_l``, shape [h, d, d]."""
+        return self.W_v @ self.W_o
+
+    def attention(self, X: Tensor) -> Tensor:
+        """``P_l(X) = softmax_rows(X A_l Xᵀ / √d_h)``, shape [..., h, n, n]."""
+        Q = torch.einsum("...nd,hde->...hne", X, self.W_q)
+        K = torch.einsum("...nd,hde->...hne", X, self.W_k)
+        return torch.softmax(Q @ K.transpose(-1, -2) / math.sqrt(self.d_h), dim=-1)
+
+    def forward(self, X: Tensor) -> Tensor:
+        V = torch.einsum("...nd,hde->...hne", X, self.W_v)
+        out = torch.einsum("...hne,hef->...nf", self.attention(X) @ V, self.W_o)
+        return out + X if self.residual else out
+
+    __call__ = forward
+
+
+@dataclass(frozen=True)
+class L2MHA(_Tensors):
+    """L2 multi-head attention with tied keys (Kim et al. 2021), SPEC §1.2."""
+
+    W_q: Tensor  # [h, d, d_h]; keys are tied: W^K_l = W^Q_l
+    W_v: Tensor  # [h, d, d_h]
+    W_o: Tensor  # [h, d_h, d]
+    residual: bool = True
+    kind = "l2"
+
+    @property
+    def d(self) -> int:
+        return self.W_q.shape[1]
+
+    @property
+    def d_h(self) -> int:
+        return self.W_q.shape[2]
+
+    def attention(self, X: Tensor) -> Tensor:
+        """``softmax_rows(−‖x_iᵀW^Q_l − x_jᵀW^Q_l‖² / √d_h)``, shape [..., h, n, n]."""
+        Q = torch.einsum("...nd,hde->...hne", X, self.W_q)
+        sq = (Q * Q).sum(-1)
+        dist2 = sq.unsqueeze(-1) + sq.unsqueeze(-2) - 2 * Q @ Q.transpose(-1, -2)
+        return torch.softmax(-dist2 / math.sqrt(self.d_h), dim=-1)
+
+    def forward(self, X: Tensor) -> Tensor:
+        # X A_l = (X W^Q_l) W^Q_lᵀ / √d_h, never forming the d×d matrix A_l
+        Q = torch.einsum("...nd,hde->...hne", X, self.W_q)
+        XA = torch.einsum("...hne,hde->...hnd", Q, self.W_q) / math.sqrt(self.d_h)
+        V = torch.einsum("...hnd,hde->...hne", XA, self.W_v)
+        out = torch.einsum("...hne,hef->...nf", self.attention(X) @ V, self.W_o)
+        return out + X if self.residual else out
+
+    __call__ = forward
+
+
+@dataclass(frozen=True)
+class OLSA(_Tensors):
+    """The OLSA layer of Xu et al. (seed 002), SPEC §1.3."""
+
+    W_q: Tensor  # [h, d_h, d]
+    W_k: Tensor  # [h, d_h, d]
+    W_v: Tensor  # [h, d_h, d]
+    w_s: Tensor  # [h, d_h]
+    alpha1: float
+    alpha2: float
+    activation: str = "relu"
+    residual: bool = False
+    kind = "olsa"
+
+    @property
+    def d(self) -> int:
+        return self.W_q.shape[2]
+
+    @property
+    def d_h(self) -> int:
+        return self.W_q.shape[1]
+
+    def attention(self, X: Tensor) -> Tensor:
+        """``p_l[i,j] = softmax_j((1/α1) w^S_l σ((W^Q_l x_i + W^K_l x_j)/2))``, shape [..., h, n, n]."""
+        Q = torch.einsum("...nd,hed->...hne", X, self.W_q)
+        K = torch.einsum("...nd,hed->...hne", X, self.W_k)
+        pre = (Q.unsqueeze(-2) + K.unsqueeze(-3)) / 2  # [..., h, n, n, d_h]
+        s = torch.einsum("...hije,he->...hij", ACTIVATIONS[self.activation](pre), self.w_s)
+        return torch.softmax(s / self.alpha1, dim=-1)
+
+    def forward(self, X: Tensor) -> Tensor:
+        V = torch.einsum("...nd,hed->...hne", X, self.W_v)
+        Y = (self.attention(X) @ V) / self.alpha2  # [..., h, n, d_h]
+        out = Y.transpose(-3, -2).flatten(-2)  # Concat_l, head-major
+        return out + X if self.residual else out
+
+    __call__ = forward
+
+
+def layer_project(X: Tensor, R: float) -> Tensor:
+    """LayerProject (LoFAST eq. 29): rows with ‖x‖₂ > R are scaled to norm R, others left alone."""
+    norms = X.norm(dim=-1, keepdim=True)
+    return X * torch.clamp(R / norms, max=1.0)
+
+
+Layer = Union[DotMHA, L2MHA, OLSA]
+
+
+@dataclass(frozen=True)
+class Stack:
+    """N blocks, SPEC §1.4: ``X_{k+1} = f_k(Proj_R(X_k))``; ``R=None`` skips the projection."""
+
+    blocks: tuple[Layer, ...]
+    R: float | None = 1.0
+    kind = "stack"
+
+    @property
+    def d(self) -> int:
+        return self.blocks[0].d
+
+    @property
+    def block_kind(self) -> str:
+        return self.blocks[0].kind
+
+    def to(self, like: Tensor) -> Stack:
+        return replace(self, blocks=tuple(b.to(like) for b in self.blocks))
+
+    def project(self, X: Tensor) -> Tensor:
+        return X if self.R is None else layer_project(X, self.R)
+
+    def trajectory(self, X: Tensor) -> list[Tensor]:
+        """The projected input of every block, then the output: ``[Proj(X_0), …, Proj(X_{N-1}), X_N]``."""
+        states = []
+        for block in self.blocks:
+            X = self.project(X)
+            states.append(X)
+            X = block(X)
+        return states + [X]
+
+    def forward(self, X: Tensor) -> Tensor:
+        return self.trajectory(X)[-1]
+
+    __call__ = forward
