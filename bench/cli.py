@@ -11,7 +11,8 @@ import sys
 
 from models import InputError
 
-from .env import set_threads
+from .env import ROOT, set_threads
+from .sweeps import OVERRIDES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,7 +48,39 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--pgd-steps", type=_positive_int, default=100)
     pt.add_argument("--pgd-restarts", type=_positive_int, default=8)
     pt.add_argument("--seed", type=_positive_int, default=0)
+    rn = sub.add_parser("run", help="run a profile's sweeps into a results directory (resumable)")
+    rn.add_argument("--profile", default="quick", help="quick, paper, or a TOML file")
+    rn.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    rn.add_argument("--dtype", default=None, choices=["float32", "float64"],
+                    help="default: the profile's (float64)")
+    rn.add_argument("--out", default=None, help="results directory (default results/<profile>)")
+    for flag, field in OVERRIDES.items():
+        rn.add_argument(f"--{flag.replace('_', '-')}", dest=f"ov_{flag}", default=None,
+                        metavar="V[,V...]", help=f"override the {field} axis of every sweep")
+    rn.add_argument("--list", action="store_true", help="list the cells and exit")
     return p
+
+
+def _run(args) -> int:
+    from pathlib import Path
+
+    from .runner import run_profile
+    from .sweeps import load_profile, parse_list
+
+    overrides = {f: parse_list(f, getattr(args, f"ov_{f}")) for f in OVERRIDES
+                 if getattr(args, f"ov_{f}") is not None}
+    profile = load_profile(args.profile, overrides)
+    if args.list:
+        for sweep, cell in profile.cells():
+            print(f"{sweep}\t{cell.id}")
+        return 0
+    out = Path(args.out) if args.out else ROOT / "results" / profile.name
+    table, violations = run_profile(profile, out, args.device, args.dtype, overrides)
+    print(f"results: {table}")
+    if violations:
+        print(f"SOUNDNESS VIOLATIONS: {violations} rows where a certified bound is below PGD",
+              file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             from .point import run
 
             return run(args)
+        if args.command == "run":
+            return _run(args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

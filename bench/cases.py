@@ -1,0 +1,139 @@
+"""Cells: one (layer, input, ε) of a sweep, rebuilt bit-identically from its parameters alone."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch import Tensor
+
+from models import (
+    InputError, check_eps, check_heads, projected_input, random_input, random_layer, random_stack,
+)
+from models.build import with_spectral_norm
+
+KINDS = ("dot", "l2", "olsa")
+INPUTS = ("gauss", "proj")
+PERTURB = ("none", "W_q", "W_k", "W_v", "W_o", "X")
+TASKS = ("bounds", "lofast", "scaling", "cauchy")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A case (kind, n, d, h, H, weights, input, seed) at one ε, with what to compute on it.
+
+    ``w_qk`` is the per-head spectral norm of W^Q and W^K, ``w_vo`` that of W^V and W^O (OLSA is
+    orthogonal and ignores both). ``x = gauss``: Gaussian X rescaled to spectral norm ``x_norm``;
+    ``x = proj``: Gaussian rows of norm about 3 through LayerProject(R = x_norm). ``samples`` inputs
+    are drawn as one batch. ``perturb``/``noise`` add Gaussian noise of spectral norm ``noise`` to
+    one weight family (or X), drawn with ``seed`` (LoFAST Fig. 3). ``task``: ``bounds`` (every
+    bound and PGD), ``lofast`` (LoFAST and naive only), ``scaling`` (timings of the matrix-free and
+    dense solvers) or ``cauchy`` (per-block Jacobian norms of a stack).
+    """
+
+    kind: str = "dot"
+    n: int = 16
+    d: int = 64
+    h: int = 4
+    residual: bool = True
+    w_qk: float = 1.0
+    w_vo: float = 1.0
+    x: str = "gauss"
+    x_norm: float = 1.0
+    depth: int = 1
+    R: float = 1.0
+    eps: float = 0.05
+    perturb: str = "none"
+    noise: float = 0.0
+    samples: int = 1
+    seed: int = 0
+    task: str = "bounds"
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise InputError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.x not in INPUTS:
+            raise InputError(f"x must be one of {INPUTS}, got {self.x!r}")
+        if self.perturb not in PERTURB:
+            raise InputError(f"perturb must be one of {PERTURB}, got {self.perturb!r}")
+        if self.task not in TASKS:
+            raise InputError(f"task must be one of {TASKS}, got {self.task!r}")
+        check_heads(self.d, self.h)
+        check_eps(self.eps)
+        for name in ("n", "depth", "samples"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("w_qk", "w_vo", "x_norm", "R"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v <= 0:
+                raise InputError(f"{name} must be finite and > 0, got {v}")
+        if not math.isfinite(self.noise) or self.noise < 0:
+            raise InputError(f"noise must be finite and >= 0, got {self.noise}")
+
+    @property
+    def id(self) -> str:
+        """``dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]``, plus the
+        non-default extras (perturbation, samples, task)."""
+        parts = [f"n={self.n}", f"d={self.d}", f"h={self.h}", f"H={'I' if self.residual else '0'}",
+                 f"wqk={self.w_qk:g}", f"wvo={self.w_vo:g}", f"x={self.x}:{self.x_norm:g}",
+                 f"depth={self.depth}"]
+        if self.depth > 1:
+            parts.append(f"R={self.R:g}")
+        parts += [f"eps={self.eps:g}", f"seed={self.seed}"]
+        if self.perturb != "none":
+            parts.append(f"perturb={self.perturb}:{self.noise:g}")
+        if self.samples != 1:
+            parts.append(f"samples={self.samples}")
+        if self.task != "bounds":
+            parts.append(f"task={self.task}")
+        return f"{self.kind}[{','.join(parts)}]"
+
+    def params(self) -> dict:
+        return asdict(self)
+
+    def build(self):
+        """(layer or stack, X [samples, n, d]) in float64 on the CPU, the same bits on every call."""
+        c = self.x_norm  # sets OLSA's default alpha2; its bound re-takes c = ‖X‖_F + ε per input
+        kw = {"weight_norm": 1.0, "residual": self.residual, "n": self.n, "c": c}
+        if self.depth == 1:
+            layer = random_layer(self.kind, self.d, self.h, seed=self.seed, **kw)
+        else:
+            layer = random_stack(self.kind, self.depth, self.d, self.h, seed=self.seed, R=self.R, **kw)
+        layer = _scale(layer, self)
+        if self.x == "gauss":
+            X = random_input(self.n, self.d, norm=self.x_norm, seed=self.seed + 10_000,
+                             batch=self.samples)
+        else:
+            X = projected_input(self.n, self.d, R=self.x_norm, seed=self.seed + 10_000,
+                                batch=self.samples)
+        if self.perturb == "X":
+            X = X + _noise(X.shape, self.noise, self.seed + 20_000)
+        return layer, X
+
+
+def _noise(shape: tuple[int, ...], norm: float, seed: int) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return with_spectral_norm(torch.randn(*shape, generator=g, dtype=torch.float64), norm)
+
+
+def _scale(layer, cell: Cell):
+    """Sets the per-head weight norms of the cell and adds its weight perturbation."""
+    from dataclasses import replace
+
+    from models import Stack
+
+    if isinstance(layer, Stack):
+        return replace(layer, blocks=tuple(_scale(b, cell) for b in layer.blocks))
+    if layer.kind == "olsa":
+        return layer  # orthogonal by construction; the theorem needs it so
+    new = {}
+    for f in fields(layer):
+        W = getattr(layer, f.name)
+        if not isinstance(W, Tensor):
+            continue
+        W = with_spectral_norm(W, cell.w_qk if f.name in ("W_q", "W_k") else cell.w_vo)
+        if f.name == cell.perturb:
+            W = W + _noise(tuple(W.shape), cell.noise, cell.seed + 20_000)
+        new[f.name] = W
+    return replace(layer, **new)
