@@ -76,18 +76,45 @@ class Cell:
         """``dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]``, plus the
         non-default extras (perturbation, samples, task)."""
         parts = [f"n={self.n}", f"d={self.d}", f"h={self.h}", f"H={'I' if self.residual else '0'}",
-                 f"wqk={self.w_qk:g}", f"wvo={self.w_vo:g}", f"x={self.x}:{self.x_norm:g}",
+                 f"wqk={_num(self.w_qk)}", f"wvo={_num(self.w_vo)}", f"x={self.x}:{_num(self.x_norm)}",
                  f"depth={self.depth}"]
         if self.depth > 1:
-            parts.append(f"R={self.R:g}")
-        parts += [f"eps={self.eps:g}", f"seed={self.seed}"]
+            parts.append(f"R={_num(self.R)}")
+        parts += [f"eps={_num(self.eps)}", f"seed={self.seed}"]
         if self.perturb != "none":
-            parts.append(f"perturb={self.perturb}:{self.noise:g}")
+            parts.append(f"perturb={self.perturb}:{_num(self.noise)}")
         if self.samples != 1:
             parts.append(f"samples={self.samples}")
         if self.task != "bounds":
             parts.append(f"task={self.task}")
         return f"{self.kind}[{','.join(parts)}]"
+
+    @classmethod
+    def from_id(cls, cell_id: str) -> Cell:
+        """The cell an id names: ``Cell.from_id(c.id) == c`` for every cell."""
+        try:
+            kind, rest = cell_id.split("[", 1)
+            items = dict(p.split("=", 1) for p in rest.rstrip("]").split(","))
+            x, x_norm = items.pop("x").split(":")
+            kw = {"kind": kind, "n": int(items.pop("n")), "d": int(items.pop("d")),
+                  "h": int(items.pop("h")), "residual": items.pop("H") == "I",
+                  "w_qk": float(items.pop("wqk")), "w_vo": float(items.pop("wvo")), "x": x,
+                  "x_norm": float(x_norm), "depth": int(items.pop("depth")),
+                  "eps": float(items.pop("eps")), "seed": int(items.pop("seed"))}
+            if "R" in items:
+                kw["R"] = float(items.pop("R"))
+            if "perturb" in items:
+                target, noise = items.pop("perturb").split(":")
+                kw.update(perturb=target, noise=float(noise))
+            if "samples" in items:
+                kw["samples"] = int(items.pop("samples"))
+            if "task" in items:
+                kw["task"] = items.pop("task")
+        except (ValueError, KeyError):
+            raise InputError(f"not a cell id: {cell_id!r}") from None
+        if items:
+            raise InputError(f"not a cell id: {cell_id!r} (unknown keys {sorted(items)})")
+        return cls(**kw)
 
     def params(self) -> dict:
         return asdict(self)
@@ -110,6 +137,11 @@ class Cell:
         if self.perturb == "X":
             X = X + _noise(X.shape, self.noise, self.seed + 20_000)
         return layer, X
+
+
+def _num(v: float) -> str:
+    """The shortest text that reads back as the same float (0.05, 1, 1e-05)."""
+    return repr(float(v)).removesuffix(".0")
 
 
 def _noise(shape: tuple[int, ...], norm: float, seed: int) -> Tensor:

@@ -58,6 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
         rn.add_argument(f"--{flag.replace('_', '-')}", dest=f"ov_{flag}", default=None,
                         metavar="V[,V...]", help=f"override the {field} axis of every sweep")
     rn.add_argument("--list", action="store_true", help="list the cells and exit")
+
+    rp = sub.add_parser("report", help="figures and tables, rebuilt from stored results alone")
+    rp.add_argument("results", nargs="?", default=str(ROOT / "results" / "baseline"),
+                    help="results directory or CSV (default results/baseline)")
+    rp.add_argument("--out", default=str(ROOT / "reports"))
+
+    cp = sub.add_parser("compare", help="tightness and soundness of NEW against BASE (exit 1 if worse)")
+    cp.add_argument("base")
+    cp.add_argument("new")
+    cp.add_argument("--tol", type=float, default=0.02, help="relative tolerance (default 0.02)")
+
+    bl = sub.add_parser("baseline", help="rewrite results/baseline deliberately")
+    bl.add_argument("--update", action="store_true", required=True)
+    bl.add_argument("--from", dest="source", default=None,
+                    help="a finished run directory to copy (default: run the quick profile afresh)")
     return p
 
 
@@ -93,6 +108,20 @@ def main(argv: list[str] | None = None) -> int:
             return run(args)
         if args.command == "run":
             return _run(args)
+        if args.command == "compare":
+            from .compare import run as compare
+
+            return compare(args.base, args.new, args.tol)
+        if args.command == "report":
+            from .report import build
+
+            print(f"reports: {build(args.results, args.out)}")
+            return 0
+        if args.command == "baseline":
+            from .baseline import update
+
+            print(f"baseline: {update(args.source)}")
+            return 0
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

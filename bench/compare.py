@@ -1,0 +1,92 @@
+"""``python -m bench compare BASE NEW``: tightness and soundness against a baseline, asv-style.
+
+Per (cell, bound, sample, head, block) it compares the ratio value/PGD of every certified bound
+(larger is worse: the bound got looser) and the value of every PGD lower bound (smaller is worse:
+the attack got weaker). Markers: ``x`` soundness violation, ``+`` worse beyond the tolerance,
+``-`` better beyond it, ``~`` an estimate moved (not judged), ``!`` missing from NEW. Exit 1 on
+any ``x`` or ``+``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from models import InputError
+
+from .store import KEY, load
+
+MARKERS = {"x": "soundness violation", "+": "worse", "-": "better", "~": "estimate moved",
+           "!": "missing in NEW"}
+
+
+def _judge(r, tol: float) -> tuple[str, float]:
+    """(marker, factor) for one joined row; factor = new/base of the compared quantity."""
+    if r._merge == "left_only":
+        return "!", math.nan
+    if r.violation_new:
+        return "x", r.ratio_new / r.ratio_base if r.ratio_base else math.nan
+    is_pgd = str(r.bound).startswith("pgd_")
+    base, new = (r.value_base, r.value_new) if is_pgd else (r.ratio_base, r.ratio_new)
+    if not (isinstance(base, float) and math.isfinite(base) and base > 0 and math.isfinite(new)):
+        return " ", math.nan
+    factor = new / base
+    worse = factor < 1 - tol if is_pgd else factor > 1 + tol
+    better = factor > 1 + tol if is_pgd else factor < 1 - tol
+    if not (worse or better):
+        return " ", factor
+    if not (is_pgd or r.certified_new):
+        return "~", factor
+    return ("+" if worse else "-"), factor
+
+
+def compare(base: pd.DataFrame, new: pd.DataFrame, tol: float = 0.02) -> pd.DataFrame:
+    """One row per compared key with its marker and factor."""
+    if not (0 <= tol < 1):
+        raise InputError(f"--tol must be in [0, 1), got {tol}")
+    cols = [*KEY, "certified", "value", "pgd", "ratio", "violation"]
+    keep = lambda df: df[~df["bound"].str.startswith(("scaling:", "block_"))][cols]
+    j = keep(base).merge(keep(new), on=KEY, how="outer", suffixes=("_base", "_new"), indicator=True)
+    j = j[j["_merge"] != "right_only"].copy()
+    j["violation_new"] = j["violation_new"].fillna(False).astype(bool)
+    judged = [_judge(r, tol) for r in j.itertuples()]
+    j["marker"] = [m for m, _ in judged]
+    j["factor"] = [f for _, f in judged]
+    return j.drop(columns="_merge").reset_index(drop=True)
+
+
+def summary(j: pd.DataFrame, tol: float, base_name: str, new_name: str) -> str:
+    counts = j["marker"].value_counts()
+    lines = [f"# compare: {new_name} against {base_name} (tol {tol:g})", "",
+             f"{len(j)} rows compared. " + ", ".join(
+                 f"`{m}` {MARKERS[m]}: {int(counts.get(m, 0))}" for m in MARKERS), ""]
+    flagged = j[j["marker"].isin(["x", "+", "!"])]
+    if len(flagged):
+        lines += ["| | bound | cell | sample | head | base | new | factor |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in flagged.head(40).itertuples():
+            is_pgd = str(r.bound).startswith("pgd_")
+            b, n = (r.value_base, r.value_new) if is_pgd else (r.ratio_base, r.ratio_new)
+            lines.append(f"| {r.marker} | {r.bound} | `{r.cell_id}` | {r.sample} | {r.head} | "
+                         f"{b:.4g} | {n:.4g} | {r.factor:.4f} |")
+        if len(flagged) > 40:
+            lines.append(f"| … | {len(flagged) - 40} more | | | | | | |")
+        lines.append("")
+    per = j[j["factor"].notna()].groupby("bound")["factor"].agg(["median", "min", "max"])
+    lines += ["| bound | median factor | min | max |", "|---|---|---|---|"]
+    lines += [f"| {b} | {r['median']:.4f} | {r['min']:.4f} | {r['max']:.4f} |" for b, r in per.iterrows()]
+    bad = int(counts.get("x", 0) + counts.get("+", 0))
+    lines += ["", "FAILED: soundness violations or tightness regressions" if bad else "OK"]
+    return "\n".join(lines) + "\n"
+
+
+def run(base_path: str, new_path: str, tol: float) -> int:
+    base, new = load(base_path), load(new_path)
+    j = compare(base, new, tol)
+    text = summary(j, tol, str(base_path), str(new_path))
+    if Path(new_path).is_dir():
+        (Path(new_path) / "compare.md").write_text(text)
+    print(text, end="")
+    return 1 if j["marker"].isin(["x", "+"]).any() else 0

@@ -1,0 +1,117 @@
+"""``python -m bench report``: every figure and table of the suite, rebuilt from stored results.
+
+Reads one results table (a run directory or CSV, see :func:`bench.store.load`) and writes into
+``out``: each figure as PNG and PDF, each table as Markdown and LaTeX, and a README.md that
+shows them all with how each was made. A figure whose sweep is absent is skipped and named in the
+README, so a user profile with fewer sweeps still reports what it has. The output depends on the
+data alone (no timestamps of its own), so re-running on the same results gives the same files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from . import report_figures as figs
+from . import report_tables as tabs
+from .store import load
+
+META = ["profile", "device_name", "dtype", "git_commit", "git_dirty", "torch_version",
+        "pgd_steps", "pgd_restarts", "date"]
+# PDFs stamp their creation time unless told otherwise; PNGs carry only the software tag
+PDF_META = {"CreationDate": None, "ModDate": None}
+
+
+def _run_line(df: pd.DataFrame) -> str:
+    parts = []
+    for c in META:
+        if c in df.columns:
+            vals = sorted({str(v) for v in df[c].dropna()})
+            if vals:
+                parts.append(f"{c} {'/'.join(vals)}")
+    return "; ".join(parts) if parts else "no run metadata in the table"
+
+
+def _violations(df: pd.DataFrame) -> list[str]:
+    bad = df[df["violation"].astype(bool)]
+    return [f"`{r.bound}` = {r.value:.6g} < PGD {r.pgd:.6g} in sweep `{r.sweep}` cell "
+            f"`{r.cell_id}` (sample {r.sample}, head {r.head})" for r in bad.itertuples()]
+
+
+def _save(fig: plt.Figure, out: Path, stem: str) -> None:
+    try:
+        fig.savefig(out / f"{stem}.png", dpi=200)
+        fig.savefig(out / f"{stem}.pdf", metadata=PDF_META)
+    finally:
+        plt.close(fig)
+
+
+def build(results: str, out: str) -> Path:
+    """Writes the report of ``results`` into ``out``; returns the README's path."""
+    df = load(results)
+    for col in ("certified", "violation", "sound"):
+        # a CSV written by hand may hold "True"/"False" strings; compare as booleans
+        if df[col].dtype == object:
+            df[col] = df[col].astype(str).str.lower().isin(["true", "1"])
+    outp = Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
+    figs.style()
+    made_figs: list[tuple[str, str]] = []
+    made_tabs: list[tuple[str, str, str]] = []
+    skipped: list[str] = []
+    for stem, make in figs.FIGURES.items():
+        try:
+            f = make(df)
+        except figs.Skip as e:
+            skipped.append(f"figure `{stem}`: {e}")
+            continue
+        _save(f.fig, outp, stem)
+        made_figs.append((stem, f.caption))
+    for stem, make in tabs.TABLES.items():
+        try:
+            t, caption = make(df)
+        except figs.Skip as e:
+            skipped.append(f"table `{stem}`: {e}")
+            continue
+        md = tabs.to_markdown(t)
+        (outp / f"{stem}.md").write_text(md)
+        (outp / f"{stem}.tex").write_text(tabs.to_latex(t, caption))
+        made_tabs.append((stem, caption, md))
+    readme = outp / "README.md"
+    readme.write_text(_readme(df, results, made_figs, made_tabs, skipped))
+    return readme
+
+
+def _readme(df: pd.DataFrame, results: str, made_figs, made_tabs, skipped) -> str:
+    lines = ["# Benchmark report", ""]
+    bad = _violations(df)
+    if bad:
+        lines += [f"> **SOUNDNESS VIOLATIONS: {len(bad)} rows where a certified bound is below "
+                  f"its PGD lower bound.**", ">"]
+        lines += [f"> - {b}" for b in bad[:50]]
+        if len(bad) > 50:
+            lines.append(f"> - … and {len(bad) - 50} more (see summary.md)")
+        lines.append("")
+    else:
+        lines += ["No soundness violations: every certified bound is at or above its PGD "
+                  "lower bound in every row.", ""]
+    lines += [f"Run: {_run_line(df)}. {len(df)} rows, sweeps: "
+              f"{', '.join(f'`{s}`' for s in dict.fromkeys(df['sweep']))}.", "",
+              f"Regenerate: `python -m bench report {results} "
+              f"--out reports/` (RESULTS: the run directory or its results.csv). Bounds marked "
+              f"*(this suite)* are the ½-Lipschitz-softmax tightening of SPEC §2.2, not LoFAST's; "
+              f"*(estimate)* marks first-order Jacobian estimates, not certificates.", ""]
+    if skipped:
+        lines += ["## Skipped (data absent from this table)", ""]
+        lines += [f"- {s}" for s in skipped] + [""]
+    lines += ["## Figures", ""]
+    for stem, caption in made_figs:
+        lines += [f"### {stem}", "", f"![{stem}]({stem}.png)", "",
+                  f"{caption} ([PDF]({stem}.pdf))", ""]
+    lines += ["## Tables", ""]
+    for stem, caption, md in made_tabs:
+        lines += [f"### {stem}", "", caption + f" ([{stem}.md]({stem}.md), "
+                  f"[{stem}.tex]({stem}.tex))", "", md]
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,29 @@
+"""Running the CLI as a user would: a subprocess from an unrelated directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), BENCH_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "bench", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def main_inprocess(capsys, *args: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``python -m bench ARGS`` run in this process: fast, for the
+    many bad-input cases; the subprocess tests above show the same path from a real shell."""
+    from bench.cli import main
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
