@@ -24,7 +24,7 @@ MARKERS = {"x": "soundness violation", "+": "worse", "-": "better", "~": "estima
 
 def _judge(r, tol: float) -> tuple[str, float]:
     """(marker, factor) for one joined row; factor = new/base of the compared quantity."""
-    if r._merge == "left_only":
+    if r.present == "left_only":
         return "!", math.nan
     if r.violation_new:
         return "x", r.ratio_new / r.ratio_base if r.ratio_base else math.nan
@@ -48,13 +48,13 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, tol: float = 0.02) -> pd.Data
         raise InputError(f"--tol must be in [0, 1), got {tol}")
     cols = [*KEY, "certified", "value", "pgd", "ratio", "violation"]
     keep = lambda df: df[~df["bound"].str.startswith(("scaling:", "block_"))][cols]
-    j = keep(base).merge(keep(new), on=KEY, how="outer", suffixes=("_base", "_new"), indicator=True)
-    j = j[j["_merge"] != "right_only"].copy()
+    j = keep(base).merge(keep(new), on=KEY, how="outer", suffixes=("_base", "_new"), indicator="present")
+    j = j[j["present"] != "right_only"].copy()
     j["violation_new"] = j["violation_new"].fillna(False).astype(bool)
     judged = [_judge(r, tol) for r in j.itertuples()]
     j["marker"] = [m for m, _ in judged]
     j["factor"] = [f for _, f in judged]
-    return j.drop(columns="_merge").reset_index(drop=True)
+    return j.drop(columns="present").reset_index(drop=True)
 
 
 def summary(j: pd.DataFrame, tol: float, base_name: str, new_name: str) -> str:

@@ -20,6 +20,7 @@ import seaborn as sns
 
 COL = 3.3  # inches, one paper column
 WIDE = 7.0  # inches, two columns
+CAP = 1e4  # tightness plots: ratios above this are drawn at it and labelled
 
 
 class Skip(Exception):
@@ -129,7 +130,7 @@ def fig4(df: pd.DataFrame) -> Figure:
     fig, axes = plt.subplots(len(norms), 3, figsize=(WIDE, 1.8 * len(norms) + 0.9),
                              constrained_layout=True, squeeze=False)
     for r, xn in enumerate(norms):
-        _, sub1, subh, h1, hmax = _fig1_data(df, xn)
+        _, sub1, subh, _, _ = _fig1_data(df, xn)
         _fig1_row(axes[r], sub1, subh, r == 0)
         axes[r, 0].set_ylabel(f"‖X‖ = {xn:g}")
         if r < len(norms) - 1:
@@ -149,7 +150,7 @@ def fig3(df: pd.DataFrame) -> Figure:
     fig, axes = plt.subplots(1, len(targets), figsize=(WIDE, 2.2), sharey=True,
                              constrained_layout=True, squeeze=False)
     pal = sns.color_palette("deep")
-    for ax, t in zip(axes[0], targets):
+    for ax, t in zip(axes[0], targets, strict=True):
         st = sub[sub["perturb"] == t]
         for i, bd in enumerate(["lofast_M", "lofast_xi", "pgd_output"]):
             g = st[st["bound"] == bd].groupby("noise")["value"].agg(["mean", "std"]).fillna(0.0)
@@ -159,12 +160,13 @@ def fig3(df: pd.DataFrame) -> Figure:
             ax.errorbar(g.index, g["mean"], yerr=g["std"], marker="o", capsize=2,
                         ls="--" if pgd else "-", color="k" if pgd else pal[i], label=label(bd))
         ax.set_title(f"perturb {t}")
-        ax.set_xlabel("noise (spectral norm)")
+        ax.set_xlabel("noise")
         ax.set_yscale("log")
     axes[0, 0].set_ylabel(f"bound at ε={eps:g}")
     axes[0, -1].legend(loc="best")
     return Figure(fig, f"LoFAST Fig. 3: sweep `ablation` (task lofast), ε={eps:g}; `value` mean ± "
-                       f"std over seeds and samples per (perturb, noise).")
+                       f"std over seeds and samples per (perturb, noise); noise = spectral norm of "
+                       f"the Gaussian perturbation of the target.")
 
 
 def fig_cauchy(df: pd.DataFrame) -> Figure:
@@ -195,6 +197,7 @@ def fig_olsa_kim(df: pd.DataFrame) -> Figure:
     for ax in (a, b):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        _data_ticks(ax, sub["n"])
         ax.set_xlabel("n tokens")
         ax.legend()
     return Figure(fig, "OLSA vs Kim: sweep `olsa_vs_kim`; Lipschitz factor `value/eps` and "
@@ -211,19 +214,40 @@ def _tight(df: pd.DataFrame, name: str) -> pd.DataFrame:
     return sub
 
 
+def _data_ticks(ax, values: pd.Series) -> None:
+    # the grid's own values read better than 2^k or 10^k on a log axis of a handful of points
+    vals = sorted(values.unique())
+    ax.set_xticks(vals, [f"{v:g}" for v in vals])
+    ax.minorticks_off()
+
+
+def _cap(sub: pd.DataFrame, x: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Ratios above CAP are drawn at CAP and labelled: one bound that is 1e90 times loose (a
+    product over blocks) would otherwise flatten every other curve onto the axis."""
+    means = sub.groupby(["bound", x])["ratio"].transform("mean")
+    over = sub[means > CAP].assign(ratio=means[means > CAP])
+    return sub.assign(ratio=sub["ratio"].where(means <= CAP, CAP)), over
+
+
 def _tight_panels(sub: pd.DataFrame, x: str, facet: str, order: list[str], logx: bool):
+    sub, over = _cap(sub, x)
     facets = sorted(sub[facet].unique())
     fig, axes = plt.subplots(1, len(facets), figsize=(min(WIDE, 2.6 * len(facets) + 1.4), 2.5),
                              sharey=True, constrained_layout=True, squeeze=False)
-    pal = dict(zip(order, sns.color_palette("tab20", len(order))))
-    for ax, f in zip(axes[0], facets):
+    pal = dict(zip(order, sns.color_palette("tab20", len(order)), strict=True))
+    for ax, f in zip(axes[0], facets, strict=True):
         sf = sub[sub[facet] == f]
         for bd in order:
             _curve(ax, sf, x, bd, col="ratio", color=pal[bd])
+        for r in over[over[facet] == f].drop_duplicates(["bound", x]).itertuples():
+            ax.annotate(f"{r.bound}: {r.ratio:.1e}", (getattr(r, x), CAP), fontsize=5,
+                        xytext=(0, -8), textcoords="offset points", ha="center", va="top",
+                        color=pal[r.bound])
         ax.axhline(1.0, color="k", lw=0.8, ls=":")
         ax.set_yscale("log")
         if logx:
             ax.set_xscale("log")
+        _data_ticks(ax, sub[x])
         ax.set_xlabel(x)
         if len(facets) > 1:
             ax.set_title(f"{facet} = {f}")
@@ -236,7 +260,7 @@ def _shared_legend(fig: plt.Figure, axes) -> None:
     # one legend for all panels: a bound missing from one facet must still be named
     seen: dict = {}
     for ax in axes:
-        for h, lb in zip(*ax.get_legend_handles_labels()):
+        for h, lb in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(lb, h)
     fig.legend(seen.values(), seen.keys(), loc="outside right center", fontsize=5.5)
 
@@ -256,7 +280,8 @@ def fig_tight(df: pd.DataFrame, name: str) -> Figure:
     extra = f", ‖X‖={sub['x_norm'].iloc[0]:g}" if name == "eps" else ""
     return Figure(fig, f"Tightness vs {x}: sweep `{name}`{extra}, rows with objective == output "
                        f"and head == -1; `ratio` = value / pgd (mean over samples), facets by "
-                       f"{facet}; estimates dashed.")
+                       f"{facet}; estimates dashed; ratios above {CAP:g} are drawn at {CAP:g} and "
+                       f"labelled with their value.")
 
 
 SCALING = {"scaling": "n", "scaling_d": "d", "scaling_h": "h", "scaling_depth": "depth"}
@@ -269,8 +294,8 @@ def fig_scaling(df: pd.DataFrame) -> Figure:
     fig, axes = plt.subplots(1, len(present), figsize=(WIDE, 2.4), constrained_layout=True,
                              squeeze=False)
     methods = sorted(df[df["sweep"].isin(present)]["bound"].unique())
-    pal = dict(zip(methods, sns.color_palette("deep", len(methods))))
-    for ax, s in zip(axes[0], present):
+    pal = dict(zip(methods, sns.color_palette("deep", len(methods)), strict=True))
+    for ax, s in zip(axes[0], present, strict=True):
         sub = df[df["sweep"] == s]
         for m in methods:
             g = sub[sub["bound"] == m].groupby(SCALING[s])["seconds"].median()
@@ -281,6 +306,7 @@ def fig_scaling(df: pd.DataFrame) -> Figure:
                     label=m.removeprefix("scaling:"))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        _data_ticks(ax, sub[SCALING[s]])
         ax.set_xlabel(SCALING[s])
         ax.set_title(f"sweep {s}")
     axes[0, 0].set_ylabel("seconds per sample")

@@ -1,0 +1,215 @@
+"""Cells, profiles, the resumable runner and `compare`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import torch
+from helpers import ROOT, cli, main_inprocess
+
+from bench.cases import Cell
+from bench.compare import compare
+from bench.runner import run_profile
+from bench.store import load
+from bench.sweeps import load_profile
+from models import InputError
+
+TINY = """
+[run]
+pgd_steps = 5
+pgd_restarts = 1
+[[sweep]]
+name = "tiny"
+kind = ["dot", "l2"]
+n = 4
+d = 8
+h = 2
+eps = [0.01, 0.1]
+[[sweep]]
+name = "stack"
+kind = "dot"
+depth = 2
+n = 4
+d = 8
+h = 2
+"""
+
+
+@pytest.mark.parametrize("profile", ["quick", "paper"])
+def test_cells_rebuild_identically_from_ids(profile):
+    cells = load_profile(profile).cells()
+    assert len({(s, c.id) for s, c in cells}) == len(cells)
+    for _, cell in cells[:: max(1, len(cells) // 25)]:
+        again = Cell.from_id(cell.id)
+        assert again == cell
+        (l1, x1), (l2, x2) = cell.build(), again.build()
+        assert torch.equal(x1, x2)
+        blocks1 = getattr(l1, "blocks", (l1,))
+        blocks2 = getattr(l2, "blocks", (l2,))
+        for b1, b2 in zip(blocks1, blocks2):
+            assert torch.equal(b1.W_q, b2.W_q) and torch.equal(b1.W_v, b2.W_v)
+
+
+def test_cell_parameters_reach_the_layer():
+    layer, X = Cell(w_qk=0.5, w_vo=0.25, x_norm=3.0, samples=2).build()
+    assert torch.allclose(torch.linalg.matrix_norm(layer.W_q, ord=2), torch.tensor(0.5, dtype=torch.float64))
+    assert torch.allclose(torch.linalg.matrix_norm(layer.W_o, ord=2), torch.tensor(0.25, dtype=torch.float64))
+    assert torch.allclose(torch.linalg.matrix_norm(X, ord=2), torch.tensor(3.0, dtype=torch.float64))
+    assert not Cell(residual=False).build()[0].residual
+    base, _ = Cell().build()
+    noisy, _ = Cell(perturb="W_k", noise=0.5).build()
+    assert torch.equal(base.W_q, noisy.W_q) and not torch.equal(base.W_k, noisy.W_k)
+
+
+@pytest.mark.parametrize("bad,words", [
+    ({"d": 10, "h": 3}, "d % h != 0"), ({"eps": 0}, "eps must be finite and > 0"),
+    ({"kind": "rnn"}, "kind must be one of"), ({"x_norm": -1.0}, "x_norm must be finite"),
+])
+def test_cell_rejects_bad_parameters(bad, words):
+    with pytest.raises(InputError, match=words):
+        Cell(**bad)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--eps", "-0.1"], "eps must be finite and > 0"), (["--eps", "abc"], "not a valid float"),
+    (["--heads", "3"], "d % h != 0"), (["--heads", "1.5"], "not a valid int"),
+    (["--kind", "cnn"], "kind must be one of"), (["--eps", ","], "empty list"),
+    (["--profile", "nosuch"], "no profile 'nosuch'"),
+])
+def test_run_rejects_bad_profile_and_overrides(args, words, capsys, tmp_path):
+    code, _, err = main_inprocess(capsys, "run", *args, "--out", tmp_path / "out", "--list")
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_user_profile_errors(tmp_path, capsys):
+    (tmp_path / "bad.toml").write_text("[[sweep]]\nname='a'\nflavour = 3\n")
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "bad.toml", "--list")
+    assert code == 2 and "unknown keys ['flavour']" in err
+    (tmp_path / "broken.toml").write_text("[[sweep]\n")
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "broken.toml", "--list")
+    assert code == 2 and "not valid TOML" in err
+
+
+def test_overrides_replace_axes(tmp_path):
+    (tmp_path / "p.toml").write_text(TINY)
+    p = load_profile(str(tmp_path / "p.toml"), {"eps": [0.2, 0.3], "heads": [1]})
+    assert {c.eps for _, c in p.cells()} == {0.2, 0.3} and {c.h for _, c in p.cells()} == {1}
+
+
+def test_run_table_is_long_and_numeric(tmp_path):
+    (tmp_path / "p.toml").write_text(TINY)
+    table, violations = run_profile(load_profile(str(tmp_path / "p.toml")), tmp_path / "r", "cpu")
+    df = load(table)
+    assert violations == 0 and not df["violation"].any()
+    for col in ("value", "pgd", "ratio", "seconds", "eps", "n"):
+        assert pd.api.types.is_numeric_dtype(df[col]), col
+    assert df["sound"].dtype == bool and df["certified"].dtype == bool
+    assert {"git_commit", "torch_version", "device_name", "dtype", "date"} <= set(df.columns)
+    dot = df[(df["kind"] == "dot") & (df["depth"] == 1)]
+    assert {"lofast_M", "zeta", "delta21_M", "jacobian", "pgd_output"} <= set(dot["bound"])
+    assert set(df[df["kind"] == "l2"]["bound"]) >= {"kim", "jacobian", "pgd_output"}
+    assert "jacobian_exp" in set(df[df["sweep"] == "stack"]["bound"])
+    per_head = dot[dot["bound"] == "delta21_M"]
+    assert sorted(per_head["head"].unique()) == [0, 1]
+    ok = dot[dot["bound"] == "lofast_M"]
+    assert ((ok["value"] / ok["pgd"] - ok["ratio"]).abs() < 1e-12).all() and (ok["ratio"] >= 1).all()
+
+
+def test_killed_run_resumes_without_recomputing(tmp_path):
+    profile = TINY.replace("eps = [0.01, 0.1]", "eps = [0.01, 0.02, 0.05, 0.1]")
+    (tmp_path / "p.toml").write_text(profile)
+    out = tmp_path / "r"
+    cmd = [sys.executable, "-m", "bench", "run", "--profile", str(tmp_path / "p.toml"), "--out",
+           str(out), "--device", "cpu"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), BENCH_THREADS="1")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list((out / "cells").glob("*.csv"))) < 2:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    finished = {f: f.stat().st_mtime_ns for f in (out / "cells").glob("*.csv")}
+    total = len(load_profile(str(tmp_path / "p.toml")).cells())
+    assert 2 <= len(finished) < total, "the run must be killed midway"
+    assert not list((out / "cells").glob(".*tmp"))
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert all(f.stat().st_mtime_ns == t for f, t in finished.items()), "finished cells recomputed"
+    assert len(list((out / "cells").glob("*.csv"))) == total
+    df = load(out)
+    assert df["cell_id"].nunique() == total
+
+
+def test_rerun_with_other_options_is_refused(tmp_path, capsys):
+    (tmp_path / "p.toml").write_text(TINY)
+    run_profile(load_profile(str(tmp_path / "p.toml")), tmp_path / "r", "cpu")
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "p.toml", "--out",
+                                  tmp_path / "r", "--eps", "0.3")
+    assert code == 2 and "holds a run with other options" in err
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cmp")
+    (d / "p.toml").write_text(TINY)
+    table, _ = run_profile(load_profile(str(d / "p.toml")), d / "base", "cpu")
+    return d, pd.read_csv(table)
+
+
+def test_compare_identical_passes(stored, capsys):
+    d, df = stored
+    j = compare(df, df.copy())
+    assert set(j["marker"]) <= {" "} and len(j) > 0
+    code, out, _ = main_inprocess(capsys, "compare", d / "base", d / "base")
+    assert code == 0 and "OK" in out
+
+
+def test_compare_flags_planted_regression_and_violation(stored, tmp_path, capsys):
+    d, df = stored
+    new = df.copy()
+    loose = new.index[(new["bound"] == "lofast_M")][0]
+    new.loc[loose, "value"] *= 1.5
+    new.loc[loose, "ratio"] *= 1.5
+    broken = new.index[(new["bound"] == "kim")][0]
+    new.loc[broken, ["value", "ratio", "sound", "violation"]] = [new.loc[broken, "pgd"] * 0.5, 0.5,
+                                                                 False, True]
+    weaker = new.index[(new["bound"] == "pgd_output")][0]
+    new.loc[weaker, "value"] *= 0.9
+    tighter = new.index[(new["bound"] == "lofast_xi")][0]
+    new.loc[tighter, "ratio"] *= 0.5
+    j = compare(df, new, tol=0.02).set_index(["bound", "cell_id", "sample", "head", "block"])
+    key = lambda i: (new.loc[i, "bound"], new.loc[i, "cell_id"], new.loc[i, "sample"],
+                     new.loc[i, "head"], new.loc[i, "block"])
+    assert j.loc[key(loose), "marker"] == "+"
+    assert j.loc[key(broken), "marker"] == "x"
+    assert j.loc[key(weaker), "marker"] == "+"
+    assert j.loc[key(tighter), "marker"] == "-"
+    new.to_csv(tmp_path / "new.csv", index=False)
+    code, out, _ = main_inprocess(capsys, "compare", d / "base", tmp_path / "new.csv")
+    assert code == 1 and "FAILED" in out and "| x | kim |" in out
+    small = df.copy()
+    small.loc[small["bound"] == "lofast_M", "ratio"] *= 1.01
+    assert set(compare(df, small, tol=0.02)["marker"]) <= {" "}
+
+
+def test_compare_bad_input(tmp_path, capsys):
+    (tmp_path / "junk.csv").write_text("a,b\n1,2\n")
+    code, _, err = main_inprocess(capsys, "compare", tmp_path / "junk.csv", tmp_path / "junk.csv")
+    assert code == 2 and "not a results table" in err
+    code, _, err = main_inprocess(capsys, "compare", tmp_path / "none.csv", tmp_path / "junk.csv")
+    assert code == 2 and "no results at" in err
+
+
+def test_run_subprocess_writes_table(tmp_path):
+    (tmp_path / "p.toml").write_text(TINY.split("[[sweep]]\nname = \"stack\"")[0])
+    r = cli("run", "--profile", tmp_path / "p.toml", "--out", tmp_path / "r", cwd=tmp_path)
+    assert r.returncode == 0 and "results:" in r.stdout, r.stderr
+    assert (tmp_path / "r" / "results.csv").exists()
