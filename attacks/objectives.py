@@ -44,7 +44,12 @@ def delta2(layer, X: Tensor) -> Objective:
     """‖Δ₂‖ = ‖Σ_l (P_l(X') − P_l(X)) X' C_l‖_F."""
     layer = _dot(layer, "delta2")
     P0, C = layer.attention(X).detach(), layer.C()
-    return lambda Xp: _fro(torch.einsum("...hne,hef->...nf", (layer.attention(Xp) - P0) @ Xp.unsqueeze(-3), C))
+
+    def f(Xp: Tensor) -> Tensor:
+        dP = layer.attention(Xp) - P0
+        return _fro(torch.einsum("...hne,hef->...nf", dP @ Xp.unsqueeze(-3), C))
+
+    return f
 
 
 

@@ -9,7 +9,13 @@ import torch
 from torch import Tensor
 
 from models import (
-    InputError, check_eps, check_heads, projected_input, random_input, random_layer, random_stack,
+    InputError,
+    check_eps,
+    check_heads,
+    projected_input,
+    random_input,
+    random_layer,
+    random_stack,
 )
 from models.build import with_spectral_norm
 

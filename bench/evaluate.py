@@ -40,7 +40,7 @@ def select(layer, names: list[str] | None) -> list[bounds.Bound]:
 
 
 def evaluate(layer, X: Tensor, eps: float, *, names: list[str] | None = None,
-             device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float64,
+             device: torch.device | None = None, dtype: torch.dtype = torch.float64,
              pgd_steps: int = 100, pgd_restarts: int = 8, seed: int = 0) -> Evaluation:
     """Bounds and PGD values of every objective they refer to, timed one by one.
 
@@ -48,6 +48,7 @@ def evaluate(layer, X: Tensor, eps: float, *, names: list[str] | None = None,
     is recorded in ``skipped`` when it was not asked for by name; asked for by name, it raises.
     """
     eps = check_eps(eps)
+    device = device or torch.device("cpu")
     if pgd_steps < 0 or pgd_restarts < 1:
         raise InputError(f"need pgd steps >= 0 and restarts >= 1, got {pgd_steps}, {pgd_restarts}")
     X = as_batch(X, layer.d).to(device=device, dtype=dtype)

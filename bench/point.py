@@ -52,11 +52,11 @@ def to_table(ev: Evaluation, batch: int) -> str:
         for name, v in ev.values.items():
             ref = ev.reference(name)
             per_head = v.dim() == 2
-            for l in range(v.shape[1]) if per_head else [None]:
-                val = float(v[b, l] if per_head else v[b])
-                pgd = None if ref is None else float(ref[b, l] if per_head else ref[b])
+            for head in range(v.shape[1]) if per_head else [None]:
+                val = float(v[b, head] if per_head else v[b])
+                pgd = None if ref is None else float(ref[b, head] if per_head else ref[b])
                 ratio = None if not pgd else val / pgd
-                label = f"{name}[l={l}]" if per_head else name
+                label = f"{name}[l={head}]" if per_head else name
                 cert = "yes" if bounds.get(name).certified else "estimate"
                 lines.append(f"{label:<22} {_fmt(val):>12} {_fmt(pgd):>12} {_fmt(ratio):>10}  "
                              f"{cert:<9} {ev.seconds[name]:>8.4f}")

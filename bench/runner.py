@@ -38,12 +38,12 @@ def _rows_from_values(name: str, values: torch.Tensor, ref: torch.Tensor | None,
     B = values.shape[0]
     heads = values.shape[1] if values.dim() == 2 else None
     for b in range(B):
-        for l in range(heads) if heads else [-1]:
-            v = float(values[b, l] if heads else values[b])
-            p = math.nan if ref is None else float(ref[b, l] if heads else ref[b])
+        for head in range(heads) if heads else [-1]:
+            v = float(values[b, head] if heads else values[b])
+            p = math.nan if ref is None else float(ref[b, head] if heads else ref[b])
             ratio = v / p if p and math.isfinite(p) else math.nan
             sound = not (p > 0 and v < p * (1 - SOUND_RTOL))
-            rows.append({"bound": name, "sample": b, "head": l, "block": -1,
+            rows.append({"bound": name, "sample": b, "head": head, "block": -1,
                          "certified": certified, "objective": objective or "", "value": v,
                          "pgd": p, "ratio": ratio, "sound": sound,
                          "violation": certified and not sound, "seconds": seconds / B,
@@ -102,12 +102,13 @@ def cauchy_rows(cell: Cell, stack, X, device) -> list[dict]:
     if not isinstance(stack, Stack):
         stack = Stack((stack,), R=None)
     rows: list[dict] = []
-    for k, (block, Xk) in enumerate(zip(stack.blocks, stack.trajectory(X))):
-        _measure(rows, "block_sigma", lambda: jac.jacobian_power(block.forward, Xk).sigma, device, k)
+    for k, (block, Xk) in enumerate(zip(stack.blocks, stack.trajectory(X), strict=False)):
+        f, x = block.forward, Xk
+        _measure(rows, "block_sigma", lambda f=f, x=x: jac.jacobian_power(f, x).sigma, device, k)
         if cell.n * cell.d <= jac.DENSE_LIMIT:
-            J = lambda: jac.jacobian_dense(block.forward, Xk)
-            _measure(rows, "block_sigma_exact", lambda: jac.spectral(J()), device, k)
-            _measure(rows, "block_l1linf", lambda: jac.jacobian_l1linf(block, Xk, 1.0), device, k)
+            _measure(rows, "block_sigma_exact", lambda f=f, x=x: jac.spectral(jac.jacobian_dense(f, x)),
+                     device, k)
+            _measure(rows, "block_l1linf", lambda b=block, x=x: jac.jacobian_l1linf(b, x, 1.0), device, k)
     return rows
 
 

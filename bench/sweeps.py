@@ -83,7 +83,7 @@ def expand(name: str, spec: dict) -> list[Cell]:
     keys = list(axes)
     cells = []
     for combo in itertools.product(*(axes[k] for k in keys)):
-        params = {k: _convert(k, v, f"sweep {name!r}") for k, v in zip(keys, combo)}
+        params = {k: _convert(k, v, f"sweep {name!r}") for k, v in zip(keys, combo, strict=False)}
         try:
             cells.append(Cell(**params))
         except InputError as e:

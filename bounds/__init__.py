@@ -3,4 +3,4 @@
 from .base import Bound
 from .registry import BOUNDS, REGISTRY, applicable, applies, evaluate, get, require
 
-__all__ = ["BOUNDS", "Bound", "REGISTRY", "applicable", "applies", "evaluate", "get", "require"]
+__all__ = ["BOUNDS", "REGISTRY", "Bound", "applicable", "applies", "evaluate", "get", "require"]

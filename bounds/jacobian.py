@@ -70,7 +70,7 @@ def jacobian_exp(stack: Stack, X: Tensor, eps) -> Tensor:
         raise InputError("jacobian_exp needs residual blocks (x_{k+1} = x_k + G_k(x_k))")
     states = stack.trajectory(X)
     total = sum(jacobian_power(replace(b, residual=False).forward, Xk).sigma
-                for b, Xk in zip(stack.blocks, states))
+                for b, Xk in zip(stack.blocks, states, strict=False))
     return radius(eps, X) * torch.exp(total)
 
 

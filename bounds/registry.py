@@ -95,6 +95,6 @@ def evaluate(bound: Bound | str, layer, X: Tensor, eps: float) -> Tensor:
     if not isinstance(layer, Stack) or bound.stack == "only":
         return bound.fn(layer, X, eps)
     radius: float | Tensor = eps
-    for block, Xk in zip(layer.blocks, layer.trajectory(X)):
+    for block, Xk in zip(layer.blocks, layer.trajectory(X), strict=False):
         radius = bound.fn(block, Xk, radius)
     return radius

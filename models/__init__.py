@@ -1,16 +1,40 @@
 """The layers of SPEC §1, their seeded builders and their safetensors files."""
 
 from .build import (
-    projected_input, random_dot, random_input, random_l2, random_layer, random_olsa,
-    random_orthogonal, random_stack,
+    projected_input,
+    random_dot,
+    random_input,
+    random_l2,
+    random_layer,
+    random_olsa,
+    random_orthogonal,
+    random_stack,
 )
 from .errors import InputError, as_batch, check_eps, check_heads
 from .io import load_input, load_layer, save_input, save_layer
-from .layers import OLSA, DotMHA, L2MHA, Layer, Stack, layer_project
+from .layers import L2MHA, OLSA, DotMHA, Layer, Stack, layer_project
 
 __all__ = [
-    "DotMHA", "InputError", "L2MHA", "Layer", "OLSA", "Stack", "as_batch", "check_eps",
-    "check_heads", "layer_project", "load_input", "load_layer", "projected_input", "random_dot",
-    "random_input", "random_l2", "random_layer", "random_olsa", "random_orthogonal",
-    "random_stack", "save_input", "save_layer",
+    "L2MHA",
+    "OLSA",
+    "DotMHA",
+    "InputError",
+    "Layer",
+    "Stack",
+    "as_batch",
+    "check_eps",
+    "check_heads",
+    "layer_project",
+    "load_input",
+    "load_layer",
+    "projected_input",
+    "random_dot",
+    "random_input",
+    "random_l2",
+    "random_layer",
+    "random_olsa",
+    "random_orthogonal",
+    "random_stack",
+    "save_input",
+    "save_layer",
 ]

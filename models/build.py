@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .errors import InputError, check_heads
-from .layers import OLSA, DotMHA, L2MHA, Layer, Stack
+from .layers import L2MHA, OLSA, DotMHA, Layer, Stack
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from .errors import InputError, check_finite
-from .layers import ACTIVATIONS, OLSA, DotMHA, L2MHA, Layer, Stack
+from .layers import ACTIVATIONS, L2MHA, OLSA, DotMHA, Layer, Stack
 
 # tensor name -> (dims, as letters of h, d, e=d_h), per layer kind
 SCHEMA: dict[str, dict[str, str]] = {
@@ -69,7 +69,7 @@ def _check_shapes(kind: str, t: dict[str, Tensor], where: str) -> None:
         if x.dim() != len(dims):
             raise InputError(f"{where}: {name} must have {len(dims)} dims ({','.join(dims)}), "
                              f"got shape {list(x.shape)}")
-        for letter, size in zip(dims, x.shape):
+        for letter, size in zip(dims, x.shape, strict=False):
             if sizes.setdefault(letter, size) != size:
                 raise InputError(f"{where}: {name} has shape {list(x.shape)}, inconsistent with "
                                  f"{letter}={sizes[letter]} from the other tensors")

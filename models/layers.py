@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Union
 
 import torch
 from torch import Tensor
@@ -159,7 +158,7 @@ def layer_project(X: Tensor, R: float) -> Tensor:
     return X * torch.clamp(R / norms, max=1.0)
 
 
-Layer = Union[DotMHA, L2MHA, OLSA]
+Layer = DotMHA | L2MHA | OLSA
 
 
 @dataclass(frozen=True)
@@ -191,7 +190,7 @@ class Stack:
             X = self.project(X)
             states.append(X)
             X = block(X)
-        return states + [X]
+        return [*states, X]
 
     def forward(self, X: Tensor) -> Tensor:
         return self.trajectory(X)[-1]

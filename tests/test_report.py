@@ -155,7 +155,7 @@ def test_build_writes_every_figure_and_table(report: Path):
 
 def test_build_is_deterministic(run_dir: Path, report: Path, tmp_path: Path):
     a = report.parent
-    b = build(str(run_dir / "results.csv"), str(tmp_path / "b")).parent
+    b = build(str(run_dir), str(tmp_path / "b")).parent
     for f in sorted(a.iterdir()):
         if f.suffix in (".md", ".tex", ".pdf"):
             assert f.read_bytes() == (b / f.name).read_bytes(), f.name

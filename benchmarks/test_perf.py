@@ -1,0 +1,49 @@
+"""pytest-benchmark timings of every bound and of PGD at a few sizes (`tox -e perf`).
+
+Speed targets live here, not in the tests: compare runs with `--benchmark-compare`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bounds
+from attacks import attack
+from bench.cases import Cell
+
+torch.set_num_threads(1)
+
+SIZES = {"n16-d64-h4": Cell(n=16, d=64, h=4), "n64-d128-h8": Cell(n=64, d=128, h=8)}
+KIND_CELLS = {"dot": Cell(), "l2": Cell(kind="l2"), "olsa": Cell(kind="olsa", residual=False)}
+
+
+def _cases():
+    for size, cell in SIZES.items():
+        layer, _ = cell.build()
+        for b in bounds.applicable(layer):
+            yield pytest.param(cell, b.name, id=f"{b.name}[{size}]")
+    for kind in ("l2", "olsa"):
+        layer, _ = KIND_CELLS[kind].build()
+        for b in bounds.applicable(layer):
+            if b.kinds == frozenset({kind}):
+                yield pytest.param(KIND_CELLS[kind], b.name, id=f"{b.name}[{kind}]")
+    stack = Cell(depth=4, d=32)
+    for name in ("lofast_M", "jacobian", "jacobian_exp"):
+        yield pytest.param(stack, name, id=f"{name}[stack4-d32]")
+
+
+@pytest.mark.parametrize("cell,name", list(_cases()))
+def test_bound(benchmark, cell, name):
+    layer, X = cell.build()
+    if name == "jacobian_l1linf" and cell.n * cell.d > bounds.jacobian.DENSE_LIMIT:
+        pytest.skip("above the dense Jacobian's size limit (refused by design)")
+    benchmark(lambda: bounds.evaluate(name, layer, X, cell.eps))
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("objective", ["output", "delta1", "delta21"])
+def test_pgd(benchmark, size, objective):
+    layer, X = SIZES[size].build()
+    benchmark.pedantic(lambda: attack(layer, X, 0.05, objective, steps=50, restarts=4),
+                       rounds=3, iterations=1)
