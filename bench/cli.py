@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         rn.add_argument(f"--{flag.replace('_', '-')}", dest=f"ov_{flag}", default=None,
                         metavar="V[,V...]", help=f"override the {field} axis of every sweep")
     rn.add_argument("--list", action="store_true", help="list the cells and exit")
+    rn.add_argument("--fresh", action="store_true",
+                    help="discard the finished cells in --out instead of resuming from them")
 
     rp = sub.add_parser("report", help="figures and tables, rebuilt from stored results alone")
     rp.add_argument("results", nargs="?", default=str(ROOT / "results" / "baseline"),
@@ -90,6 +92,11 @@ def _run(args) -> int:
             print(f"{sweep}\t{cell.id}")
         return 0
     out = Path(args.out) if args.out else ROOT / "results" / profile.name
+    if args.fresh and out.exists():
+        import shutil
+
+        for stale in (out / "cells", out / "run.json", out / "results.csv"):
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
     table, violations = run_profile(profile, out, args.device, args.dtype, overrides)
     print(f"results: {table}")
     if violations:

@@ -57,12 +57,16 @@ def to_table(ev: Evaluation, batch: int) -> str:
                 pgd = None if ref is None else float(ref[b, head] if per_head else ref[b])
                 ratio = None if not pgd else val / pgd
                 label = f"{name}[l={head}]" if per_head else name
-                cert = "yes" if bounds.get(name).certified else "estimate"
+                b_ = bounds.get(name)
+                cert = ("yes (!)" if b_.finding else "yes") if b_.certified else "estimate"
                 lines.append(f"{label:<22} {_fmt(val):>12} {_fmt(pgd):>12} {_fmt(ratio):>10}  "
                              f"{cert:<9} {ev.seconds[name]:>8.4f}")
         for name, why in ev.skipped.items():
             lines.append(f"{name:<22} skipped: {why}")
         lines.append("")
+    for name in ev.values:
+        if bounds.get(name).finding:
+            lines.append(f"(!) {name}: published as certified, but {bounds.get(name).finding}")
     lines.append("PGD column: best PGD value of each bound's own objective (end-to-end for the totals, "
                  "‖Δ₁‖, ‖Δ₂‖, per-head ‖ΔP_l‖_F and ‖X'C_l‖ for the parts); PGD seconds: "
                  + ", ".join(f"{k} {s:.3f}" for k, s in ev.pgd_seconds.items()))
@@ -86,6 +90,7 @@ def run(args: Namespace) -> int:
                                  for k, s in ev.pgd_seconds.items()},
         "skipped": ev.skipped,
         "certified": {n: bounds.get(n).certified for n in ev.values},
+        "findings": {n: bounds.get(n).finding for n in ev.values if bounds.get(n).finding},
     }
     if args.json:
         print(json.dumps(to_json(ev, meta, batched), indent=1))

@@ -32,6 +32,7 @@ class Bound:
     per_head: bool = False
     stack: str = "no"
     ours: bool = False  # a tightening of this suite, not of the cited paper
+    finding: str = ""  # a soundness failure of the published statement that this suite found
     description: str = ""
 
 

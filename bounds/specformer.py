@@ -9,6 +9,12 @@ from models import DotMHA
 from .base import radius
 from .spectral import spectral
 
+FINDING = (
+    "unsound for small inputs: its constant vanishes like (‖X‖_F + ε)², but at X = 0 the "
+    "perturbation Γ = (ε/√N)·1·u₁ᵀ (u₁ the top left singular vector of C) keeps P uniform and "
+    "gives ‖F(Γ) − F(0)‖_F = ε‖C‖ (one head, H = 0); tests/test_soundness.py holds the witness"
+)
+
 
 def specformer(layer: DotMHA, X: Tensor, eps) -> Tensor:
     """``ε(‖H‖ + Σ_l N(N+1)(‖X‖_F + ε)²[‖C_l‖‖W^Q_l‖‖W^K_l‖ + ‖C_l‖])``.

@@ -38,9 +38,18 @@ def _normalize(v: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _lanczos(A: Callable[[Tensor], Tensor], v: Tensor, m: int) -> tuple[Tensor, Tensor, int]:
-    """One Lanczos cycle of up to m steps from unit v [Bt, N]: (top Ritz value [Bt], vector, steps)."""
+    """One Lanczos cycle of up to m steps from unit v [Bt, N]: (top Ritz value [Bt], vector, steps).
+
+    Each batch element stops on its own once its Krylov space is invariant (β below rounding at the
+    operator's scale): continuing would build the basis from rounding noise, lose orthogonality and
+    overshoot the top eigenvalue. A stopped element carries zero vectors, which only append zero
+    rows to its tridiagonal matrix and leave its top Ritz value alone (T*T is positive semidefinite).
+    """
     Q = [v]
     alpha, beta = [], []
+    alive = torch.ones(v.shape[0], dtype=torch.bool, device=v.device)
+    scale = torch.zeros(v.shape[0], dtype=v.dtype, device=v.device)
+    breakdown = 100 * torch.finfo(v.dtype).eps
     for j in range(m):
         w = A(Q[j])
         basis = torch.stack(Q, dim=1)  # [Bt, j+1, N]
@@ -49,13 +58,13 @@ def _lanczos(A: Callable[[Tensor], Tensor], v: Tensor, m: int) -> tuple[Tensor, 
             w = w - torch.einsum("bk,bkn->bn", c, basis)
             if rep == 0:
                 alpha.append(c[:, j])
+        scale = torch.maximum(scale, alpha[-1].abs())
         q, b = _normalize(w)
-        if j == m - 1:
+        alive = alive & (b > breakdown * scale)
+        if j == m - 1 or not bool(alive.any()):
             break
-        if bool((b <= 1e-14 * alpha[0].abs().clamp_min(1e-300)).all()):
-            break  # the Krylov space is invariant: its Ritz values are exact
-        beta.append(b)
-        Q.append(q)
+        beta.append(torch.where(alive, b, torch.zeros_like(b)))
+        Q.append(torch.where(alive[:, None], q, torch.zeros_like(q)))
     k = len(alpha)
     Tm = torch.diag_embed(torch.stack(alpha, -1))
     if beta:

@@ -52,7 +52,7 @@ def test_cells_rebuild_identically_from_ids(profile):
         assert torch.equal(x1, x2)
         blocks1 = getattr(l1, "blocks", (l1,))
         blocks2 = getattr(l2, "blocks", (l2,))
-        for b1, b2 in zip(blocks1, blocks2):
+        for b1, b2 in zip(blocks1, blocks2, strict=True):
             assert torch.equal(b1.W_q, b2.W_q) and torch.equal(b1.W_v, b2.W_v)
 
 

@@ -6,13 +6,12 @@ import json
 
 import pytest
 import torch
+from helpers import cli, main_inprocess
 from safetensors.torch import save_file
 
 import bounds
 import models
 from attacks import attack
-
-from helpers import cli, main_inprocess
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +42,7 @@ def test_point_json_matches_library(files):
 
 
 def test_point_table_and_batch(files, tmp_path):
-    d, layer, _ = files
+    d, _, _ = files
     models.save_input(tmp_path / "xb.safetensors", models.random_input(5, 16, batch=2))
     r = cli("point", "--layer", d / "layer.safetensors", "--input", tmp_path / "xb.safetensors",
             "--eps", "0.1", "--pgd-steps", "5", "--pgd-restarts", "1", "--json", cwd=tmp_path)
