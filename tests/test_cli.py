@@ -129,3 +129,20 @@ def test_point_bad_input_and_kind(files, tmp_path, capsys):
     assert code == 2 and "unknown bound 'nosuch'" in err
     code, _, err = main_inprocess(capsys, "point", "--layer", d / "layer.safetensors")
     assert code == 2 and "required" in err and len(err.strip().splitlines()) == 1
+
+
+def test_point_on_a_stack_file(tmp_path, capsys):
+    stack = models.random_stack("dot", 3, 8, 2, seed=1, R=1.0)
+    X = models.random_input(4, 8, norm=2.0, seed=2)[0]
+    models.save_layer(tmp_path / "stack.st", stack)
+    models.save_input(tmp_path / "x.st", X)
+    code, out, err = main_inprocess(capsys, "point", "--layer", tmp_path / "stack.st", "--input",
+                                    tmp_path / "x.st", "--eps", "0.01", "--json",
+                                    "--pgd-steps", "10", "--pgd-restarts", "2")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["meta"]["kind"] == "stack" and res["meta"]["depth"] == 3
+    assert {"lofast_M", "jacobian_exp", "specformer"} <= set(res) and "zeta" not in res
+    want = bounds.evaluate("lofast_M", stack, X, 0.01)[0]
+    assert res["lofast_M"] == pytest.approx(float(want), rel=1e-9)
+    assert res["lofast_M"] >= res["pgd"]
