@@ -31,6 +31,14 @@ class _Tensors:
         return self.W_q.shape[0]
 
     @property
+    def d(self) -> int:
+        return self.W_q.shape[1]  # W_q is [h, d, d_h]; OLSA's [h, d_h, d] overrides both
+
+    @property
+    def d_h(self) -> int:
+        return self.W_q.shape[2]
+
+    @property
     def H_norm(self) -> float:
         """Spectral norm of H: 1 for the residual layer, 0 for bare attention."""
         return 1.0 if self.residual else 0.0
@@ -46,14 +54,6 @@ class DotMHA(_Tensors):
     W_o: Tensor  # [h, d_h, d]
     residual: bool = True
     kind = "dot"
-
-    @property
-    def d(self) -> int:
-        return self.W_q.shape[1]
-
-    @property
-    def d_h(self) -> int:
-        return self.W_q.shape[2]
 
     def A(self) -> Tensor:
         """``A_l = W^Q_l W^K_lᵀ``, shape [h, d, d]."""
@@ -86,14 +86,6 @@ class L2MHA(_Tensors):
     W_o: Tensor  # [h, d_h, d]
     residual: bool = True
     kind = "l2"
-
-    @property
-    def d(self) -> int:
-        return self.W_q.shape[1]
-
-    @property
-    def d_h(self) -> int:
-        return self.W_q.shape[2]
 
     def attention(self, X: Tensor) -> Tensor:
         """``softmax_rows(−‖x_iᵀW^Q_l − x_jᵀW^Q_l‖² / √d_h)``, shape [..., h, n, n]."""
