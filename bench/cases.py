@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 from torch import Tensor
 
 from models import (
     InputError,
+    Stack,
     check_eps,
     check_heads,
     projected_input,
@@ -157,10 +158,6 @@ def _noise(shape: tuple[int, ...], norm: float, seed: int) -> Tensor:
 
 def _scale(layer, cell: Cell):
     """Sets the per-head weight norms of the cell and adds its weight perturbation."""
-    from dataclasses import replace
-
-    from models import Stack
-
     if isinstance(layer, Stack):
         return replace(layer, blocks=tuple(_scale(b, cell) for b in layer.blocks))
     if layer.kind == "olsa":

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .errors import InputError, check_heads
-from .layers import L2MHA, OLSA, DotMHA, Layer, Stack
+from .layers import L2MHA, OLSA, DotMHA, Layer, Stack, layer_project
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -119,7 +119,5 @@ def random_input(n: int, d: int, *, norm: float = 1.0, seed: int = 0, batch: int
 def projected_input(n: int, d: int, *, R: float = 1.0, scale: float = 3.0, seed: int = 0,
                     batch: int = 1) -> Tensor:
     """Gaussian rows of norm about ``scale`` passed through LayerProject(R)."""
-    from .layers import layer_project
-
     X = torch.randn(batch, n, d, generator=_gen(seed), dtype=torch.float64) * (scale / math.sqrt(d))
     return layer_project(X, R)
