@@ -1,28 +1,42 @@
-"""``python -m bench baseline --update``: rewrites results/baseline on purpose, never as a side
-effect of a run."""
+"""``python -m bench baseline --update``: rewrites results/baseline and its report on purpose, never
+as a side effect of a run.
+
+The committed ``reports/`` is the report of the committed baseline and of nothing else, so both
+change together, here. A table that is not a complete results table, or that holds a soundness
+violation, never replaces the baseline.
+"""
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
+from models import InputError
+
 from .env import ROOT
+from .report import build
 from .runner import run_profile
-from .store import TABLE, load
+from .store import TABLE, atomic_write, load
 from .sweeps import load_profile
 
 BASELINE = ROOT / "results" / "baseline"
+REPORTS = ROOT / "reports"
 
 
 def update(source: str | None = None) -> Path:
-    """Copies a finished run's table (``source``), or runs the quick profile afresh, into the baseline."""
+    """Copies a finished run's table (``source``), or runs the quick profile afresh, into the
+    baseline, then rebuilds ``reports/`` from it."""
     with tempfile.TemporaryDirectory() as tmp:
         if source is None:
             table, _ = run_profile(load_profile("quick"), Path(tmp) / "run", "cpu")
         else:
             table = Path(source) / TABLE if Path(source).is_dir() else Path(source)
-        load(table)  # refuses anything that is not a results table
-        BASELINE.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(table, BASELINE / TABLE)
+        df = load(table)
+        bad = df[df["violation"]]
+        if len(bad):
+            r = bad.iloc[0]
+            raise InputError(f"{table}: {len(bad)} soundness violation(s) (first: {r['bound']} in "
+                             f"{r['cell_id']}); a baseline must hold none")
+        atomic_write(BASELINE / TABLE, table.read_text())
+    build(str(BASELINE / TABLE), str(REPORTS))
     return BASELINE / TABLE

@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("base")
     cp.add_argument("new")
     cp.add_argument("--tol", type=float, default=0.02, help="relative tolerance (default 0.02)")
+    cp.add_argument("--allow-missing", action="store_true",
+                    help="rows of BASE absent from NEW are reported (`!`) but do not fail")
 
     bl = sub.add_parser("baseline", help="rewrite results/baseline deliberately")
     bl.add_argument("--update", action="store_true", required=True)
@@ -92,12 +94,7 @@ def _run(args) -> int:
             print(f"{sweep}\t{cell.id}")
         return 0
     out = Path(args.out) if args.out else ROOT / "results" / profile.name
-    if args.fresh and out.exists():
-        import shutil
-
-        for stale in (out / "cells", out / "run.json", out / "results.csv"):
-            shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
-    table, violations = run_profile(profile, out, args.device, args.dtype, overrides)
+    table, violations = run_profile(profile, out, args.device, args.dtype, overrides, args.fresh)
     print(f"results: {table}")
     if violations:
         print(f"SOUNDNESS VIOLATIONS: {violations} rows where a certified bound is below PGD",
@@ -118,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "compare":
             from .compare import run as compare
 
-            return compare(args.base, args.new, args.tol)
+            return compare(args.base, args.new, args.tol, args.allow_missing)
         if args.command == "report":
             from .report import build
 
@@ -131,5 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path the library did not foresee (a full disk, a vanished directory)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     return 2

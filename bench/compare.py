@@ -4,7 +4,8 @@ Per (cell, bound, sample, head, block) it compares the ratio value/PGD of every 
 (larger is worse: the bound got looser) and the value of every PGD lower bound (smaller is worse:
 the attack got weaker). Markers: ``x`` soundness violation, ``+`` worse beyond the tolerance,
 ``-`` better beyond it, ``~`` an estimate moved (not judged), ``!`` missing from NEW. Exit 1 on
-any ``x`` or ``+``.
+any ``x`` or ``+``, and on ``!`` unless ``--allow-missing``: a run that lost cells must not pass as
+one that kept its tightness. Either table empty, or not a results table: exit 2.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pandas as pd
 
 from models import InputError
 
-from .store import KEY, load
+from .store import KEY, atomic_write, load
 
 MARKERS = {"x": "soundness violation", "+": "worse", "-": "better", "~": "estimate moved",
            "!": "missing in NEW"}
@@ -28,7 +29,7 @@ def _judge(r, tol: float) -> tuple[str, float]:
         return "!", math.nan
     if r.violation_new:
         return "x", r.ratio_new / r.ratio_base if r.ratio_base else math.nan
-    is_pgd = str(r.bound).startswith("pgd_")
+    is_pgd = r.role == "pgd"
     base, new = (r.value_base, r.value_new) if is_pgd else (r.ratio_base, r.ratio_new)
     if not (isinstance(base, float) and math.isfinite(base) and base > 0 and math.isfinite(new)):
         return " ", math.nan
@@ -47,7 +48,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, tol: float = 0.02) -> pd.Data
     if not (0 <= tol < 1):
         raise InputError(f"--tol must be in [0, 1), got {tol}")
     cols = [*KEY, "certified", "value", "pgd", "ratio", "violation"]
-    keep = lambda df: df[~df["bound"].str.startswith(("scaling:", "block_"))][cols]
+    keep = lambda df: df[df["role"].isin(["bound", "pgd"])][cols]
     j = keep(base).merge(keep(new), on=KEY, how="outer", suffixes=("_base", "_new"), indicator="present")
     j = j[j["present"] != "right_only"].copy()
     j["violation_new"] = j["violation_new"].fillna(False).astype(bool)
@@ -57,7 +58,14 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, tol: float = 0.02) -> pd.Data
     return j.drop(columns="present").reset_index(drop=True)
 
 
-def summary(j: pd.DataFrame, tol: float, base_name: str, new_name: str) -> str:
+def failures(j: pd.DataFrame, allow_missing: bool = False) -> list[str]:
+    """The markers in ``j`` that fail a comparison."""
+    fail = ["x", "+"] if allow_missing else ["x", "+", "!"]
+    return [m for m in fail if (j["marker"] == m).any()]
+
+
+def summary(j: pd.DataFrame, tol: float, base_name: str, new_name: str,
+            allow_missing: bool = False) -> str:
     counts = j["marker"].value_counts()
     lines = [f"# compare: {new_name} against {base_name} (tol {tol:g})", "",
              f"{len(j)} rows compared. " + ", ".join(
@@ -67,7 +75,7 @@ def summary(j: pd.DataFrame, tol: float, base_name: str, new_name: str) -> str:
         lines += ["| | bound | cell | sample | head | base | new | factor |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in flagged.head(40).itertuples():
-            is_pgd = str(r.bound).startswith("pgd_")
+            is_pgd = r.role == "pgd"
             b, n = (r.value_base, r.value_new) if is_pgd else (r.ratio_base, r.ratio_new)
             lines.append(f"| {r.marker} | {r.bound} | `{r.cell_id}` | {r.sample} | {r.head} | "
                          f"{b:.4g} | {n:.4g} | {r.factor:.4f} |")
@@ -77,16 +85,16 @@ def summary(j: pd.DataFrame, tol: float, base_name: str, new_name: str) -> str:
     per = j[j["factor"].notna()].groupby("bound")["factor"].agg(["median", "min", "max"])
     lines += ["| bound | median factor | min | max |", "|---|---|---|---|"]
     lines += [f"| {b} | {r['median']:.4f} | {r['min']:.4f} | {r['max']:.4f} |" for b, r in per.iterrows()]
-    bad = int(counts.get("x", 0) + counts.get("+", 0))
-    lines += ["", "FAILED: soundness violations or tightness regressions" if bad else "OK"]
+    bad = failures(j, allow_missing)
+    lines += ["", f"FAILED: {', '.join(MARKERS[m] for m in bad)}" if bad else "OK"]
     return "\n".join(lines) + "\n"
 
 
-def run(base_path: str, new_path: str, tol: float) -> int:
+def run(base_path: str, new_path: str, tol: float, allow_missing: bool = False) -> int:
     base, new = load(base_path), load(new_path)
     j = compare(base, new, tol)
-    text = summary(j, tol, str(base_path), str(new_path))
+    text = summary(j, tol, str(base_path), str(new_path), allow_missing)
     if Path(new_path).is_dir():
-        (Path(new_path) / "compare.md").write_text(text)
+        atomic_write(Path(new_path) / "compare.md", text)  # first: a failed write prints nothing
     print(text, end="")
-    return 1 if j["marker"].isin(["x", "+"]).any() else 0
+    return 1 if failures(j, allow_missing) else 0

@@ -13,6 +13,7 @@ from models import Stack, load_input, load_layer
 
 from .env import device_name, resolve_device, resolve_dtype, versions
 from .evaluate import Evaluation, evaluate
+from .rows import unroll
 
 
 def _plain(t: Tensor, batched: bool):
@@ -39,28 +40,23 @@ def to_json(ev: Evaluation, meta: dict, batched: bool) -> dict:
 
 
 def _fmt(x: float) -> str:
-    return "—" if x is None or math.isnan(x) else f"{x:.6g}"
+    return "—" if math.isnan(x) else f"{x:.6g}"
 
 
 def to_table(ev: Evaluation, batch: int) -> str:
     head = f"{'bound':<22} {'value':>12} {'PGD':>12} {'value/PGD':>10}  {'certified':<9} {'seconds':>8}"
+    rows = [r for r in unroll(ev) if r["role"] == "bound"]
     lines = []
     for b in range(batch):
         if batch > 1:
             lines.append(f"input {b}")
         lines += [head, "-" * len(head)]
-        for name, v in ev.values.items():
-            ref = ev.reference(name)
-            per_head = v.dim() == 2
-            for head in range(v.shape[1]) if per_head else [None]:
-                val = float(v[b, head] if per_head else v[b])
-                pgd = None if ref is None else float(ref[b, head] if per_head else ref[b])
-                ratio = None if not pgd else val / pgd
-                label = f"{name}[l={head}]" if per_head else name
-                b_ = bounds.get(name)
-                cert = ("yes (!)" if b_.finding else "yes") if b_.certified else "estimate"
-                lines.append(f"{label:<22} {_fmt(val):>12} {_fmt(pgd):>12} {_fmt(ratio):>10}  "
-                             f"{cert:<9} {ev.seconds[name]:>8.4f}")
+        for r in (r for r in rows if r["sample"] == b):
+            bound = bounds.get(r["bound"])
+            label = f"{r['bound']}[l={r['head']}]" if r["head"] >= 0 else r["bound"]
+            cert = ("yes (!)" if bound.finding else "yes") if bound.certified else "estimate"
+            lines.append(f"{label:<22} {_fmt(r['value']):>12} {_fmt(r['pgd']):>12} "
+                         f"{_fmt(r['ratio']):>10}  {cert:<9} {ev.seconds[r['bound']]:>8.4f}")
         for name, why in ev.skipped.items():
             lines.append(f"{name:<22} skipped: {why}")
         lines.append("")

@@ -18,6 +18,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+import bounds
+
 COL = 3.3  # inches, one paper column
 WIDE = 7.0  # inches, two columns
 CAP = 1e4  # tightness plots: ratios above this are drawn at it and labelled
@@ -39,14 +41,10 @@ def style() -> None:
 
 
 def label(bound: str) -> str:
-    """The legend name of a bound, marking what is not a certificate of a paper."""
-    if bound.endswith("_half"):
-        return f"{bound} (this suite)"
-    if bound.startswith("jacobian"):
-        return f"{bound} (estimate)"
+    """The legend name of a bound (the registry's display name), or of a PGD row."""
     if bound.startswith("pgd_"):
         return "PGD (lower bd.)"
-    return bound
+    return bounds.REGISTRY[bound].label if bound in bounds.REGISTRY else bound
 
 
 def sweep(df: pd.DataFrame, name: str, **eq) -> pd.DataFrame:
@@ -208,7 +206,7 @@ def fig_olsa_kim(df: pd.DataFrame) -> Figure:
 def _tight(df: pd.DataFrame, name: str) -> pd.DataFrame:
     sub = sweep(df, name)
     sub = sub[(sub["objective"] == "output") & (sub["head"] == -1) & np.isfinite(sub["ratio"])
-              & (sub["ratio"] > 0) & ~sub["bound"].str.startswith("pgd_")]
+              & (sub["ratio"] > 0) & (sub["role"] == "bound")]
     if sub.empty:
         raise Skip(f"no end-to-end bound with a finite ratio in sweep `{name}`")
     return sub
@@ -293,7 +291,7 @@ def fig_scaling(df: pd.DataFrame) -> Figure:
         raise Skip("no scaling sweeps")
     fig, axes = plt.subplots(1, len(present), figsize=(WIDE, 2.4), constrained_layout=True,
                              squeeze=False)
-    methods = sorted(df[df["sweep"].isin(present)]["bound"].unique())
+    methods = sorted(df[df["sweep"].isin(present) & (df["role"] == "timing")]["bound"].unique())
     pal = dict(zip(methods, sns.color_palette("deep", len(methods)), strict=True))
     for ax, s in zip(axes[0], present, strict=True):
         sub = df[df["sweep"] == s]
@@ -303,7 +301,7 @@ def fig_scaling(df: pd.DataFrame) -> Figure:
                 continue
             ax.plot(g.index, g.values, marker="o", color=pal[m],
                     ls="--" if m.endswith("_dense") else "-",
-                    label=m.removeprefix("scaling:"))
+                    label=m)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         _data_ticks(ax, sub[SCALING[s]])

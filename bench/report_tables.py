@@ -13,8 +13,6 @@ import pandas as pd
 
 from .report_figures import Skip, label, nearest, sweep
 
-EXCLUDED_PREFIXES = ("pgd_", "scaling:", "block_")
-
 
 def fmt(v: float, digits: int = 4) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -57,7 +55,7 @@ def to_latex(t: pd.DataFrame, caption: str) -> str:
 
 def summary(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """Per bound: certified, median and worst ratio, violations, seconds per sample, rows."""
-    sub = df[~df["bound"].astype(str).str.startswith(EXCLUDED_PREFIXES)]
+    sub = df[df["role"] == "bound"]
     if sub.empty:
         raise Skip("no bound rows")
     out = []

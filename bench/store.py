@@ -1,20 +1,31 @@
 """The result store: one CSV per finished cell (written atomically, so a killed run loses nothing
-finished), gathered into one long table ``results.csv``."""
+finished), gathered into one long table ``results.csv``; a lock per run directory; and the one
+loader that every reader (report, compare, baseline) goes through, which refuses anything that is
+not a complete, numeric results table of this schema version."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 
 from models import InputError
 
+# 2: rows carry ``role`` (bound, pgd, timing, block) and ``schema_version``; solver names say
+# Lanczos; run.json lists every cell
+SCHEMA_VERSION = 2
 TABLE = "results.csv"
-KEY = ["sweep", "cell_id", "bound", "sample", "head", "block"]
-REQUIRED = [*KEY, "certified", "value", "pgd", "ratio", "sound", "violation", "seconds"]
+KEY = ["sweep", "cell_id", "role", "bound", "sample", "head", "block"]
+NUMERIC = ["value", "pgd", "ratio", "seconds", "sample", "head", "block"]
+BOOLEAN = ["certified", "sound", "violation"]
+REQUIRED = [*KEY, "schema_version", *BOOLEAN, "value", "pgd", "ratio", "seconds"]
+LOCK = ".lock"
 
 
 def cell_file(out: Path, sweep: str, cell_id: str) -> Path:
@@ -22,22 +33,81 @@ def cell_file(out: Path, sweep: str, cell_id: str) -> Path:
     return out / "cells" / f"{digest}.csv"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def writable_dir(path: Path, what: str) -> None:
+    """Creates ``path`` as a directory, or says in one InputError why it cannot be one."""
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{what} {path} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".probe.{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(f"{what} {path} is not a writable directory ({e.strerror or e})") from None
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Writes through a temp file and a rename: a reader sees the old file or the new, never a part.
+    On failure the temp file is removed and the error is one InputError."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def write_cell(out: Path, sweep: str, cell_id: str, rows: pd.DataFrame) -> None:
-    _atomic_write(cell_file(out, sweep, cell_id), rows.to_csv(index=False))
+    atomic_write(cell_file(out, sweep, cell_id), rows.to_csv(index=False))
 
 
 def write_json(path: Path, obj: dict) -> None:
-    _atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+
+
+def remove_stale_temps(out: Path) -> int:
+    """Removes the temp files of killed runs (the caller holds the lock, so none is live)."""
+    stale = [*out.glob(".*.tmp"), *(out / "cells").glob(".*.tmp")]
+    for f in stale:
+        f.unlink(missing_ok=True)
+    return len(stale)
+
+
+@contextlib.contextmanager
+def lock(out: Path) -> Iterator[None]:
+    """An exclusive lock on a run directory for the life of a run.
+
+    flock is released by the kernel when its holder dies, so a killed run never leaves a stale
+    lock behind; the holder's pid is written into the file so that the refusal can name it.
+    """
+    path = out / LOCK
+    try:
+        f = open(path, "a+")
+    except OSError as e:
+        raise InputError(f"cannot lock {out}: {e.strerror or e}") from None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise InputError(f"{out} is in use by another run ({holder}); wait for it to finish "
+                             f"or use another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}")
+        f.flush()
+        try:
+            yield
+        finally:
+            f.truncate(0)
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def gather(out: Path) -> pd.DataFrame:
@@ -46,17 +116,40 @@ def gather(out: Path) -> pd.DataFrame:
     if not files:
         raise InputError(f"{out}: no finished cells")
     df = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
-    return df.sort_values(["cell_index", "bound", "sample", "head", "block"], kind="stable",
+    return df.sort_values(["cell_index", "role", "bound", "sample", "head", "block"], kind="stable",
                           ignore_index=True)
 
 
 def consolidate(out: Path) -> Path:
-    _atomic_write(out / TABLE, gather(out).to_csv(index=False))
+    atomic_write(out / TABLE, gather(out).to_csv(index=False))
     return out / TABLE
 
 
+def _as_bool(df: pd.DataFrame, col: str, where: Path) -> None:
+    if df[col].dtype == bool:
+        return
+    text = df[col].astype(str).str.strip().str.lower()
+    ok = text.isin(["true", "false", "1", "0"])
+    if not ok.all():
+        raise InputError(f"{where}: column {col!r} holds a non-boolean value "
+                         f"{df[col][~ok].iloc[0]!r}")
+    df[col] = text.isin(["true", "1"])
+
+
+def _as_number(df: pd.DataFrame, col: str, where: Path) -> None:
+    num = pd.to_numeric(df[col], errors="coerce")
+    bad = num.isna() & df[col].notna() & (df[col].astype(str).str.strip().str.lower() != "nan")
+    if bad.any():
+        raise InputError(f"{where}: column {col!r} holds a non-numeric value {df[col][bad].iloc[0]!r}")
+    df[col] = num
+
+
 def load(path: str | Path) -> pd.DataFrame:
-    """A results table from a CSV file, or from a run directory (its results.csv, else its cells)."""
+    """A results table from a CSV file, or from a run directory (its results.csv, else its cells).
+
+    Refuses (InputError) a table with no rows, missing columns, values that are not numbers or
+    booleans, or another schema version.
+    """
     path = Path(path)
     try:
         if path.is_dir():
@@ -65,9 +158,21 @@ def load(path: str | Path) -> pd.DataFrame:
             df = pd.read_csv(path)
     except FileNotFoundError:
         raise InputError(f"no results at {path}") from None
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+    except pd.errors.EmptyDataError:
+        raise InputError(f"{path}: empty file, not a results table") from None
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError) as e:
         raise InputError(f"cannot read results {path}: {e}") from None
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
-        raise InputError(f"{path}: not a results table (missing columns {missing})")
+        raise InputError(f"{path}: not a results table of this suite (missing columns {missing})")
+    if df.empty:
+        raise InputError(f"{path}: the results table has no rows")
+    versions = set(pd.to_numeric(df["schema_version"], errors="coerce").tolist())
+    if versions != {SCHEMA_VERSION}:
+        raise InputError(f"{path}: results schema version {sorted(map(str, versions))}, this suite "
+                         f"reads {SCHEMA_VERSION}; rerun the profile with --fresh")
+    for col in NUMERIC:
+        _as_number(df, col, path)
+    for col in BOOLEAN:
+        _as_bool(df, col, path)
     return df

@@ -22,6 +22,7 @@ from pathlib import Path
 from models import InputError
 
 from .cases import Cell
+from .env import DTYPES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -99,6 +100,28 @@ def parse_list(flag: str, text: str) -> list:
     return [_convert(OVERRIDES[flag], s, f"--{flag.replace('_', '-')}") for s in items]
 
 
+def _run_int(run: dict, key: str, low: int, where: str) -> None:
+    v = run[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise InputError(f"{where}: [run] {key} must be an integer >= {low}, got {v!r}")
+
+
+def check_run(run, where: str) -> dict:
+    """The [run] options with their defaults, each checked before anything is written."""
+    if not isinstance(run, dict):
+        raise InputError(f"{where}: [run] must be a table, got {run!r}")
+    bad = set(run) - set(RUN_DEFAULTS)
+    if bad:
+        raise InputError(f"{where}: unknown run options {sorted(bad)}; known: {sorted(RUN_DEFAULTS)}")
+    run = RUN_DEFAULTS | run
+    _run_int(run, "pgd_steps", 0, where)
+    _run_int(run, "pgd_restarts", 1, where)
+    _run_int(run, "seed", 0, where)
+    if run["dtype"] not in DTYPES:
+        raise InputError(f"{where}: [run] dtype must be one of {sorted(DTYPES)}, got {run['dtype']!r}")
+    return run
+
+
 def load_profile(name_or_path: str, overrides: dict[str, list] | None = None) -> Profile:
     path = Path(name_or_path)
     if not path.suffix and (PROFILES / f"{name_or_path}.toml").exists():
@@ -112,12 +135,13 @@ def load_profile(name_or_path: str, overrides: dict[str, list] | None = None) ->
         raise InputError(f"cannot read profile {path}: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"profile {path} is not valid TOML: {e}") from None
-    run = RUN_DEFAULTS | data.get("run", {})
-    bad = set(run) - set(RUN_DEFAULTS)
-    if bad:
-        raise InputError(f"profile {path}: unknown run options {sorted(bad)}")
+    run = check_run(data.get("run", {}), f"profile {path}")
+    specs = data.get("sweep", [])
+    if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
+        raise InputError(f"profile {path}: 'sweep' must be an array of tables ([[sweep]]), "
+                         f"got {specs!r}")
     sweeps: dict[str, list[Cell]] = {}
-    for i, spec in enumerate(data.get("sweep", [])):
+    for i, spec in enumerate(specs):
         spec = dict(spec)
         name = str(spec.pop("name", f"sweep{i}"))
         for flag, values in (overrides or {}).items():

@@ -34,6 +34,15 @@ class Bound:
     ours: bool = False  # a tightening of this suite, not of the cited paper
     finding: str = ""  # a soundness failure of the published statement that this suite found
     description: str = ""
+    display: str = ""  # the name a reader sees in figures and tables (e.g. "LoFAST δ₂⁽¹⁾ (‖M‖)")
+
+    @property
+    def label(self) -> str:
+        """The display name, marked where the value is not a paper's certificate."""
+        text = self.display or self.name
+        if not self.certified:
+            return f"{text} (estimate)"
+        return f"{text} (this suite)" if self.ours else text
 
 
 def radius(eps: float | Tensor, X: Tensor) -> Tensor:

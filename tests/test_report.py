@@ -149,7 +149,7 @@ def test_build_writes_every_figure_and_table(report: Path):
             assert f.exists() and f.stat().st_size > 0, f
     assert "Skipped" not in text
     assert "No soundness violations" in text
-    assert "| lofast_M |" in (out / "summary.md").read_text()
+    assert "| LoFAST (‖M‖) |" in (out / "summary.md").read_text()
     assert r"\begin{tabular}" in (out / "table3_lofast.tex").read_text()
 
 

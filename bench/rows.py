@@ -1,0 +1,77 @@
+"""The one place where results become rows of the long table (as asv's ``unroll_result``).
+
+Every row names its ``role``, so no module parses names to know what a row is:
+
+* ``bound``: a bound's value (certified or an estimate) with the PGD value of its own objective;
+* ``pgd``: a PGD lower bound itself (``bound`` = ``pgd_<objective>``);
+* ``timing``: a solver timed by the scaling task (``value`` is the norm it computed);
+* ``block``: a per-block quantity of a stack (the Cauchy task), ``block`` = k.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from torch import Tensor
+
+import bounds
+
+from .evaluate import Evaluation
+
+ROLES = ("bound", "pgd", "timing", "block")
+SOUND_RTOL = 1e-6  # a certified value below pgd·(1 − 1e-6) is a violation, never a rounding question
+COLUMNS = ["role", "bound", "sample", "head", "block", "certified", "objective", "value", "pgd",
+           "ratio", "sound", "violation", "seconds", "pgd_seconds"]
+
+
+def _entries(values: Tensor) -> Iterator[tuple[int, int, float]]:
+    """(sample, head, value) of a [B] or [B, h] tensor; head −1 when there are no heads."""
+    per_head = values.dim() == 2
+    for b in range(values.shape[0]):
+        for head in range(values.shape[1]) if per_head else [-1]:
+            yield b, head, float(values[b, head] if per_head else values[b])
+
+
+def row(role: str, name: str, sample: int, value: float, *, head: int = -1, block: int = -1,
+        certified: bool = False, objective: str | None = None, pgd: float = math.nan,
+        seconds: float = 0.0, pgd_seconds: float = 0.0) -> dict:
+    """One row; ``ratio``, ``sound`` and ``violation`` follow from value, pgd and certified."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}")
+    ratio = value / pgd if pgd and math.isfinite(pgd) else math.nan
+    sound = not (pgd > 0 and value < pgd * (1 - SOUND_RTOL))
+    return {"role": role, "bound": name, "sample": sample, "head": head, "block": block,
+            "certified": certified, "objective": objective or "", "value": value, "pgd": pgd,
+            "ratio": ratio, "sound": sound, "violation": certified and not sound,
+            "seconds": seconds, "pgd_seconds": pgd_seconds}
+
+
+def unroll(ev: Evaluation) -> list[dict]:
+    """Every bound value of an evaluation (per sample and head) and every PGD value, as rows.
+
+    Seconds are per sample: a batched call's time divided by the batch size.
+    """
+    rows = []
+    for name, values in ev.values.items():
+        b = bounds.get(name)
+        ref = ev.reference(name)
+        B = values.shape[0]
+        pgd_s = ev.pgd_seconds.get(b.objective or "", 0.0) / B
+        for sample, head, v in _entries(values):
+            p = math.nan if ref is None else float(ref[sample, head] if head >= 0 else ref[sample])
+            rows.append(row("bound", name, sample, v, head=head, certified=b.certified,
+                            objective=b.objective, pgd=p, seconds=ev.seconds[name] / B,
+                            pgd_seconds=pgd_s))
+    for obj, values in ev.pgd.items():
+        B = values.shape[0]
+        rows += [row("pgd", f"pgd_{obj}", sample, v, head=head, objective=obj,
+                     seconds=ev.pgd_seconds[obj] / B) for sample, head, v in _entries(values)]
+    return rows
+
+
+def measured(role: str, name: str, values: Tensor, seconds: float, block: int = -1) -> list[dict]:
+    """Rows of a timed quantity [B] (or [B, ...], reduced to its largest entry per sample)."""
+    values = values.reshape(values.shape[0], -1).amax(-1)
+    return [row(role, name, b, v, block=block, seconds=seconds / len(values))
+            for b, v in enumerate(values.tolist())]

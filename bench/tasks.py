@@ -1,0 +1,87 @@
+"""What a cell computes, by its ``task``: a dict from task name to a function returning rows
+(as auto_LiRPA's ``bound_op_map``), so that the runner is only the run loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from bounds import jacobian as jac
+from bounds import lofast as lf
+from models import Stack
+
+from .cases import Cell
+from .env import timed
+from .evaluate import evaluate
+from .rows import measured, unroll
+
+LOFAST_ONLY = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "naive"]
+
+Task = Callable[[Cell, dict, torch.device, torch.dtype], list[dict]]
+
+
+def bounds_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype,
+                names: list[str] | None = None) -> list[dict]:
+    """Every applicable bound (or ``names``) and the PGD value of each objective they refer to."""
+    layer, X = cell.build()
+    ev = evaluate(layer, X, cell.eps, names=names, device=device, dtype=dtype,
+                  pgd_steps=run["pgd_steps"], pgd_restarts=run["pgd_restarts"], seed=run["seed"])
+    return unroll(ev)
+
+
+def lofast_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """LoFAST's totals and naive only (the ablation of LoFAST Fig. 3)."""
+    return bounds_task(cell, run, device, dtype, names=LOFAST_ONLY)
+
+
+def _on(cell: Cell, device: torch.device, dtype: torch.dtype):
+    layer, X = cell.build()
+    X = X.to(device=device, dtype=dtype)
+    return layer.to(X), X
+
+
+def _time(rows: list, name: str, fn, device: torch.device, role: str = "timing",
+          block: int = -1) -> None:
+    values, seconds = timed(fn, device)
+    rows += measured(role, name, values, seconds, block)
+
+
+def scaling_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """Seconds of the matrix-free solvers (and the dense ones where they fit) for ζ, ‖M_l‖, σ_max."""
+    layer, X = _on(cell, device, dtype)
+    rows: list[dict] = []
+    dense = not isinstance(layer, Stack) and cell.n * cell.d <= jac.DENSE_LIMIT
+    if layer.kind == "dot":
+        _time(rows, "zeta_lanczos", lambda: lf.zeta(layer, X), device)
+        _time(rows, "M_lanczos", lambda: lf.m_norms(layer, X), device)
+        if dense:
+            _time(rows, "zeta_dense", lambda: lf.zeta(layer, X, method="dense"), device)
+            _time(rows, "M_dense", lambda: lf.m_norms(layer, X, method="dense"), device)
+    _time(rows, "jacobian_lanczos", lambda: jac.jacobian_power(layer.forward, X).sigma, device)
+    if dense:
+        _time(rows, "jacobian_dense", lambda: jac.sigma_exact(layer, X), device)
+    return rows
+
+
+def cauchy_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """Per block k of a stack: σ_max(J_{f_k}(X_k)) (matrix-free, and exact where it fits) and the
+    surrogate √(‖J‖₁‖J‖∞), the Cauchy view's per-layer quantities (SPEC §3.4)."""
+    stack, X = _on(cell, device, dtype)
+    if not isinstance(stack, Stack):
+        stack = Stack((stack,), R=None)
+    rows: list[dict] = []
+    for k, (block, Xk) in enumerate(zip(stack.blocks, stack.trajectory(X), strict=False)):
+        f = block.forward
+        _time(rows, "block_sigma", lambda f=f, x=Xk: jac.jacobian_power(f, x).sigma, device,
+              "block", k)
+        if cell.n * cell.d <= jac.DENSE_LIMIT:
+            _time(rows, "block_sigma_exact",
+                  lambda f=f, x=Xk: jac.spectral(jac.jacobian_dense(f, x)), device, "block", k)
+            _time(rows, "block_l1linf", lambda b=block, x=Xk: jac.jacobian_l1linf(b, x, 1.0), device,
+                  "block", k)
+    return rows
+
+
+TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "scaling": scaling_task,
+                          "cauchy": cauchy_task}
