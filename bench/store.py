@@ -26,6 +26,9 @@ NUMERIC = ["value", "pgd", "ratio", "seconds", "sample", "head", "block"]
 BOOLEAN = ["certified", "sound", "violation"]
 REQUIRED = [*KEY, "schema_version", *BOOLEAN, "value", "pgd", "ratio", "seconds"]
 LOCK = ".lock"
+# what this suite writes for a missing number; pandas' longer default list would read a stray
+# "n/a" or "NULL" in a value column as a number and let it pass
+READ = {"keep_default_na": False, "na_values": ["", "nan", "NaN"]}
 
 
 def cell_file(out: Path, sweep: str, cell_id: str) -> Path:
@@ -115,7 +118,7 @@ def gather(out: Path) -> pd.DataFrame:
     files = sorted((out / "cells").glob("*.csv"))
     if not files:
         raise InputError(f"{out}: no finished cells")
-    df = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+    df = pd.concat([pd.read_csv(f, **READ) for f in files], ignore_index=True)
     return df.sort_values(["cell_index", "role", "bound", "sample", "head", "block"], kind="stable",
                           ignore_index=True)
 
@@ -138,7 +141,7 @@ def _as_bool(df: pd.DataFrame, col: str, where: Path) -> None:
 
 def _as_number(df: pd.DataFrame, col: str, where: Path) -> None:
     num = pd.to_numeric(df[col], errors="coerce")
-    bad = num.isna() & df[col].notna() & (df[col].astype(str).str.strip().str.lower() != "nan")
+    bad = num.isna() & df[col].notna()
     if bad.any():
         raise InputError(f"{where}: column {col!r} holds a non-numeric value {df[col][bad].iloc[0]!r}")
     df[col] = num
@@ -153,9 +156,9 @@ def load(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     try:
         if path.is_dir():
-            df = pd.read_csv(path / TABLE) if (path / TABLE).exists() else gather(path)
+            df = pd.read_csv(path / TABLE, **READ) if (path / TABLE).exists() else gather(path)
         else:
-            df = pd.read_csv(path)
+            df = pd.read_csv(path, **READ)
     except FileNotFoundError:
         raise InputError(f"no results at {path}") from None
     except pd.errors.EmptyDataError:

@@ -133,8 +133,18 @@ def load_layer(path: str | Path) -> Layer | Stack:
         raise InputError(f"{where}: metadata 'depth' must be a positive integer, got {depth_s!r}")
     R_s = _meta(meta, "R", where)
     R = None if R_s == "none" else _positive(R_s, "R", where)
+    depth = int(depth_s)
+    present = set()
+    for name in tensors:
+        k, dot, _ = name.removeprefix("blocks.").partition(".")
+        if not name.startswith("blocks.") or not dot or not k.isdigit():
+            raise InputError(f"{where}: tensor {name!r} is not of the form blocks.<k>.<name>")
+        present.add(int(k))
+    if present != set(range(depth)):
+        raise InputError(f"{where}: metadata 'depth' = {depth} but the file holds blocks "
+                         f"{sorted(present)}; depth must equal the number of blocks, numbered from 0")
     blocks = []
-    for k in range(int(depth_s)):
+    for k in range(depth):
         p = f"blocks.{k}."
         bt = {n[len(p):]: x for n, x in tensors.items() if n.startswith(p)}
         bm = {n[len(p):]: v for n, v in meta.items() if n.startswith(p)}

@@ -249,3 +249,35 @@ def test_builders_refuse_bad_arguments():
         models.random_stack("dot", 0, 4, 2)
     with raises(r"d and h must be positive"):
         models.random_dot(4, 0)
+
+
+def _stack_file(tmp_path, stack, **meta_changes) -> str:
+    from models.io import layer_to_tensors
+
+    tensors, meta = {}, {"kind": "stack", "depth": str(len(stack.blocks)), "R": repr(stack.R)}
+    for k, block in enumerate(stack.blocks):
+        t, m = layer_to_tensors(block)
+        tensors.update({f"blocks.{k}.{n}": x for n, x in t.items()})
+        meta.update({f"blocks.{k}.{n}": v for n, v in m.items()})
+    meta.update(meta_changes)
+    return write(tmp_path, tensors, meta)
+
+
+@pytest.mark.parametrize("depth", ["1", "3"])
+def test_stack_depth_must_equal_the_blocks_present(tmp_path, depth):
+    """A depth smaller than the blocks present once truncated the stack silently (naive 0.224
+    instead of 1.026 for the real 2-block stack); larger, it named a missing tensor of a block."""
+    stack = models.random_stack("dot", 2, 4, 2, seed=0)
+    with raises(rf"'depth' = {depth} but the file holds blocks \[0, 1\]"):
+        models.load_layer(_stack_file(tmp_path, stack, depth=depth))
+
+
+def test_stack_blocks_numbered_from_zero_and_nothing_else(tmp_path):
+    stack = models.random_stack("dot", 2, 4, 2, seed=0)
+    path = _stack_file(tmp_path, stack)
+    tensors, meta = models.io._read(path)
+    shifted = {n.replace("blocks.1.", "blocks.2."): x for n, x in tensors.items()}
+    with raises(r"holds blocks \[0, 2\]"):
+        models.load_layer(write(tmp_path, shifted, meta))
+    with raises(r"tensor 'extra' is not of the form blocks.<k>.<name>"):
+        models.load_layer(write(tmp_path, dict(tensors, extra=torch.zeros(2)), meta))
