@@ -1,4 +1,4 @@
-"""The objectives of SPEC §4, each a map from perturbed inputs X' [R, *S, n, d] to values [R, *S].
+"""The objectives of docs/bounds.md §4, each a map from perturbed inputs X' [R, *S, n, d] to values [R, *S].
 
 A factory takes the layer and the clean input X [*S, n, d] and returns the objective; per-head
 objectives take X expanded to [B, h, n, d] so that every head gets its own perturbation.

@@ -1,4 +1,4 @@
-"""Projected gradient ascent over the Frobenius ball ‖Γ‖_F ≤ ε (SPEC §4): a lower bound for every
+"""Projected gradient ascent over the Frobenius ball ‖Γ‖_F ≤ ε (docs/bounds.md §4): a lower bound for every
 upper bound. Restarts are one tensor dimension; the best value ever seen is kept."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Cauchy view (Wang & Ruan, seed 003): Jacobian σ_max as a first-order estimate (SPEC §3.4)."""
+"""The Cauchy view (Wang & Ruan, seed 003): Jacobian σ_max as a first-order estimate (docs/bounds.md §3.4)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def jacobian_dense(F: Callable[[Tensor], Tensor], X: Tensor) -> Tensor:
 
 
 def jacobian(layer, X: Tensor, eps) -> Tensor:
-    """σ_max(J_F(X))·ε, a first-order estimate, not a certificate (Wang & Ruan, SPEC §3.4)."""
+    """σ_max(J_F(X))·ε, a first-order estimate, not a certificate (Wang & Ruan, docs/bounds.md §3.4)."""
     return jacobian_power(layer.forward, X).sigma * radius(eps, X)
 
 

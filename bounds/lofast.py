@@ -1,4 +1,4 @@
-"""LoFAST (Havens et al., seed 000): naive δ₁, ζ(X), ‖M_l(X)‖, ξ_l, δ₂ and Theorem 1 (SPEC §2).
+"""LoFAST (Havens et al., seed 000): naive δ₁, ζ(X), ‖M_l(X)‖, ξ_l, δ₂ and Theorem 1 (docs/bounds.md §2).
 
 Shapes: X [B, n, d]; per-head quantities [B, h]; eps a float or [B].
 """
@@ -150,12 +150,13 @@ def lofast_xi(layer: DotMHA, X: Tensor, eps) -> Tensor:
 
 
 def lofast_M_half(layer: DotMHA, X: Tensor, eps) -> Tensor:
-    """ζ(X)ε + ½δ₂^(1): softmax is ½-Lipschitz (SPEC §2.2); this suite's tightening, not LoFAST's."""
+    """ζ(X)ε + ½δ₂^(1): softmax is ½-Lipschitz (docs/bounds.md §2.2); this suite's tightening, not
+    LoFAST's."""
     return delta1(layer, X, eps) + delta2_M(layer, X, eps, factor=0.5)
 
 
 def lofast_xi_half(layer: DotMHA, X: Tensor, eps) -> Tensor:
-    """ζ(X)ε + ½δ₂^(2) (SPEC §2.2); this suite's tightening, not LoFAST's."""
+    """ζ(X)ε + ½δ₂^(2) (docs/bounds.md §2.2); this suite's tightening, not LoFAST's."""
     return delta1(layer, X, eps) + delta2_xi(layer, X, eps, factor=0.5)
 
 

@@ -1,4 +1,4 @@
-"""Spectral norms of linear maps without forming their matrices (SPEC §2.1).
+"""Spectral norms of linear maps without forming their matrices (docs/bounds.md §2.1).
 
 Restarted Lanczos with full reorthogonalisation on T*T, batched over every leading dimension. Plain
 power iteration needs thousands of steps here (a residual layer's singular values cluster near 1);

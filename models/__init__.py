@@ -1,4 +1,4 @@
-"""The layers of SPEC §1, their seeded builders and their safetensors files."""
+"""The layers of docs/bounds.md §1, their seeded builders and their safetensors files."""
 
 from .build import (
     projected_input,

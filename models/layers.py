@@ -1,4 +1,4 @@
-"""The layers of SPEC §1 as plain tensor containers with a batched forward.
+"""The layers of docs/bounds.md §1 as plain tensor containers with a batched forward.
 
 Every function takes inputs of shape ``[..., n, d]``: leading dimensions are batch dimensions, so
 restarts, inputs and heads of an attack can all be evaluated in one call.
@@ -46,7 +46,7 @@ class _Tensors:
 
 @dataclass(frozen=True)
 class DotMHA(_Tensors):
-    """Dot-product multi-head attention, SPEC §1.1: ``F(X) = HX + Σ_l P_l(X) X C_l``."""
+    """Dot-product multi-head attention, docs/bounds.md §1.1: ``F(X) = HX + Σ_l P_l(X) X C_l``."""
 
     W_q: Tensor  # [h, d, d_h]
     W_k: Tensor  # [h, d, d_h]
@@ -79,7 +79,7 @@ class DotMHA(_Tensors):
 
 @dataclass(frozen=True)
 class L2MHA(_Tensors):
-    """L2 multi-head attention with tied keys (Kim et al. 2021), SPEC §1.2."""
+    """L2 multi-head attention with tied keys (Kim et al. 2021), docs/bounds.md §1.2."""
 
     W_q: Tensor  # [h, d, d_h]; keys are tied: W^K_l = W^Q_l
     W_v: Tensor  # [h, d, d_h]
@@ -107,7 +107,7 @@ class L2MHA(_Tensors):
 
 @dataclass(frozen=True)
 class OLSA(_Tensors):
-    """The OLSA layer of Xu et al. (seed 002), SPEC §1.3."""
+    """The OLSA layer of Xu et al. (seed 002), docs/bounds.md §1.3."""
 
     W_q: Tensor  # [h, d_h, d]
     W_k: Tensor  # [h, d_h, d]
@@ -155,7 +155,7 @@ Layer = DotMHA | L2MHA | OLSA
 
 @dataclass(frozen=True)
 class Stack:
-    """N blocks, SPEC §1.4: ``X_{k+1} = f_k(Proj_R(X_k))``; ``R=None`` skips the projection."""
+    """N blocks, docs/bounds.md §1.4: ``X_{k+1} = f_k(Proj_R(X_k))``; ``R=None`` skips the projection."""
 
     blocks: tuple[Layer, ...]
     R: float | None = 1.0

@@ -1,4 +1,4 @@
-"""Exact quantities against independent dense float64 constructions in numpy (SPEC §1, §2, §3.4).
+"""Exact quantities against independent dense float64 constructions in numpy (docs/bounds.md §1, §2, §3.4).
 
 Nothing here calls the code path under test to build its reference: attention matrices, the
 Kronecker matrix of ζ, the matrix M_l of Lemma 2 and the layers' outputs are all rebuilt from the
@@ -30,7 +30,7 @@ def softmax_rows(S: np.ndarray) -> np.ndarray:
     return E / E.sum(axis=-1, keepdims=True)
 
 
-# --- numpy references of the layers (SPEC §1) --------------------------------------------------
+# --- numpy references of the layers (docs/bounds.md §1) ----------------------------------------
 
 
 def ref_dot_parts(layer: models.DotMHA, X: np.ndarray):

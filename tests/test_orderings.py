@@ -1,4 +1,4 @@
-"""The ordering facts of SPEC §2 and §2.2, on many random dot-product layers and inputs."""
+"""The ordering facts of docs/bounds.md §2 and §2.2, on many random dot-product layers and inputs."""
 
 from __future__ import annotations
 
