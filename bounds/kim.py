@@ -8,9 +8,9 @@ from scipy.special import lambertw
 from torch import Tensor
 
 from models import L2MHA
+from models.spectral import spectral
 
 from .base import radius
-from .spectral import spectral
 
 
 def phi_inv(y: float) -> float:

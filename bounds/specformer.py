@@ -6,9 +6,9 @@ from __future__ import annotations
 from torch import Tensor
 
 from models import DotMHA
+from models.spectral import spectral
 
 from .base import radius
-from .spectral import spectral
 
 FINDING = (
     "unsound for small inputs: its constant vanishes like (‖X‖_F + ε)², but at X = 0 the "

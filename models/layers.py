@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
+from .operators import LinearOperator, LogitOperator
+
 ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}  # 1-Lipschitz, as OLSA's Theorem 4.1 assumes
 
 
@@ -75,6 +77,39 @@ class DotMHA(_Tensors):
         return out + X if self.residual else out
 
     __call__ = forward
+
+    def delta1_operator(self, X: Tensor) -> LinearOperator:
+        """Δ₁, the change of F at fixed attention P_l(X), as a map of Γ (LoFAST eq. 15, docs/bounds.md
+        §2): ``T(Γ) = HΓ + Σ_l P_l Γ C_l``, ``T*(Y) = HᵀY + Σ_l P_lᵀ Y C_lᵀ``; ζ(X) = ‖T‖.
+
+        Γ is [..., B, n, d]: extra leading dimensions (attack restarts) broadcast against X's batch.
+        """
+        P, C, H = self.attention(X), self.C(), self.H_norm
+
+        def T(G: Tensor) -> Tensor:
+            return H * G + torch.einsum("...hne,hef->...nf", P @ G.unsqueeze(-3), C)
+
+        def Tt(Y: Tensor) -> Tensor:
+            return H * Y + torch.einsum("...hne,hfe->...nf", P.transpose(-1, -2) @ Y.unsqueeze(-3), C)
+
+        return LinearOperator(T, Tt)
+
+    def logit_operator(self, X: Tensor) -> LogitOperator:
+        """The part of each head's logit change linear in Γ, ``Γ ↦ Γ A_l Xᵀ + X A_l Γᵀ`` (LoFAST eq. 25,
+        Lemma 2; docs/bounds.md §2.1): ``T(Γ) = Γ Uᵀ + V Γᵀ`` and ``T*(Z) = Z U + Zᵀ V`` with
+        U = X A_lᵀ, V = X A_l; ‖M_l(X)‖ = ‖T‖ per head. Γ is [B, h, n, d], X is [B, n, d].
+        """
+        A = self.A()
+        U = torch.einsum("bnd,hed->bhne", X, A)
+        V = torch.einsum("bnd,hde->bhne", X, A)
+
+        def T(G: Tensor) -> Tensor:
+            return G @ U.transpose(-1, -2) + V @ G.transpose(-1, -2)
+
+        def Tt(Z: Tensor) -> Tensor:
+            return Z @ U + Z.transpose(-1, -2) @ V
+
+        return LogitOperator(T, Tt, U, V)
 
 
 @dataclass(frozen=True)
