@@ -1,4 +1,4 @@
-"""PGD lower bounds over the Frobenius ball (SPEC §4)."""
+"""PGD lower bounds over the Frobenius ball (docs/bounds.md §4)."""
 
 from .objectives import OBJECTIVES, PER_HEAD
 from .pgd import PGDResult, attack, maximize, warm_starts

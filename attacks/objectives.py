@@ -1,4 +1,4 @@
-"""The objectives of SPEC §4, each a map from perturbed inputs X' [R, *S, n, d] to values [R, *S].
+"""The objectives of docs/bounds.md §4, each a map from perturbed inputs X' [R, *S, n, d] to values [R, *S].
 
 A factory takes the layer and the clean input X [*S, n, d] and returns the objective; per-head
 objectives take X expanded to [B, h, n, d] so that every head gets its own perturbation.
@@ -11,7 +11,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from bounds.lofast import zeta_operator
 from models import DotMHA, InputError
 
 Objective = Callable[[Tensor], Tensor]
@@ -35,8 +34,7 @@ def _dot(layer, name: str) -> DotMHA:
 
 def delta1(layer, X: Tensor) -> Objective:
     """‖Δ₁‖ = ‖HΓ + Σ_l P_l(X) Γ C_l‖_F with Γ = X' − X (X: [B, n, d])."""
-    T, _ = zeta_operator(_dot(layer, "delta1"), X)
-
+    T = _dot(layer, "delta1").delta1_operator(X).T
     return lambda Xp: _fro(T(Xp - X))
 
 
@@ -50,7 +48,6 @@ def delta2(layer, X: Tensor) -> Objective:
         return _fro(torch.einsum("...hne,hef->...nf", dP @ Xp.unsqueeze(-3), C))
 
     return f
-
 
 
 def delta21(layer, Xh: Tensor) -> Objective:

@@ -1,4 +1,4 @@
-"""Projected gradient ascent over the Frobenius ball ‖Γ‖_F ≤ ε (SPEC §4): a lower bound for every
+"""Projected gradient ascent over the Frobenius ball ‖Γ‖_F ≤ ε (docs/bounds.md §4): a lower bound for every
 upper bound. Restarts are one tensor dimension; the best value ever seen is kept."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bounds.jacobian import jacobian_power
-from bounds.lofast import m_norms_power, zeta_power
 from models import DotMHA, InputError, Stack, as_batch, check_eps
+from models.operators import jacobian_lanczos, m_norms_lanczos, zeta_lanczos
 
 from .objectives import OBJECTIVES, PER_HEAD, Objective
 
@@ -72,11 +71,11 @@ def warm_starts(layer, X: Tensor, objective: str) -> Tensor | None:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if objective in ("output", "delta1", "delta2"):
-            vs = [jacobian_power(layer.forward, X, **loose).vector]
+            vs = [jacobian_lanczos(layer.forward, X, **loose).vector]
             if isinstance(layer, DotMHA):
-                vs.append(zeta_power(layer, X, **loose).vector)
+                vs.append(zeta_lanczos(layer, X, **loose).vector)
         elif objective == "delta21":
-            vs = [m_norms_power(layer, X[:, 0], **loose).vector]
+            vs = [m_norms_lanczos(layer, X[:, 0], **loose).vector]
         else:
             return None
     return torch.stack([s * v for v in vs for s in (1.0, -1.0)])

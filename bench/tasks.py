@@ -10,6 +10,8 @@ import torch
 from bounds import jacobian as jac
 from bounds import lofast as lf
 from models import Stack
+from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
+from models.spectral import spectral
 
 from .cases import Cell
 from .env import timed
@@ -51,14 +53,14 @@ def scaling_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype
     """Seconds of the matrix-free solvers (and the dense ones where they fit) for ζ, ‖M_l‖, σ_max."""
     layer, X = _on(cell, device, dtype)
     rows: list[dict] = []
-    dense = not isinstance(layer, Stack) and cell.n * cell.d <= jac.DENSE_LIMIT
+    dense = not isinstance(layer, Stack) and cell.n * cell.d <= DENSE_LIMIT
     if layer.kind == "dot":
         _time(rows, "zeta_lanczos", lambda: lf.zeta(layer, X), device)
         _time(rows, "M_lanczos", lambda: lf.m_norms(layer, X), device)
         if dense:
             _time(rows, "zeta_dense", lambda: lf.zeta(layer, X, method="dense"), device)
             _time(rows, "M_dense", lambda: lf.m_norms(layer, X, method="dense"), device)
-    _time(rows, "jacobian_lanczos", lambda: jac.jacobian_power(layer.forward, X).sigma, device)
+    _time(rows, "jacobian_lanczos", lambda: jacobian_lanczos(layer.forward, X).sigma, device)
     if dense:
         _time(rows, "jacobian_dense", lambda: jac.sigma_exact(layer, X), device)
     return rows
@@ -73,11 +75,11 @@ def cauchy_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype)
     rows: list[dict] = []
     for k, (block, Xk) in enumerate(zip(stack.blocks, stack.trajectory(X), strict=False)):
         f = block.forward
-        _time(rows, "block_sigma", lambda f=f, x=Xk: jac.jacobian_power(f, x).sigma, device,
+        _time(rows, "block_sigma", lambda f=f, x=Xk: jacobian_lanczos(f, x).sigma, device,
               "block", k)
-        if cell.n * cell.d <= jac.DENSE_LIMIT:
+        if cell.n * cell.d <= DENSE_LIMIT:
             _time(rows, "block_sigma_exact",
-                  lambda f=f, x=Xk: jac.spectral(jac.jacobian_dense(f, x)), device, "block", k)
+                  lambda f=f, x=Xk: spectral(jacobian_matrix(f, x)), device, "block", k)
             _time(rows, "block_l1linf", lambda b=block, x=Xk: jac.jacobian_l1linf(b, x, 1.0), device,
                   "block", k)
     return rows

@@ -11,6 +11,7 @@ import torch
 import bounds
 from attacks import attack
 from bench.cases import Cell
+from models.operators import DENSE_LIMIT
 
 torch.set_num_threads(1)
 
@@ -36,7 +37,7 @@ def _cases():
 @pytest.mark.parametrize("cell,name", list(_cases()))
 def test_bound(benchmark, cell, name):
     layer, X = cell.build()
-    if name == "jacobian_l1linf" and cell.n * cell.d > bounds.jacobian.DENSE_LIMIT:
+    if name == "jacobian_l1linf" and cell.n * cell.d > DENSE_LIMIT:
         pytest.skip("above the dense Jacobian's size limit (refused by design)")
     benchmark(lambda: bounds.evaluate(name, layer, X, cell.eps))
 

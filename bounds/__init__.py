@@ -1,4 +1,4 @@
-"""Every bound of SPEC.md, one module per family, listed in an explicit registry."""
+"""Every bound of docs/bounds.md, one module per family, listed in an explicit registry."""
 
 from .base import Bound
 from .registry import BOUNDS, REGISTRY, applicable, applies, evaluate, get, require

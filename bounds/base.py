@@ -13,13 +13,13 @@ BoundFn = Callable[..., Tensor]
 
 @dataclass(frozen=True)
 class Bound:
-    """One bound of SPEC.md.
+    """One bound of docs/bounds.md.
 
     ``fn(layer, X, eps)`` takes a layer already on X's device and dtype, ``X`` as [B, n, d] and
     ``eps`` as a float or a per-input tensor [B]; it returns [B] (or [B, h] when ``per_head``).
     ``objective`` names the PGD objective (attacks.objectives) the value is compared with.
-    ``stack`` says how it meets a stack: ``no``; ``propagate`` the radius block by block (SPEC §1.4);
-    or ``only`` on stacks (its fn then takes the stack itself).
+    ``stack`` says how it meets a stack: ``no``; ``propagate`` the radius block by block
+    (docs/bounds.md §1.4); or ``only`` on stacks (its fn then takes the stack itself).
     """
 
     name: str

@@ -1,4 +1,4 @@
-"""Kim, Papamakarios & Mnih (ICML 2021): the global 2-norm Lipschitz bound of L2-MHA (SPEC §3.2)."""
+"""Kim, Papamakarios & Mnih (ICML 2021): the global 2-norm Lipschitz bound of L2-MHA (docs/bounds.md §3.2)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from scipy.special import lambertw
 from torch import Tensor
 
 from models import L2MHA
+from models.spectral import spectral
 
 from .base import radius
-from .spectral import spectral
 
 
 def phi_inv(y: float) -> float:
@@ -21,7 +21,7 @@ def phi_inv(y: float) -> float:
 def kim_lipschitz(layer: L2MHA, n: int) -> Tensor:
     """``‖H‖ + (√n/√d_h)(4φ⁻¹(n−1) + 1)·√(Σ_l ‖W^Q_l‖²‖W^V_l‖²)·‖W^O‖`` (Kim et al., Theorem 3.2).
 
-    φ⁻¹ is taken at n−1 as Kim states it (the OLSA paper's worked example uses n: SPEC §3.2).
+    φ⁻¹ is taken at n−1 as Kim states it (the OLSA paper's worked example uses n: docs/bounds.md §3.2).
     ‖W^O‖ is the norm of the whole output map, the h blocks W^O_l stacked into an (h·d_h)×d matrix.
     """
     W_o = layer.W_o.reshape(-1, layer.W_o.shape[-1])

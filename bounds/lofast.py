@@ -1,4 +1,4 @@
-"""LoFAST (Havens et al., seed 000): naive δ₁, ζ(X), ‖M_l(X)‖, ξ_l, δ₂ and Theorem 1 (SPEC §2).
+"""LoFAST (Havens et al., seed 000): naive δ₁, ζ(X), ‖M_l(X)‖, ξ_l, δ₂ and Theorem 1 (docs/bounds.md §2).
 
 Shapes: X [B, n, d]; per-head quantities [B, h]; eps a float or [B].
 """
@@ -11,85 +11,32 @@ import torch
 from torch import Tensor
 
 from models import DotMHA
+from models.operators import delta1_matrix, logit_matrix, m_norms_lanczos, zeta_lanczos
+from models.spectral import spectral
 
 from .base import radius
-from .spectral import PowerResult, power_norm, random_start, spectral
-
-
-def zeta_operator(layer: DotMHA, X: Tensor):
-    """``T(Γ) = HΓ + Σ_l P_l Γ C_l`` and its adjoint ``T*(Y) = HᵀY + Σ_l P_lᵀ Y C_lᵀ``.
-
-    Γ is [..., B, n, d]: extra leading dimensions (attack restarts) broadcast against X's batch.
-    """
-    P, C, H = layer.attention(X), layer.C(), layer.H_norm
-
-    def T(G: Tensor) -> Tensor:
-        return H * G + torch.einsum("...hne,hef->...nf", P @ G.unsqueeze(-3), C)
-
-    def Tt(Y: Tensor) -> Tensor:
-        return H * Y + torch.einsum("...hne,hfe->...nf", P.transpose(-1, -2) @ Y.unsqueeze(-3), C)
-
-    return T, Tt
-
-
-def zeta_power(layer: DotMHA, X: Tensor, **kw) -> PowerResult:
-    T, Tt = zeta_operator(layer, X)
-    return power_norm(T, Tt, random_start(tuple(X.shape), X), 1, name="zeta", **kw)
 
 
 def zeta_dense(layer: DotMHA, X: Tensor) -> Tensor:
-    """Exact ζ(X) from the nd×nd matrix ``H⊗I_d + Σ_l P_l⊗C_lᵀ`` (row-major vec); small sizes only."""
-    B, n, d = X.shape
-    K = torch.einsum("bhij,hca->biajc", layer.attention(X), layer.C()).reshape(B, n * d, n * d)
-    K = K + layer.H_norm * torch.eye(n * d, dtype=X.dtype, device=X.device)
-    return spectral(K)
+    """Exact ζ(X) by SVD of the nd×nd matrix ``H⊗I_d + Σ_l P_l⊗C_lᵀ``; small sizes only."""
+    return spectral(delta1_matrix(layer, X))
 
 
-def zeta(layer: DotMHA, X: Tensor, eps=None, *, method: str = "power") -> Tensor:
+def zeta(layer: DotMHA, X: Tensor, eps=None, *, method: str = "lanczos") -> Tensor:
     """ζ(X) = ‖H⊗I_d + Σ_l P_l(X)⊗C_lᵀ‖, LoFAST eq. 15 (the text's H⊗I_n is a typo for H⊗I_d)."""
-    return zeta_dense(layer, X) if method == "dense" else zeta_power(layer, X).sigma
+    return zeta_dense(layer, X) if method == "dense" else zeta_lanczos(layer, X).sigma
 
 
-def m_operator(layer: DotMHA, X: Tensor):
-    """``T(Γ) = Γ Uᵀ + V Γᵀ`` with U = X A_lᵀ, V = X A_l, and ``T*(Z) = Z U + Zᵀ V`` (Γ: [B, h, n, d])."""
-    A = layer.A()
-    U = torch.einsum("bnd,hed->bhne", X, A)
-    V = torch.einsum("bnd,hde->bhne", X, A)
-
-    def T(G: Tensor) -> Tensor:
-        return G @ U.transpose(-1, -2) + V @ G.transpose(-1, -2)
-
-    def Tt(Z: Tensor) -> Tensor:
-        return Z @ U + Z.transpose(-1, -2) @ V
-
-    return T, Tt, U, V
-
-
-def m_norms_power(layer: DotMHA, X: Tensor, **kw) -> PowerResult:
-    T, Tt, _, _ = m_operator(layer, X)
-    B, n, d = X.shape
-    return power_norm(T, Tt, random_start((B, layer.h, n, d), X, seed=1), 2, name="M_l", **kw)
-
-
-def m_dense(layer: DotMHA, X: Tensor) -> Tensor:
-    """M_l(X) as [B, h, n², nd]: row (i,j) is β_ij's coefficients, δ_ik U_ja + δ_jk V_ia (Lemma 2)."""
-    _, _, U, V = m_operator(layer, X)
-    B, h, n, d = U.shape
-    eye = torch.eye(n, dtype=X.dtype, device=X.device)
-    M = torch.einsum("ik,bhja->bhijka", eye, U) + torch.einsum("jk,bhia->bhijka", eye, V)
-    return M.reshape(B, h, n * n, n * d)
-
-
-def m_norms(layer: DotMHA, X: Tensor, *, method: str = "power") -> Tensor:
+def m_norms(layer: DotMHA, X: Tensor, *, method: str = "lanczos") -> Tensor:
     """‖M_l(X)‖ = max_{‖Γ‖_F=1} ‖Γ A_l Xᵀ + X A_l Γᵀ‖_F, LoFAST eq. 25 / appendix B.4 (eq. 25 of the
     main text writes W^K W^Qᵀ in both terms: a typo). [B, h]."""
-    return spectral(m_dense(layer, X)) if method == "dense" else m_norms_power(layer, X).sigma
+    return spectral(logit_matrix(layer, X)) if method == "dense" else m_norms_lanczos(layer, X).sigma
 
 
 def xi(layer: DotMHA, X: Tensor) -> Tensor:
     """ξ_l(X) = ‖A_l Xᵀ‖ + ‖X A_l‖ ≥ ‖M_l(X)‖, LoFAST eq. 26. [B, h]."""
-    _, _, U, V = m_operator(layer, X)
-    return spectral(U) + spectral(V)
+    op = layer.logit_operator(X)
+    return spectral(op.U) + spectral(op.V)
 
 
 def _delta21(layer: DotMHA, X: Tensor, eps, core: Tensor) -> Tensor:
@@ -150,12 +97,13 @@ def lofast_xi(layer: DotMHA, X: Tensor, eps) -> Tensor:
 
 
 def lofast_M_half(layer: DotMHA, X: Tensor, eps) -> Tensor:
-    """ζ(X)ε + ½δ₂^(1): softmax is ½-Lipschitz (SPEC §2.2); this suite's tightening, not LoFAST's."""
+    """ζ(X)ε + ½δ₂^(1): softmax is ½-Lipschitz (docs/bounds.md §2.2); this suite's tightening, not
+    LoFAST's."""
     return delta1(layer, X, eps) + delta2_M(layer, X, eps, factor=0.5)
 
 
 def lofast_xi_half(layer: DotMHA, X: Tensor, eps) -> Tensor:
-    """ζ(X)ε + ½δ₂^(2) (SPEC §2.2); this suite's tightening, not LoFAST's."""
+    """ζ(X)ε + ½δ₂^(2) (docs/bounds.md §2.2); this suite's tightening, not LoFAST's."""
     return delta1(layer, X, eps) + delta2_xi(layer, X, eps, factor=0.5)
 
 

@@ -1,4 +1,4 @@
-"""OLSA (Xu et al., seed 002), Theorem 4.1, on the OLSA layer (SPEC §3.3)."""
+"""OLSA (Xu et al., seed 002), Theorem 4.1, on the OLSA layer (docs/bounds.md §3.3)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def olsa(layer: OLSA, X: Tensor, eps) -> Tensor:
     """``ε(‖H‖ + Lip)`` with Lip taken at c = ‖X‖_F + ε, the smallest ball holding every X'.
 
     Implemented as published; its proof's weak points (a softmax constant of ¼, ‖P‖ ≤ 1 for
-    row-stochastic P) are left to the soundness audit (SPEC §3.3).
+    row-stochastic P) are left to the soundness audit (docs/bounds.md §3.3).
     """
     check_assumptions(layer)
     e = radius(eps, X)

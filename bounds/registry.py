@@ -1,5 +1,5 @@
 """The explicit registry of every bound, and the one entry point that evaluates a bound on a layer
-or a stack (SPEC §1.4: block k is bounded at its projected input X_k with radius ε_k = δ_{k−1})."""
+or a stack (docs/bounds.md §1.4: block k is bounded at its projected input X_k with radius ε_k = δ_{k−1})."""
 
 from __future__ import annotations
 
@@ -44,14 +44,14 @@ BOUNDS: tuple[Bound, ...] = (
           per_head=True, display="LoFAST δ₂,₂⁽¹⁾ (eq. 18)"),
     Bound("delta22_naive", lf.delta22_naive, LOFAST, "§5.1", True, DOT, objective="delta22",
           per_head=True, display="LoFAST δ₂,₂⁽²⁾"),
-    Bound("lofast_M_half", lf.lofast_M_half, "this suite, SPEC §2.2 (on LoFAST Theorem 1)",
+    Bound("lofast_M_half", lf.lofast_M_half, "this suite, docs/bounds.md §2.2 (on LoFAST Theorem 1)",
           "§2.2", True, DOT, stack="propagate", ours=True,
           display="LoFAST ½ (‖M‖)"),
-    Bound("lofast_xi_half", lf.lofast_xi_half, "this suite, SPEC §2.2 (on LoFAST Theorem 1)",
+    Bound("lofast_xi_half", lf.lofast_xi_half, "this suite, docs/bounds.md §2.2 (on LoFAST Theorem 1)",
           "§2.2", True, DOT, stack="propagate", ours=True,
           display="LoFAST ½ (ξ)"),
     Bound("specformer", sf.specformer, "Hu et al., SpecFormer (seed 001)",
-          "Theorem 4.3, adapted (SPEC §3.1)", True, DOT, stack="propagate",
+          "Theorem 4.3, adapted (docs/bounds.md §3.1)", True, DOT, stack="propagate",
           finding=sf.FINDING, display="SpecFormer (Thm 4.3)"),
     Bound("kim", kim_.kim, "Kim, Papamakarios & Mnih, ICML 2021", "Theorem 3.2", True, L2,
           stack="propagate", display="Kim et al. (Thm 3.2)"),

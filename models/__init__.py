@@ -1,4 +1,5 @@
-"""The layers of SPEC §1, their seeded builders and their safetensors files."""
+"""The layers of docs/bounds.md §1, their seeded builders and safetensors files, their linear maps
+(operators) and the spectral-norm estimator (spectral) that both bounds and attacks use."""
 
 from .build import (
     projected_input,

@@ -68,7 +68,7 @@ def random_olsa(
 ) -> OLSA:
     """OLSA with orthogonal stacked W^Q, W^K, W^V and unit w^S_l.
 
-    ``alpha2=None`` takes SPEC §1.3's default ``1 + c√n/(4α1)``, which makes Theorem 4.1's bound 1
+    ``alpha2=None`` takes docs/bounds.md §1.3's default ``1 + c√n/(4α1)``, which makes Theorem 4.1's bound 1
     on the ball ‖X‖_F ≤ c.
     """
     d_h = check_heads(d, h)

@@ -1,4 +1,4 @@
-"""The layers of SPEC §1 as plain tensor containers with a batched forward.
+"""The layers of docs/bounds.md §1 as plain tensor containers with a batched forward.
 
 Every function takes inputs of shape ``[..., n, d]``: leading dimensions are batch dimensions, so
 restarts, inputs and heads of an attack can all be evaluated in one call.
@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
+
+from .operators import LinearOperator, LogitOperator
 
 ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}  # 1-Lipschitz, as OLSA's Theorem 4.1 assumes
 
@@ -46,7 +48,7 @@ class _Tensors:
 
 @dataclass(frozen=True)
 class DotMHA(_Tensors):
-    """Dot-product multi-head attention, SPEC §1.1: ``F(X) = HX + Σ_l P_l(X) X C_l``."""
+    """Dot-product multi-head attention, docs/bounds.md §1.1: ``F(X) = HX + Σ_l P_l(X) X C_l``."""
 
     W_q: Tensor  # [h, d, d_h]
     W_k: Tensor  # [h, d, d_h]
@@ -76,10 +78,43 @@ class DotMHA(_Tensors):
 
     __call__ = forward
 
+    def delta1_operator(self, X: Tensor) -> LinearOperator:
+        """Δ₁, the change of F at fixed attention P_l(X), as a map of Γ (LoFAST eq. 15, docs/bounds.md
+        §2): ``T(Γ) = HΓ + Σ_l P_l Γ C_l``, ``T*(Y) = HᵀY + Σ_l P_lᵀ Y C_lᵀ``; ζ(X) = ‖T‖.
+
+        Γ is [..., B, n, d]: extra leading dimensions (attack restarts) broadcast against X's batch.
+        """
+        P, C, H = self.attention(X), self.C(), self.H_norm
+
+        def T(G: Tensor) -> Tensor:
+            return H * G + torch.einsum("...hne,hef->...nf", P @ G.unsqueeze(-3), C)
+
+        def Tt(Y: Tensor) -> Tensor:
+            return H * Y + torch.einsum("...hne,hfe->...nf", P.transpose(-1, -2) @ Y.unsqueeze(-3), C)
+
+        return LinearOperator(T, Tt)
+
+    def logit_operator(self, X: Tensor) -> LogitOperator:
+        """The part of each head's logit change linear in Γ, ``Γ ↦ Γ A_l Xᵀ + X A_l Γᵀ`` (LoFAST eq. 25,
+        Lemma 2; docs/bounds.md §2.1): ``T(Γ) = Γ Uᵀ + V Γᵀ`` and ``T*(Z) = Z U + Zᵀ V`` with
+        U = X A_lᵀ, V = X A_l; ‖M_l(X)‖ = ‖T‖ per head. Γ is [B, h, n, d], X is [B, n, d].
+        """
+        A = self.A()
+        U = torch.einsum("bnd,hed->bhne", X, A)
+        V = torch.einsum("bnd,hde->bhne", X, A)
+
+        def T(G: Tensor) -> Tensor:
+            return G @ U.transpose(-1, -2) + V @ G.transpose(-1, -2)
+
+        def Tt(Z: Tensor) -> Tensor:
+            return Z @ U + Z.transpose(-1, -2) @ V
+
+        return LogitOperator(T, Tt, U, V)
+
 
 @dataclass(frozen=True)
 class L2MHA(_Tensors):
-    """L2 multi-head attention with tied keys (Kim et al. 2021), SPEC §1.2."""
+    """L2 multi-head attention with tied keys (Kim et al. 2021), docs/bounds.md §1.2."""
 
     W_q: Tensor  # [h, d, d_h]; keys are tied: W^K_l = W^Q_l
     W_v: Tensor  # [h, d, d_h]
@@ -107,7 +142,7 @@ class L2MHA(_Tensors):
 
 @dataclass(frozen=True)
 class OLSA(_Tensors):
-    """The OLSA layer of Xu et al. (seed 002), SPEC §1.3."""
+    """The OLSA layer of Xu et al. (seed 002), docs/bounds.md §1.3."""
 
     W_q: Tensor  # [h, d_h, d]
     W_k: Tensor  # [h, d_h, d]
@@ -155,7 +190,7 @@ Layer = DotMHA | L2MHA | OLSA
 
 @dataclass(frozen=True)
 class Stack:
-    """N blocks, SPEC §1.4: ``X_{k+1} = f_k(Proj_R(X_k))``; ``R=None`` skips the projection."""
+    """N blocks, docs/bounds.md §1.4: ``X_{k+1} = f_k(Proj_R(X_k))``; ``R=None`` skips the projection."""
 
     blocks: tuple[Layer, ...]
     R: float | None = 1.0

@@ -1,4 +1,4 @@
-"""Closed-form bounds against their formulas (SPEC §2, §3.1–§3.3), rebuilt in numpy."""
+"""Closed-form bounds against their formulas (docs/bounds.md §2, §3.1–§3.3), rebuilt in numpy."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def inputs(n: int, d: int, norms=(0.1, 1.0, 7.0), seed: int = 0) -> torch.Tensor
                       for i, xn in enumerate(norms)])
 
 
-# --- Kim et al. (SPEC §3.2) ---------------------------------------------------------------------
+# --- Kim et al. (docs/bounds.md §3.2) -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("y", [0.0, 1e-6, 0.5, 1.0, 2.0, 7.0, 63.0, 1e4])
@@ -81,7 +81,7 @@ def test_kim_closed_form(n, d, h, residual, seed):
     close(bounds.evaluate("kim", layer, X2, 0.5), [lip * 0.5])
 
 
-# --- OLSA (SPEC §3.3) ---------------------------------------------------------------------------
+# --- OLSA (docs/bounds.md §3.3) -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("n", "d", "h", "alpha1", "c", "residual"),
@@ -121,7 +121,7 @@ def test_olsa_refuses_broken_assumptions(field):
             bounds.evaluate("olsa", rand, X, 0.1)
 
 
-# --- SpecFormer, adapted (SPEC §3.1) ------------------------------------------------------------
+# --- SpecFormer, adapted (docs/bounds.md §3.1) --------------------------------------------------
 
 
 @pytest.mark.parametrize(("n", "d", "h", "residual"),
@@ -141,7 +141,7 @@ def test_specformer_closed_form(n, d, h, residual):
         close(bounds.evaluate("specformer", layer, X, eps), ref)
 
 
-# --- LoFAST's closed forms (SPEC §2) ------------------------------------------------------------
+# --- LoFAST's closed forms (docs/bounds.md §2) --------------------------------------------------
 
 
 def dot_parts(layer, Xb: np.ndarray):
@@ -198,7 +198,7 @@ def test_lofast_closed_forms(n, d, h, residual, seed):
 
 
 def test_naive_delta1_uses_spectral_norm_of_P():
-    """‖P_l(X)‖ is spectral and can exceed 1 for a row-stochastic P (SPEC §2's note)."""
+    """‖P_l(X)‖ is spectral and can exceed 1 for a row-stochastic P (docs/bounds.md §2's note)."""
     layer = models.random_dot(2, 1, seed=0, q_norm=3.0, k_norm=3.0, residual=False)
     X = models.random_input(6, 2, norm=6.0, seed=0)
     P = next(dot_parts(layer, np_(X[0])))[2]

@@ -36,7 +36,7 @@ IDS = [s[0] for s in SUBJECTS]
 
 def all_bounds(layer, X, eps) -> dict[str, torch.Tensor]:
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # float32 power iteration may warn near its tolerance
+        warnings.simplefilter("ignore")  # float32 Lanczos may warn near its tolerance
         return {b.name: bounds.evaluate(b, layer, X, eps) for b in bounds.applicable(layer)}
 
 

@@ -1,4 +1,4 @@
-"""Exact quantities against independent dense float64 constructions in numpy (SPEC §1, §2, §3.4).
+"""Exact quantities against independent dense float64 constructions in numpy (docs/bounds.md §1, §2, §3.4).
 
 Nothing here calls the code path under test to build its reference: attention matrices, the
 Kronecker matrix of ζ, the matrix M_l of Lemma 2 and the layers' outputs are all rebuilt from the
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import models
-from bounds.jacobian import jacobian_power
 from bounds.lofast import m_norms, zeta
+from models.operators import jacobian_lanczos
 
 RTOL = 1e-6
 
@@ -30,7 +30,7 @@ def softmax_rows(S: np.ndarray) -> np.ndarray:
     return E / E.sum(axis=-1, keepdims=True)
 
 
-# --- numpy references of the layers (SPEC §1) --------------------------------------------------
+# --- numpy references of the layers (docs/bounds.md §1) ----------------------------------------
 
 
 def ref_dot_parts(layer: models.DotMHA, X: np.ndarray):
@@ -148,7 +148,7 @@ def test_row_major_vec_convention():
 @pytest.mark.parametrize(("n", "d", "h", "res", "xn", "ws", "seed"), ZETA_CASES)
 def test_zeta_against_kronecker(n, d, h, res, xn, ws, seed):
     layer, X = dot_case(n, d, h, res, xn, ws, seed)
-    power = zeta(layer, X, method="power")
+    lanczos = zeta(layer, X, method="lanczos")
     dense = zeta(layer, X, method="dense")
     rng = np.random.default_rng(seed)
     for b in range(X.shape[0]):
@@ -162,7 +162,7 @@ def test_zeta_against_kronecker(n, d, h, res, xn, ws, seed):
         direct = (G if res else 0.0) + sum(P @ G @ C for _, C, P in parts)
         np.testing.assert_allclose(K @ G.reshape(-1), direct.reshape(-1), rtol=1e-10, atol=1e-12)
         ref = np.linalg.norm(K, 2)
-        assert abs(float(power[b]) - ref) <= RTOL * ref, f"power: {float(power[b])} vs {ref}"
+        assert abs(float(lanczos[b]) - ref) <= RTOL * ref, f"lanczos: {float(lanczos[b])} vs {ref}"
         assert abs(float(dense[b]) - ref) <= RTOL * ref, f"dense: {float(dense[b])} vs {ref}"
 
 
@@ -184,9 +184,9 @@ def ref_M(A: np.ndarray, X: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize(("n", "d", "h", "res", "xn", "ws", "seed"), ZETA_CASES[:24:2] + ZETA_CASES[24:])
 def test_m_norms_against_entrywise_matrix(n, d, h, res, xn, ws, seed):
     layer, X = dot_case(n, d, h, res, xn, ws, seed)
-    power = m_norms(layer, X, method="power")
+    lanczos = m_norms(layer, X, method="lanczos")
     dense = m_norms(layer, X, method="dense")
-    assert power.shape == dense.shape == (X.shape[0], h)
+    assert lanczos.shape == dense.shape == (X.shape[0], h)
     rng = np.random.default_rng(seed)
     for b in range(X.shape[0]):
         Xb = np_(X[b])
@@ -197,8 +197,8 @@ def test_m_norms_against_entrywise_matrix(n, d, h, res, xn, ws, seed):
             np.testing.assert_allclose(M @ G.reshape(-1), (G @ A @ Xb.T + Xb @ A @ G.T).reshape(-1),
                                        rtol=1e-10, atol=1e-12)
             ref = np.linalg.norm(M, 2)
-            got_p, got_d = float(power[b, hd]), float(dense[b, hd])
-            assert abs(got_p - ref) <= RTOL * ref, f"power: {got_p} vs {ref}"
+            got_l, got_d = float(lanczos[b, hd]), float(dense[b, hd])
+            assert abs(got_l - ref) <= RTOL * ref, f"lanczos: {got_l} vs {ref}"
             assert abs(got_d - ref) <= RTOL * ref, f"dense: {got_d} vs {ref}"
 
 
@@ -225,7 +225,7 @@ def jac_layers():
 def test_jacobian_sigma_against_autograd(name, layer):
     n, d = 4, layer.d
     X = models.random_input(n, d, norm=2.0, seed=21, batch=3)
-    got = jacobian_power(layer.forward, X).sigma
+    got = jacobian_lanczos(layer.forward, X).sigma
     assert got.shape == (3,)
     for b in range(3):
         J = torch.autograd.functional.jacobian(lambda x: layer.forward(x), X[b])

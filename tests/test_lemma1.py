@@ -1,4 +1,4 @@
-"""Lemma 1 of LoFAST is exact: PGD on ‖Δ₁‖ must reach ζ(X)ε and never exceed it (SPEC §4).
+"""Lemma 1 of LoFAST is exact: PGD on ‖Δ₁‖ must reach ζ(X)ε and never exceed it (docs/bounds.md §4).
 
 This checks both sides at once: ζ (checked against an independent Kronecker construction in
 test_exact.py) and the attack machinery.
@@ -6,7 +6,7 @@ test_exact.py) and the attack machinery.
 Cold PGD (random starts only) converges like a damped power iteration on KᵀK, so it is slow when
 the top of ζ's spectrum is nearly degenerate (residual layers with small weights: K ≈ I). The cold
 cases below use weight scales of 0.5 to 2.5, where 500 steps suffice; the nearly degenerate cases
-are covered with the warm start of SPEC §4 (the top singular direction of Δ₁).
+are covered with the warm start of docs/bounds.md §4 (the top singular direction of Δ₁).
 """
 
 from __future__ import annotations

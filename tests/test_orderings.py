@@ -1,4 +1,4 @@
-"""The ordering facts of SPEC §2 and §2.2, on many random dot-product layers and inputs."""
+"""The ordering facts of docs/bounds.md §2 and §2.2, on many random dot-product layers and inputs."""
 
 from __future__ import annotations
 
@@ -45,10 +45,10 @@ def test_orderings(k):
     M, Xi = m_norms(layer, X, method="dense"), xi(layer, X)
     assert M.shape == Xi.shape == (X.shape[0], layer.h)
     assert le(M, Xi), "‖M_l‖ <= ξ_l"
-    assert le(m_norms(layer, X), Xi), "‖M_l‖ (power) <= ξ_l"
+    assert le(m_norms(layer, X), Xi), "‖M_l‖ (Lanczos) <= ξ_l"
     assert le(ev["delta21_M"], ev["delta21_xi"])
     assert le(ev["delta2_M"], ev["delta2_xi"]), "δ₂⁽¹⁾ <= δ₂⁽²⁾"
-    for method in ("power", "dense"):
+    for method in ("lanczos", "dense"):
         assert le(zeta(layer, X, method=method), ev["naive_delta1"] / eps), "ζ <= naive δ₁/ε"
     assert le(ev["delta1"], ev["naive_delta1"])
     assert le(ev["delta22_tight"], ev["delta22_naive"]), "δ₂,₂⁽¹⁾ <= δ₂,₂⁽²⁾"

@@ -93,7 +93,7 @@ def test_certified_bound_is_sound(kind, name):
     assert not violations, f"{len(violations)} unsound case(s):\n" + "\n".join(violations)
 
 
-# --- stacks: block bounds propagated through LayerProject (SPEC §1.4) --------------------------
+# --- stacks: block bounds propagated through LayerProject (docs/bounds.md §1.4) ----------------
 
 STACK_BOUNDS = [(kind, b.name) for kind in KINDS for b in bounds.BOUNDS
                 if b.certified and b.stack == "propagate" and kind in b.kinds]

@@ -1,9 +1,10 @@
-"""Spectral norms of linear maps without forming their matrices (SPEC §2.1).
+"""Spectral norms of linear maps without forming their matrices (docs/bounds.md §2.1).
 
 Restarted Lanczos with full reorthogonalisation on T*T, batched over every leading dimension. Plain
 power iteration needs thousands of steps here (a residual layer's singular values cluster near 1);
 Lanczos needs tens. Like power iteration it converges from below: a Ritz value never exceeds the
-top eigenvalue, so the result is an estimate, and the dense paths are exact.
+top eigenvalue, so the result is an estimate, not a certificate (docs/bounds.md §2.4); the dense
+paths are exact. Both the bounds and the PGD warm starts use it, so it lives with the layers.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def default_tol(dtype: torch.dtype) -> float:
 
 
 @dataclass(frozen=True)
-class PowerResult:
+class LanczosResult:
     sigma: Tensor  # [*batch], the estimate of ‖T‖ (from below)
     vector: Tensor  # [*batch, *shape], unit estimate of the top right singular vector
     iters: int  # products with T*T
@@ -75,11 +76,12 @@ def _lanczos(A: Callable[[Tensor], Tensor], v: Tensor, m: int) -> tuple[Tensor, 
     return evals[:, -1].clamp_min(0), _normalize(ritz)[0], k
 
 
-def power_norm(
+def lanczos_norm(
     T: Callable[[Tensor], Tensor], Tt: Callable[[Tensor], Tensor], start: Tensor, nbatch: int,
     *, tol: float | None = None, max_iter: int = DEFAULT_MAX_ITER, name: str = "operator norm",
-) -> PowerResult:
-    """‖T‖ for each batch element, from ``start`` ([*batch, *shape]); T and Tt act on that shape.
+) -> LanczosResult:
+    """‖T‖ for each batch element by restarted Lanczos on T*T, from ``start`` ([*batch, *shape]);
+    T and Tt act on that shape, the first ``nbatch`` dimensions are the batch.
 
     Stops when the largest relative change of the estimate between restarts falls below ``tol``
     (default 1e-12 in float64), or at ``max_iter`` products with T*T (with a warning).
@@ -106,7 +108,7 @@ def power_norm(
         warnings.warn(f"{name}: not converged after {used} products (relative change {rel:.2e})",
                       stacklevel=2)
     sigma = theta.sqrt().reshape(batch)
-    return PowerResult(sigma, v.reshape(*batch, *shape), used, rel, converged)
+    return LanczosResult(sigma, v.reshape(*batch, *shape), used, rel, converged)
 
 
 def random_start(shape: tuple[int, ...], like: Tensor, seed: int = 0) -> Tensor:
