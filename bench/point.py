@@ -43,8 +43,12 @@ def _fmt(x: float) -> str:
     return "—" if math.isnan(x) else f"{x:.6g}"
 
 
+CERT_WIDTH = 28  # "probabilistic (p=1.0e-09) (!)"
+
+
 def to_table(ev: Evaluation, batch: int) -> str:
-    head = f"{'bound':<22} {'value':>12} {'PGD':>12} {'value/PGD':>10}  {'certified':<9} {'seconds':>8}"
+    head = (f"{'bound':<22} {'value':>12} {'PGD':>12} {'value/PGD':>10}  {'certificate':<{CERT_WIDTH}} "
+            f"{'seconds':>8}")
     rows = [r for r in unroll(ev) if r["role"] == "bound"]
     lines = []
     for b in range(batch):
@@ -54,15 +58,15 @@ def to_table(ev: Evaluation, batch: int) -> str:
         for r in (r for r in rows if r["sample"] == b):
             bound = bounds.get(r["bound"])
             label = f"{r['bound']}[l={r['head']}]" if r["head"] >= 0 else r["bound"]
-            cert = ("yes (!)" if bound.finding else "yes") if bound.certified else "estimate"
+            cert = str(ev.certificates[r["bound"]]) + (" (!)" if bound.finding else "")
             lines.append(f"{label:<22} {_fmt(r['value']):>12} {_fmt(r['pgd']):>12} "
-                         f"{_fmt(r['ratio']):>10}  {cert:<9} {ev.seconds[r['bound']]:>8.4f}")
+                         f"{_fmt(r['ratio']):>10}  {cert:<{CERT_WIDTH}} {ev.seconds[r['bound']]:>8.4f}")
         for name, why in ev.skipped.items():
             lines.append(f"{name:<22} skipped: {why}")
         lines.append("")
     for name in ev.values:
         if bounds.get(name).finding:
-            lines.append(f"(!) {name}: published as certified, but {bounds.get(name).finding}")
+            lines.append(f"(!) {name}: published as a bound, but {bounds.get(name).finding}")
     lines.append("PGD column: best PGD value of each bound's own objective (end-to-end for the totals, "
                  "‖Δ₁‖, ‖Δ₂‖, per-head ‖ΔP_l‖_F and ‖X'C_l‖ for the parts); PGD seconds: "
                  + ", ".join(f"{k} {s:.3f}" for k, s in ev.pgd_seconds.items()))
@@ -86,6 +90,8 @@ def run(args: Namespace) -> int:
                                  for k, s in ev.pgd_seconds.items()},
         "skipped": ev.skipped,
         "certified": {n: bounds.get(n).certified for n in ev.values},
+        "certificates": {n: {"kind": c.kind, "p": c.p, "seeds": list(c.seeds)}
+                         for n, c in ev.certificates.items()},
         "findings": {n: bounds.get(n).finding for n in ev.values if bounds.get(n).finding},
     }
     if args.json:

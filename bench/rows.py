@@ -6,6 +6,11 @@ Every row names its ``role``, so no module parses names to know what a row is:
 * ``pgd``: a PGD lower bound itself (``bound`` = ``pgd_<objective>``);
 * ``timing``: a solver timed by the scaling task (``value`` is the norm it computed);
 * ``block``: a per-block quantity of a stack (the Cauchy task), ``block`` = k.
+
+Every row says how its value is known (``certificate``, docs/bounds.md §2.4): ``exact``,
+``deterministic`` or ``probabilistic`` for certified bounds (with the failure probability
+``certificate_p`` and the recorded start seeds ``certificate_seeds`` that replay it), ``estimate``
+for estimates and solver timings, ``attained`` for PGD values (reached at an explicit perturbation).
 """
 
 from __future__ import annotations
@@ -16,13 +21,15 @@ from collections.abc import Iterator
 from torch import Tensor
 
 import bounds
+from bounds.certify import Certificate
 
 from .evaluate import Evaluation
 
 ROLES = ("bound", "pgd", "timing", "block")
 SOUND_RTOL = 1e-6  # a certified value below pgd·(1 − 1e-6) is a violation, never a rounding question
-COLUMNS = ["role", "bound", "sample", "head", "block", "certified", "objective", "value", "pgd",
-           "ratio", "sound", "violation", "seconds", "pgd_seconds"]
+COLUMNS = ["role", "bound", "sample", "head", "block", "certified", "certificate", "certificate_p",
+           "certificate_seeds", "finding", "objective", "value", "pgd", "ratio", "sound", "violation",
+           "seconds", "pgd_seconds"]
 
 
 def _entries(values: Tensor) -> Iterator[tuple[int, int, float]]:
@@ -34,16 +41,25 @@ def _entries(values: Tensor) -> Iterator[tuple[int, int, float]]:
 
 
 def row(role: str, name: str, sample: int, value: float, *, head: int = -1, block: int = -1,
-        certified: bool = False, objective: str | None = None, pgd: float = math.nan,
-        seconds: float = 0.0, pgd_seconds: float = 0.0) -> dict:
-    """One row; ``ratio``, ``sound`` and ``violation`` follow from value, pgd and certified."""
+        certified: bool = False, certificate: Certificate | str = "estimate", finding: bool = False,
+        objective: str | None = None, pgd: float = math.nan, seconds: float = 0.0,
+        pgd_seconds: float = 0.0) -> dict:
+    """One row; ``ratio``, ``sound`` and ``violation`` follow from value, pgd and certified.
+
+    ``finding`` marks a bound whose published statement this suite found unsound: its violations
+    are findings, shown apart from ``violation`` (the suite's own bounds must never have one).
+    """
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
+    cert = certificate if isinstance(certificate, Certificate) else None
     ratio = value / pgd if pgd and math.isfinite(pgd) else math.nan
     sound = not (pgd > 0 and value < pgd * (1 - SOUND_RTOL))
     return {"role": role, "bound": name, "sample": sample, "head": head, "block": block,
-            "certified": certified, "objective": objective or "", "value": value, "pgd": pgd,
-            "ratio": ratio, "sound": sound, "violation": certified and not sound,
+            "certified": certified, "certificate": cert.kind if cert else certificate,
+            "certificate_p": cert.p if cert else math.nan,
+            "certificate_seeds": ";".join(map(str, cert.seeds)) if cert else "",
+            "finding": finding, "objective": objective or "", "value": value, "pgd": pgd,
+            "ratio": ratio, "sound": sound, "violation": certified and not sound and not finding,
             "seconds": seconds, "pgd_seconds": pgd_seconds}
 
 
@@ -61,17 +77,19 @@ def unroll(ev: Evaluation) -> list[dict]:
         for sample, head, v in _entries(values):
             p = math.nan if ref is None else float(ref[sample, head] if head >= 0 else ref[sample])
             rows.append(row("bound", name, sample, v, head=head, certified=b.certified,
+                            certificate=ev.certificates[name], finding=bool(b.finding),
                             objective=b.objective, pgd=p, seconds=ev.seconds[name] / B,
                             pgd_seconds=pgd_s))
     for obj, values in ev.pgd.items():
         B = values.shape[0]
-        rows += [row("pgd", f"pgd_{obj}", sample, v, head=head, objective=obj,
+        rows += [row("pgd", f"pgd_{obj}", sample, v, head=head, certificate="attained", objective=obj,
                      seconds=ev.pgd_seconds[obj] / B) for sample, head, v in _entries(values)]
     return rows
 
 
-def measured(role: str, name: str, values: Tensor, seconds: float, block: int = -1) -> list[dict]:
+def measured(role: str, name: str, values: Tensor, seconds: float, block: int = -1,
+             certificate: str = "estimate") -> list[dict]:
     """Rows of a timed quantity [B] (or [B, ...], reduced to its largest entry per sample)."""
     values = values.reshape(values.shape[0], -1).amax(-1)
-    return [row(role, name, b, v, block=block, seconds=seconds / len(values))
-            for b, v in enumerate(values.tolist())]
+    return [row(role, name, b, v, block=block, certificate=certificate,
+                seconds=seconds / len(values)) for b, v in enumerate(values.tolist())]

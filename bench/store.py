@@ -17,14 +17,15 @@ import pandas as pd
 
 from models import InputError
 
-# 2: rows carry ``role`` (bound, pgd, timing, block) and ``schema_version``; solver names say
+# 2: rows carry ``role`` (bound, pgd, timing, block), ``certificate`` (how a value is known) and
+# ``finding`` (a published statement found unsound), and ``schema_version``; solver names say
 # Lanczos; run.json lists every cell
 SCHEMA_VERSION = 2
 TABLE = "results.csv"
 KEY = ["sweep", "cell_id", "role", "bound", "sample", "head", "block"]
-NUMERIC = ["value", "pgd", "ratio", "seconds", "sample", "head", "block"]
-BOOLEAN = ["certified", "sound", "violation"]
-REQUIRED = [*KEY, "schema_version", *BOOLEAN, "value", "pgd", "ratio", "seconds"]
+NUMERIC = ["value", "pgd", "ratio", "seconds", "sample", "head", "block", "certificate_p"]
+BOOLEAN = ["certified", "finding", "sound", "violation"]
+REQUIRED = [*KEY, "schema_version", "certificate", *BOOLEAN, *NUMERIC]
 LOCK = ".lock"
 # what this suite writes for a missing number; pandas' longer default list would read a stray
 # "n/a" or "NULL" in a value column as a number and let it pass

@@ -9,6 +9,7 @@ import torch
 
 from bounds import jacobian as jac
 from bounds import lofast as lf
+from bounds.taylor import sigma_J
 from models import Stack
 from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
 from models.spectral import spectral
@@ -44,25 +45,37 @@ def _on(cell: Cell, device: torch.device, dtype: torch.dtype):
 
 
 def _time(rows: list, name: str, fn, device: torch.device, role: str = "timing",
-          block: int = -1) -> None:
+          block: int = -1, certificate: str = "estimate") -> None:
     values, seconds = timed(fn, device)
-    rows += measured(role, name, values, seconds, block)
+    rows += measured(role, name, values, seconds, block, certificate)
 
 
 def scaling_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
-    """Seconds of the matrix-free solvers (and the dense ones where they fit) for ζ, ‖M_l‖, σ_max."""
+    """Seconds of each way to get ζ, ‖M_l‖ and σ_max(J): the restarted-Lanczos estimate, the
+    probabilistic certificate (docs/bounds.md §2.4, in float64) and, where they fit, the dense SVD."""
     layer, X = _on(cell, device, dtype)
     rows: list[dict] = []
     dense = not isinstance(layer, Stack) and cell.n * cell.d <= DENSE_LIMIT
+    X64, layer64 = X.to(torch.float64), layer.to(X.to(torch.float64))
     if layer.kind == "dot":
-        _time(rows, "zeta_lanczos", lambda: lf.zeta(layer, X), device)
-        _time(rows, "M_lanczos", lambda: lf.m_norms(layer, X), device)
+        _time(rows, "zeta_lanczos", lambda: lf.zeta(layer, X, method="lanczos"), device)
+        _time(rows, "M_lanczos", lambda: lf.m_norms(layer, X, method="lanczos"), device)
+        _time(rows, "zeta_probabilistic", lambda: lf.zeta(layer64, X64, method="probabilistic"),
+              device, certificate="probabilistic")
+        _time(rows, "M_probabilistic", lambda: lf.m_norms(layer64, X64, method="probabilistic"),
+              device, certificate="probabilistic")
         if dense:
-            _time(rows, "zeta_dense", lambda: lf.zeta(layer, X, method="dense"), device)
-            _time(rows, "M_dense", lambda: lf.m_norms(layer, X, method="dense"), device)
+            _time(rows, "zeta_dense", lambda: lf.zeta(layer64, X64, method="dense"), device,
+                  certificate="exact")
+            _time(rows, "M_dense", lambda: lf.m_norms(layer64, X64, method="dense"), device,
+                  certificate="exact")
     _time(rows, "jacobian_lanczos", lambda: jacobian_lanczos(layer.forward, X).sigma, device)
+    if not isinstance(layer, Stack):
+        _time(rows, "jacobian_probabilistic", lambda: sigma_J(layer64, X64, probabilistic=True),
+              device, certificate="probabilistic")
     if dense:
-        _time(rows, "jacobian_dense", lambda: jac.sigma_exact(layer, X), device)
+        _time(rows, "jacobian_dense", lambda: jac.sigma_exact(layer64, X64), device,
+              certificate="exact")
     return rows
 
 
@@ -79,7 +92,7 @@ def cauchy_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype)
               "block", k)
         if cell.n * cell.d <= DENSE_LIMIT:
             _time(rows, "block_sigma_exact",
-                  lambda f=f, x=Xk: spectral(jacobian_matrix(f, x)), device, "block", k)
+                  lambda f=f, x=Xk: spectral(jacobian_matrix(f, x)), device, "block", k, "exact")
             _time(rows, "block_l1linf", lambda b=block, x=Xk: jac.jacobian_l1linf(b, x, 1.0), device,
                   "block", k)
     return rows

@@ -15,6 +15,19 @@ from models.operators import delta1_matrix, logit_matrix, m_norms_lanczos, zeta_
 from models.spectral import spectral
 
 from .base import radius
+from .certify import certified_norm
+
+METHODS = ("certified", "probabilistic", "lanczos", "dense")
+
+
+def _method(method: str) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return method
+
+
+def _weights(layer: DotMHA) -> tuple[Tensor, ...]:
+    return (layer.W_q, layer.W_k, layer.W_v, layer.W_o)
 
 
 def zeta_dense(layer: DotMHA, X: Tensor) -> Tensor:
@@ -22,15 +35,34 @@ def zeta_dense(layer: DotMHA, X: Tensor) -> Tensor:
     return spectral(delta1_matrix(layer, X))
 
 
-def zeta(layer: DotMHA, X: Tensor, eps=None, *, method: str = "lanczos") -> Tensor:
-    """ζ(X) = ‖H⊗I_d + Σ_l P_l(X)⊗C_lᵀ‖, LoFAST eq. 15 (the text's H⊗I_n is a typo for H⊗I_d)."""
-    return zeta_dense(layer, X) if method == "dense" else zeta_lanczos(layer, X).sigma
+def zeta(layer: DotMHA, X: Tensor, eps=None, *, method: str = "certified") -> Tensor:
+    """ζ(X) = ‖H⊗I_d + Σ_l P_l(X)⊗C_lᵀ‖, LoFAST eq. 15 (the text's H⊗I_n is a typo for H⊗I_d).
+
+    ``certified`` (what every bound uses) is exact or probabilistic by size (docs/bounds.md §2.4),
+    ``probabilistic`` forces the Lanczos certificate; ``lanczos`` is the restarted-Lanczos estimate
+    from below; ``dense`` the plain SVD.
+    """
+    if _method(method) == "dense":
+        return zeta_dense(layer, X)
+    if method == "lanczos":
+        return zeta_lanczos(layer, X).sigma
+    B, n, d = X.shape
+    return certified_norm(("zeta", layer.residual), (*_weights(layer), X),
+                          lambda: delta1_matrix(layer, X), lambda: layer.delta1_operator(X),
+                          (B,), (n, d), X, probabilistic=method == "probabilistic")
 
 
-def m_norms(layer: DotMHA, X: Tensor, *, method: str = "lanczos") -> Tensor:
+def m_norms(layer: DotMHA, X: Tensor, *, method: str = "certified") -> Tensor:
     """‖M_l(X)‖ = max_{‖Γ‖_F=1} ‖Γ A_l Xᵀ + X A_l Γᵀ‖_F, LoFAST eq. 25 / appendix B.4 (eq. 25 of the
-    main text writes W^K W^Qᵀ in both terms: a typo). [B, h]."""
-    return spectral(logit_matrix(layer, X)) if method == "dense" else m_norms_lanczos(layer, X).sigma
+    main text writes W^K W^Qᵀ in both terms: a typo). [B, h]. Methods as for :func:`zeta`."""
+    if _method(method) == "dense":
+        return spectral(logit_matrix(layer, X))
+    if method == "lanczos":
+        return m_norms_lanczos(layer, X).sigma
+    B, n, d = X.shape
+    return certified_norm(("M",), (layer.W_q, layer.W_k, X), lambda: logit_matrix(layer, X),
+                          lambda: layer.logit_operator(X), (B, layer.h), (n, d), X,
+                          probabilistic=method == "probabilistic")
 
 
 def xi(layer: DotMHA, X: Tensor) -> Tensor:

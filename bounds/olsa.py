@@ -11,6 +11,13 @@ from models import OLSA, InputError
 
 from .base import radius
 
+FINDING = (
+    "fails at finite ε: a search over inputs and orthogonal weights finds σ_max(J)/Lip = 1.06 (n = 2, "
+    "d = 4, h = 1, relu, α₁ = α₂ = 1, ‖X‖_F = 32, two nearly opposite tokens, attention ≈ ½–½), where "
+    "the proof's softmax constant ¼ is below the true ½; the bound is 6% under the true change for ε "
+    "from 3e-4 to 3e-2 (docs/bounds.md §3.3; tests/test_findings.py)"
+)
+
 
 def check_assumptions(layer: OLSA, tol: float = 1e-5) -> None:
     """Theorem 4.1's assumptions: orthogonal stacked W^Q, W^K, W^V and ‖w^S_l‖ = 1 (σ is 1-Lipschitz

@@ -3,6 +3,9 @@ or a stack (docs/bounds.md §1.4: block k is bounded at its projected input X_k 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 from torch import Tensor
 
 from models import InputError, Stack, as_batch, check_eps
@@ -12,7 +15,9 @@ from . import kim as kim_
 from . import lofast as lf
 from . import olsa as olsa_
 from . import specformer as sf
+from . import taylor as tay
 from .base import Bound
+from .certify import Certificate, ledger
 
 DOT, L2, OLSA_KIND = frozenset({"dot"}), frozenset({"l2"}), frozenset({"olsa"})
 ALL = frozenset({"dot", "l2", "olsa"})
@@ -54,9 +59,16 @@ BOUNDS: tuple[Bound, ...] = (
           "Theorem 4.3, adapted (docs/bounds.md §3.1)", True, DOT, stack="propagate",
           finding=sf.FINDING, display="SpecFormer (Thm 4.3)"),
     Bound("kim", kim_.kim, "Kim, Papamakarios & Mnih, ICML 2021", "Theorem 3.2", True, L2,
-          stack="propagate", display="Kim et al. (Thm 3.2)"),
+          stack="propagate", finding=kim_.FINDING, display="Kim et al. (Thm 3.2)"),
     Bound("olsa", olsa_.olsa, "Xu et al., OLSA (seed 002)", "Theorem 4.1", True, OLSA_KIND,
-          stack="propagate", display="OLSA (Thm 4.1)"),
+          stack="propagate", finding=olsa_.FINDING, display="OLSA (Thm 4.1)"),
+    Bound("taylor", tay.taylor, "this suite, docs/bounds.md §2.3", "§2.3", True, DOT,
+          stack="propagate", ours=True, display="Taylor"),
+    Bound("best", lambda layer, X, eps: best(layer, X, eps), "this suite, docs/bounds.md §2.3",
+          "min over the certified bounds", True, DOT, stack="propagate", ours=True,
+          display="best certified",
+          description="the smallest certified end-to-end bound without a finding, per input (and "
+                      "per block of a stack)"),
     Bound("jacobian", jac.jacobian, "Wang & Ruan, the Cauchy view (seed 003)",
           "σ_max(J_F), §3.4; product over blocks for stacks", False, ALL,
           stack="propagate", display="σ_max(J)·ε"),
@@ -68,6 +80,20 @@ BOUNDS: tuple[Bound, ...] = (
           display="ε·exp(Σ‖J_G‖)"),
 )
 REGISTRY: dict[str, Bound] = {b.name: b for b in BOUNDS}
+
+
+def best_ingredients(layer) -> list[Bound]:
+    """The bounds ``best`` takes the minimum of: certified, end to end, no finding of unsoundness."""
+    return [b for b in BOUNDS if b.name != "best" and b.certified and not b.finding
+            and b.objective == "output" and not b.per_head and b.stack != "only"
+            and layer.kind in b.kinds]
+
+
+def best(layer, X: Tensor, eps) -> Tensor:
+    """The smallest of :func:`best_ingredients` at each input: a minimum of upper bounds is one.
+    On a stack it is taken at every block, so each block starts from the smallest radius."""
+    values = [b.fn(layer, X, eps) for b in best_ingredients(layer)]
+    return torch.stack(values).amin(0)
 
 
 def get(name: str) -> Bound:
@@ -95,20 +121,42 @@ def require(bound: Bound, layer) -> None:
         raise InputError(f"bound {bound.name!r} does not apply to {what} layers")
 
 
-def evaluate(bound: Bound | str, layer, X: Tensor, eps: float) -> Tensor:
-    """The bound's values for each input of X ([n, d] or [B, n, d]) at radius eps.
+@dataclass(frozen=True)
+class Value:
+    """A bound's values with the certificate of the norms they rest on (docs/bounds.md §2.4)."""
 
-    Computes in X's dtype and on X's device. Raises InputError for bad input or a bound that does
-    not apply to the layer's kind.
+    value: Tensor  # [B] or [B, h]
+    certificate: Certificate
+    reused_seconds: float  # time of certified norms reused from an earlier bound (see certify.reuse)
+
+
+def evaluate_certified(bound: Bound | str, layer, X: Tensor, eps: float) -> Value:
+    """The bound's values for each input of X ([n, d] or [B, n, d]) at radius eps, and how they
+    are certified: ``estimate`` for estimates; for certified bounds the weakest certificate of the
+    norms used (``exact`` when every norm was an exact SVD) with the summed failure probability.
+
+    Certified bounds compute in float64 whatever X's dtype: a float32 norm can fall below the
+    truth by its rounding (docs/bounds.md §2.4). Estimates compute in X's dtype. Both on X's
+    device. Raises InputError for bad input or a bound that does not apply to the layer's kind.
     """
     bound = get(bound) if isinstance(bound, str) else bound
     require(bound, layer)
     X = as_batch(X, layer.d)
     eps = check_eps(eps)
+    if bound.certified:
+        X = X.to(torch.float64)
     layer = layer.to(X)
-    if not isinstance(layer, Stack) or bound.stack == "only":
-        return bound.fn(layer, X, eps)
-    radius: float | Tensor = eps
-    for block, Xk in zip(layer.blocks, layer.trajectory(X), strict=False):
-        radius = bound.fn(block, Xk, radius)
-    return radius
+    with ledger() as book:
+        if not isinstance(layer, Stack) or bound.stack == "only":
+            value = bound.fn(layer, X, eps)
+        else:
+            value = eps
+            for block, Xk in zip(layer.blocks, layer.trajectory(X), strict=False):
+                value = bound.fn(block, Xk, value)
+    cert = book.certificate if bound.certified else Certificate("estimate")
+    return Value(value, cert, book.reused_seconds)
+
+
+def evaluate(bound: Bound | str, layer, X: Tensor, eps: float) -> Tensor:
+    """:func:`evaluate_certified`'s values alone."""
+    return evaluate_certified(bound, layer, X, eps).value

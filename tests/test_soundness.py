@@ -58,9 +58,15 @@ def pgd(kind: str, k: int, objective: str) -> torch.Tensor:
     return attacks.attack(layer, X, config(kind, k)["eps"], objective, steps=200, restarts=8)
 
 
+# Kim's finding needs ‖W^Q‖ well above 1 and OLSA's a searched input and weights (docs/bounds.md §3.2,
+# §3.3): the random cases here do not reach those regimes, so there the bounds must hold. SpecFormer's
+# finding is reached by every small input, which the cases include.
+OUTSIDE_FINDING_REGIME = {"kim", "olsa"}
 CERTIFIED = [(kind, b.name) for kind in KINDS for b in bounds.BOUNDS
-             if b.certified and b.objective is not None and kind in b.kinds and not b.finding]
-# bounds whose published statement this suite found unsound: each has its witness test below
+             if b.certified and b.objective is not None and kind in b.kinds
+             and (not b.finding or b.name in OUTSIDE_FINDING_REGIME)]
+# bounds whose published statement this suite found unsound: each has its witness test
+# (specformer below, kim and olsa in tests/test_findings.py)
 FOUND_UNSOUND = [b.name for b in bounds.BOUNDS if b.finding]
 
 
@@ -118,7 +124,7 @@ def test_certified_bound_is_sound_on_stacks(kind, name):
 
 
 def test_found_unsound_bounds_are_exactly_the_witnessed_ones():
-    assert FOUND_UNSOUND == ["specformer"]
+    assert FOUND_UNSOUND == ["specformer", "kim", "olsa"]
 
 
 @pytest.mark.parametrize("residual", [False, True])
@@ -139,3 +145,28 @@ def test_specformer_published_bound_is_violated_at_small_inputs(residual, eps):
     assert witness == pytest.approx(eps * s[0], rel=1e-9)  # the construction is exact
     bound = float(bounds.evaluate("specformer", layer, X0, eps)[0])
     assert bound < witness
+
+
+# --- the Taylor bound and `best` in the regimes where a second-order remainder could bite --------
+
+TAYLOR_CASES = [  # (label, d, h, residual, q/k norm (‖A_l‖ ≤ its square), input norm, ε)
+    ("saturated", 8, 2, True, math.sqrt(50), 3.0, 0.05),
+    ("saturated-bare", 8, 1, False, math.sqrt(50), 3.0, 0.2),
+    ("bare", 6, 3, False, 1.0, 1.0, 0.1),
+    ("tiny-input", 8, 2, True, 2.0, 1e-3, 0.01),
+    ("zero-ish-bare", 4, 1, False, 3.0, 1e-4, 0.3),
+    ("large-eps", 8, 4, True, 1.5, 2.0, 1.0),
+    ("large-eps-bare", 6, 2, False, 1.0, 0.5, 2.0),
+]
+
+
+@pytest.mark.parametrize("name", ["taylor", "best"])
+@pytest.mark.parametrize("case", TAYLOR_CASES, ids=[c[0] for c in TAYLOR_CASES])
+def test_taylor_and_best_are_sound_where_the_remainder_is_large(name, case):
+    label, d, h, residual, qk, x_norm, eps = case
+    layer = models.random_dot(d, h, seed=hash(label) % 1000, q_norm=qk, k_norm=qk, residual=residual)
+    X = models.random_input(5, d, norm=x_norm, seed=7, batch=3)
+    value = bounds.evaluate(name, layer, X, eps)
+    lower = attacks.attack(layer, X, eps, "output", steps=200, restarts=8)
+    assert torch.all(lower > 0)
+    assert torch.all(value >= lower * (1 - REL)), (label, value.tolist(), lower.tolist())

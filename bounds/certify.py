@@ -1,0 +1,254 @@
+"""Spectral norms that a certified bound may use, each with its certificate (docs/bounds.md §2.4).
+
+A Ritz value of Lanczos or power iteration is a value from below: never a certificate by itself.
+A certified norm here is one of
+
+* ``exact``: the SVD of the dense matrix in float64 (small operators, ``n·d ≤ DENSE_LIMIT``);
+* ``probabilistic``: unrestarted Lanczos with full reorthogonalisation on T*T from a start drawn
+  uniformly on the sphere with fresh randomness (its seed is recorded, so the run can be replayed),
+  turned into an upper bound by the Kuczyński–Woźniakowski inequality: for a PSD N×N matrix with
+  top eigenvalue λ and k-step top Ritz value θ_k, ``P(θ_k < (1−δ)λ) ≤ 1.648·√N·exp(−√δ·(2k−1))``,
+  so ``‖T‖ ≤ √(θ_k/(1−δ))`` except with probability p when ``√δ·(2k−1) ≥ ln(1.648√N/p)``.
+
+Closed forms (norms of d×d, n×d and n×n factors) are exact SVDs and are not recorded. Each certified
+computation records its :class:`Certificate` in the ledger opened by :func:`ledger`, so that a bound
+built from several norms (ζ and every ‖M_l‖, over every block of a stack) carries the weakest kind
+and the summed failure probability of its parts (a union bound).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from models.operators import DENSE_LIMIT, LinearOperator
+
+KINDS = ("exact", "deterministic", "probabilistic", "estimate")  # strongest first
+DEFAULT_P = 1e-9  # failure probability of one probabilistic norm
+DEFAULT_DELTA = 2e-3  # relative slack of θ: the norm's bound is at most ~1e-3 above the truth
+KW_CONSTANT = 1.648
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """How a value was certified: its kind, failure probability, and the seeds to replay it."""
+
+    kind: str = "exact"
+    p: float = 0.0  # probability that the value is not an upper bound (0 unless probabilistic)
+    seeds: tuple[int, ...] = field(default=(), compare=False)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown certificate kind {self.kind!r}")
+
+    def __and__(self, other: Certificate) -> Certificate:
+        """The certificate of a value built from both: the weaker kind, the summed probability."""
+        kind = max(self.kind, other.kind, key=KINDS.index)
+        return Certificate(kind, self.p + other.p, self.seeds + other.seeds)
+
+    def __str__(self) -> str:
+        return f"probabilistic (p={self.p:.1e})" if self.kind == "probabilistic" else self.kind
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One certified norm used by a value: its certificate, what it cost to compute, and whether
+    this use found it already computed (then its cost was paid by an earlier value)."""
+
+    certificate: Certificate
+    seconds: float
+    reused: bool = False
+
+
+@dataclass
+class Ledger:
+    entries: list[Entry] = field(default_factory=list)
+
+    @property
+    def certificate(self) -> Certificate:
+        out = Certificate("exact")
+        for e in self.entries:
+            out = out & e.certificate
+        return out
+
+    @property
+    def reused_seconds(self) -> float:
+        """Time of the norms this value reused: add it to the value's wall time to get what the
+        value costs on its own."""
+        return sum(e.seconds for e in self.entries if e.reused)
+
+
+_LEDGER: contextvars.ContextVar[Ledger | None] = contextvars.ContextVar("ledger", default=None)
+_REUSE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("reuse", default=None)
+
+
+@contextlib.contextmanager
+def ledger() -> Iterator[Ledger]:
+    """Collects the certificates of every certified norm computed inside the block."""
+    book = Ledger()
+    token = _LEDGER.set(book)
+    try:
+        yield book
+    finally:
+        _LEDGER.reset(token)
+
+
+@contextlib.contextmanager
+def reuse() -> Iterator[None]:
+    """Inside the block, a certified norm of the same operator at the same tensors is computed once
+    (several bounds of one evaluation share ζ, ‖M_l‖ and σ̄_J). The cache holds its key tensors, so
+    no id is recycled while it lives."""
+    token = _REUSE.set({})
+    try:
+        yield
+    finally:
+        _REUSE.reset(token)
+
+
+def _record(entry: Entry) -> None:
+    book = _LEDGER.get()
+    if book is not None:
+        book.entries.append(entry)
+
+
+def kw_log_term(N: int, p: float) -> float:
+    return math.log(KW_CONSTANT * math.sqrt(N) / p)
+
+
+def kw_steps(N: int, p: float = DEFAULT_P, delta: float = DEFAULT_DELTA) -> int:
+    """The fewest Lanczos steps k with √δ(2k−1) ≥ ln(1.648√N/p)."""
+    return math.ceil((kw_log_term(N, p) / math.sqrt(delta) + 1) / 2)
+
+
+def kw_delta(N: int, k: int, p: float = DEFAULT_P) -> float:
+    """The δ that k steps certify at failure probability p: (ln(1.648√N/p)/(2k−1))²."""
+    return (kw_log_term(N, p) / (2 * k - 1)) ** 2
+
+
+@dataclass(frozen=True)
+class NormBound:
+    value: Tensor  # [*batch], an upper bound of ‖T‖ for each batch element
+    certificate: Certificate
+    ritz: Tensor  # [*batch], √θ_k: the value from below that the bound was built on
+    steps: int
+
+
+def _unit_rows(v: Tensor) -> Tensor:
+    return v / v.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+
+
+def lanczos_upper(A: Callable[[Tensor], Tensor], batch: tuple[int, ...], N: int, like: Tensor, *,
+                  p: float = DEFAULT_P, delta: float = DEFAULT_DELTA,
+                  seed: int | None = None) -> NormBound:
+    """A probabilistic upper bound of √λ_max(A) for the PSD map A = T*T on [Bt, N] (Bt = ∏ batch).
+
+    Unrestarted: KW's inequality is about the Krylov space of one random start, which a restart
+    from a Ritz vector would leave. ``seed=None`` draws fresh randomness (recorded); pass a recorded
+    seed to replay. Computed in float64 whatever ``like``'s dtype (docs/bounds.md §2.4).
+    """
+    seed = secrets.randbits(63) if seed is None else int(seed)
+    k = min(kw_steps(N, p, delta), N)
+    Bt = math.prod(batch)
+    gen = torch.Generator().manual_seed(seed)
+    v = _unit_rows(torch.randn(Bt, N, generator=gen, dtype=torch.float64)).to(like.device)
+    Q = torch.empty(k, Bt, N, dtype=torch.float64, device=like.device)
+    Q[0] = v
+    alpha = torch.zeros(k, Bt, dtype=torch.float64, device=like.device)
+    beta = torch.zeros(k, Bt, dtype=torch.float64, device=like.device)
+    alive = torch.ones(Bt, dtype=torch.bool, device=like.device)
+    scale = torch.zeros(Bt, dtype=torch.float64, device=like.device)
+    eps = torch.finfo(torch.float64).eps
+    steps = 0
+    with torch.no_grad():
+        for j in range(k):
+            w = A(Q[j])
+            for rep in range(2):  # full reorthogonalisation, twice (Kahan's "twice is enough")
+                c = torch.einsum("kbn,bn->kb", Q[: j + 1], w)
+                w = w - torch.einsum("kb,kbn->bn", c, Q[: j + 1])
+                if rep == 0:
+                    alpha[j] = c[j]
+            steps = j + 1
+            scale = torch.maximum(scale, alpha[j].abs())
+            b = w.norm(dim=-1)
+            # an element whose Krylov space is invariant stops: its θ is then the same for every
+            # later k, and continuing would build the basis from rounding noise
+            alive = alive & (b > 100 * eps * scale)
+            if j == k - 1 or not bool(alive.any()):
+                break
+            beta[j] = torch.where(alive, b, torch.zeros_like(b))
+            Q[j + 1] = torch.where(alive[:, None], w / b.clamp_min(1e-300)[:, None], torch.zeros_like(w))
+        Tm = torch.diag_embed(alpha[:steps].T)
+        if steps > 1:
+            off = torch.diag_embed(beta[: steps - 1].T, offset=1)
+            Tm = Tm + off + off.transpose(-1, -2)
+        theta = torch.linalg.eigvalsh(Tm)[:, -1].clamp_min(0)
+    # KW holds in exact arithmetic; the margin covers rounding in the k products and the
+    # reorthogonalisation, and a breakdown declared at 100·eps·scale instead of at 0
+    margin = (100 + 8 * steps) * eps * scale
+    # k = N steps span the whole space (the start has a component along every eigenvector with
+    # probability 1), so θ is λ_max up to the rounding the margin covers
+    delta = 0.0 if k >= N else kw_delta(N, k, p)
+    upper = ((theta + margin) / (1 - delta)).sqrt()
+    # one value (an input's bound) may rest on every norm of its batch row, e.g. all h heads of
+    # ‖M_l‖ in δ₂: a union bound over them
+    per_value = Bt // batch[0] if batch else 1
+    cert = Certificate("probabilistic", p * per_value, (seed,))
+    return NormBound(upper.reshape(batch), cert, theta.sqrt().reshape(batch), steps)
+
+
+def exact_norm(M: Tensor) -> Tensor:
+    """The spectral norm of each trailing matrix, exactly: the top eigenvalue of MᵀM in float64
+    (faster than an SVD and as accurate for the top singular value), plus a rounding margin."""
+    M = M.to(torch.float64)
+    G = M.mT @ M if M.shape[-2] >= M.shape[-1] else M @ M.mT
+    lam = torch.linalg.eigvalsh(G)[..., -1].clamp_min(0)
+    return (lam * (1 + 4 * G.shape[-1] * torch.finfo(torch.float64).eps)).sqrt()
+
+
+def _gram(op: LinearOperator, batch: tuple[int, ...], shape: tuple[int, ...]):
+    return lambda v: op.Tt(op.T(v.reshape(*batch, *shape))).reshape(-1, math.prod(shape))
+
+
+def _sync(t: Tensor) -> None:
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+
+
+def certified_norm(key: tuple, tensors: tuple[Tensor, ...], dense: Callable[[], Tensor],
+                   operator: Callable[[], LinearOperator], batch: tuple[int, ...],
+                   shape: tuple[int, ...], like: Tensor, probabilistic: bool = False) -> Tensor:
+    """An upper bound of ‖T‖ for each batch element, certified as docs/bounds.md §2.4 allows.
+
+    ``dense()`` builds the matrices [*batch, m, N] (used when N = ∏shape ≤ DENSE_LIMIT: exact);
+    ``operator()`` gives T and its adjoint on [*batch, *shape] (used above: probabilistic). ``key``
+    and ``tensors`` name the operator for reuse within a :func:`reuse` block. ``probabilistic``
+    takes the Lanczos certificate even where the dense one fits (to measure and test it).
+    """
+    cache = _REUSE.get()
+    full_key = (key, probabilistic, *(id(t) for t in tensors))
+    if cache is not None and full_key in cache:
+        value, cert, seconds, _ = cache[full_key]
+        _record(Entry(cert, seconds, reused=True))
+        return value
+    _sync(like)
+    start = time.perf_counter()
+    N = math.prod(shape)
+    if N <= DENSE_LIMIT and not probabilistic:
+        value, cert = exact_norm(dense()), Certificate("exact")
+    else:
+        nb = lanczos_upper(_gram(operator(), batch, shape), batch, N, like)
+        value, cert = nb.value, nb.certificate
+    _sync(like)
+    seconds = time.perf_counter() - start
+    if cache is not None:
+        cache[full_key] = (value, cert, seconds, tensors)
+    _record(Entry(cert, seconds))
+    return value

@@ -1,0 +1,53 @@
+"""This suite's Taylor bound, exact as ε → 0 (docs/bounds.md §2.3), and ``best``, the smallest
+certified bound at each input.
+
+Split around the Jacobian J = J_F(X) instead of around P_l(X) as LoFAST does:
+
+    F(X') − F(X) − J[Γ] = Σ_l [ (P_l' − P_l − dP_l[Γ]) X C_l + (P_l' − P_l) Γ C_l ].
+
+Row-wise softmax is ½-Lipschitz and its Taylor remainder is ≤ ½‖Δs‖² (docs/bounds.md §2.3), so
+with a_l = ‖A_l‖ and m_l = ε(‖M_l‖ + ε a_l)/√d_h ≥ ‖S_l' − S_l‖_F:
+
+    taylor = σ̄_J ε + Σ_l [ (½ m_l² + ½ ε² a_l/√d_h)·‖X C_l‖ + ½ m_l ε ‖C_l‖ ].
+
+The remainder is O(ε²), so taylor/truth → 1 as ε → 0, where LoFAST's ratio stays at 1 + δ₂/(ζε).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from models import DotMHA
+from models.operators import jacobian_matrix, jacobian_operator
+from models.spectral import spectral
+
+from .base import radius
+from .certify import certified_norm
+from .lofast import _weights, m_norms, xi
+
+
+def sigma_J(layer: DotMHA, X: Tensor, *, probabilistic: bool = False) -> Tensor:
+    """A certified upper bound σ̄_J of ‖J_F(X)‖ per input (docs/bounds.md §2.4). [B]."""
+    B, n, d = X.shape
+    return certified_norm(("jacobian", layer.kind, layer.residual), (*_weights(layer), X),
+                          lambda: jacobian_matrix(layer.forward, X),
+                          lambda: jacobian_operator(layer.forward, X), (B,), (n, d), X,
+                          probabilistic=probabilistic)
+
+
+def taylor(layer: DotMHA, X: Tensor, eps) -> Tensor:
+    """``σ̄_J ε + Σ_l [(½m_l² + ½ε²a_l/√d_h)‖XC_l‖ + ½ m_l ε ‖C_l‖]``, docs/bounds.md §2.3.
+
+    m_l takes the smaller of the certified ‖M_l‖ and ξ_l (both bound the linear logit change).
+    """
+    e = radius(eps, X)[:, None]  # [B, 1]
+    rd = math.sqrt(layer.d_h)
+    a = spectral(layer.A())  # [h]
+    C = layer.C()
+    m = e * (torch.minimum(m_norms(layer, X), xi(layer, X)) + e * a) / rd  # [B, h]
+    XC = spectral(torch.einsum("bnd,hde->bhne", X, C))  # [B, h]
+    rest = ((0.5 * m**2 + 0.5 * e**2 * a / rd) * XC + 0.5 * m * e * spectral(C)).sum(-1)
+    return sigma_J(layer, X) * e[:, 0] + rest
