@@ -21,9 +21,9 @@ from models import (
 from models.build import with_spectral_norm
 
 KINDS = ("dot", "l2", "olsa")
-INPUTS = ("gauss", "proj")
+INPUTS = ("gauss", "fro", "proj")
 PERTURB = ("none", "W_q", "W_k", "W_v", "W_o", "X")
-TASKS = ("bounds", "lofast", "scaling", "cauchy")
+TASKS = ("bounds", "lofast", "totals", "scaling", "cauchy")
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,13 @@ class Cell:
 
     ``w_qk`` is the per-head spectral norm of W^Q and W^K, ``w_vo`` that of W^V and W^O (OLSA is
     orthogonal and ignores both). ``x = gauss``: Gaussian X rescaled to spectral norm ``x_norm``;
-    ``x = proj``: Gaussian rows of norm about 3 through LayerProject(R = x_norm). ``samples`` inputs
+    ``x = fro``: the same Gaussian X rescaled to Frobenius norm ``x_norm``; ``x = proj``: Gaussian
+    rows of norm about 3 through LayerProject(R = x_norm). ``samples`` inputs
     are drawn as one batch. ``perturb``/``noise`` add Gaussian noise of spectral norm ``noise`` to
     one weight family (or X), drawn with ``seed`` (LoFAST Fig. 3). ``task``: ``bounds`` (every
-    bound and PGD), ``lofast`` (LoFAST and naive only), ``scaling`` (timings of the matrix-free and
-    dense solvers) or ``cauchy`` (per-block Jacobian norms of a stack).
+    bound and PGD), ``lofast`` (LoFAST and naive only), ``totals`` (the certified end-to-end
+    bounds: LoFAST, its halves, naive, Taylor and best), ``scaling`` (timings of the matrix-free,
+    certified and dense solvers) or ``cauchy`` (per-block Jacobian norms of a stack).
     """
 
     kind: str = "dot"
@@ -135,9 +137,11 @@ class Cell:
         else:
             layer = random_stack(self.kind, self.depth, self.d, self.h, seed=self.seed, R=self.R, **kw)
         layer = _scale(layer, self)
-        if self.x == "gauss":
+        if self.x in ("gauss", "fro"):
             X = random_input(self.n, self.d, norm=self.x_norm, seed=self.seed + 10_000,
                              batch=self.samples)
+            if self.x == "fro":  # the same draw, so a gauss and a fro cell differ by a scale only
+                X = X * (self.x_norm / X.flatten(1).norm(dim=-1))[:, None, None]
         else:
             X = projected_input(self.n, self.d, R=self.x_norm, seed=self.seed + 10_000,
                                 batch=self.samples)

@@ -3,7 +3,8 @@
 Per (cell, bound, sample, head, block) it compares the ratio value/PGD of every certified bound
 (larger is worse: the bound got looser) and the value of every PGD lower bound (smaller is worse:
 the attack got weaker). Markers: ``x`` soundness violation, ``+`` worse beyond the tolerance,
-``-`` better beyond it, ``~`` an estimate moved (not judged), ``!`` missing from NEW. Exit 1 on
+``-`` better beyond it, ``~`` an estimate moved (not judged), ``c`` the certificate got weaker
+(e.g. exact → probabilistic; shown, not failed), ``!`` missing from NEW. Exit 1 on
 any ``x`` or ``+``, and on ``!`` unless ``--allow-missing``: a run that lost cells must not pass as
 one that kept its tightness. Either table empty, or not a results table: exit 2.
 """
@@ -20,7 +21,8 @@ from models import InputError
 from .store import KEY, atomic_write, load
 
 MARKERS = {"x": "soundness violation", "+": "worse", "-": "better", "~": "estimate moved",
-           "!": "missing in NEW"}
+           "c": "certificate weaker", "!": "missing in NEW"}
+STRENGTH = ("exact", "deterministic", "probabilistic", "estimate", "attained")
 
 
 def _judge(r, tol: float) -> tuple[str, float]:
@@ -36,8 +38,10 @@ def _judge(r, tol: float) -> tuple[str, float]:
     factor = new / base
     worse = factor < 1 - tol if is_pgd else factor > 1 + tol
     better = factor > 1 + tol if is_pgd else factor < 1 - tol
+    weaker = (r.certificate_base in STRENGTH and r.certificate_new in STRENGTH
+              and STRENGTH.index(r.certificate_new) > STRENGTH.index(r.certificate_base))
     if not (worse or better):
-        return " ", factor
+        return ("c" if weaker else " "), factor
     if not (is_pgd or r.certified_new):
         return "~", factor
     return ("+" if worse else "-"), factor
@@ -47,7 +51,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, tol: float = 0.02) -> pd.Data
     """One row per compared key with its marker and factor."""
     if not (0 <= tol < 1):
         raise InputError(f"--tol must be in [0, 1), got {tol}")
-    cols = [*KEY, "certified", "value", "pgd", "ratio", "violation"]
+    cols = [*KEY, "certified", "certificate", "value", "pgd", "ratio", "violation"]
     keep = lambda df: df[df["role"].isin(["bound", "pgd"])][cols]
     j = keep(base).merge(keep(new), on=KEY, how="outer", suffixes=("_base", "_new"), indicator="present")
     j = j[j["present"] != "right_only"].copy()
@@ -70,17 +74,17 @@ def summary(j: pd.DataFrame, tol: float, base_name: str, new_name: str,
     lines = [f"# compare: {new_name} against {base_name} (tol {tol:g})", "",
              f"{len(j)} rows compared. " + ", ".join(
                  f"`{m}` {MARKERS[m]}: {int(counts.get(m, 0))}" for m in MARKERS), ""]
-    flagged = j[j["marker"].isin(["x", "+", "!"])]
+    flagged = j[j["marker"].isin(["x", "+", "!", "c"])]
     if len(flagged):
-        lines += ["| | bound | cell | sample | head | base | new | factor |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += ["| | bound | cell | sample | head | base | new | factor | certificate |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in flagged.head(40).itertuples():
             is_pgd = r.role == "pgd"
             b, n = (r.value_base, r.value_new) if is_pgd else (r.ratio_base, r.ratio_new)
             lines.append(f"| {r.marker} | {r.bound} | `{r.cell_id}` | {r.sample} | {r.head} | "
-                         f"{b:.4g} | {n:.4g} | {r.factor:.4f} |")
+                         f"{b:.4g} | {n:.4g} | {r.factor:.4f} | {r.certificate_new} |")
         if len(flagged) > 40:
-            lines.append(f"| … | {len(flagged) - 40} more | | | | | | |")
+            lines.append(f"| … | {len(flagged) - 40} more | | | | | | | |")
         lines.append("")
     per = j[j["factor"].notna()].groupby("bound")["factor"].agg(["median", "min", "max"])
     lines += ["| bound | median factor | min | max |", "|---|---|---|---|"]

@@ -20,6 +20,7 @@ from .evaluate import evaluate
 from .rows import measured, unroll
 
 LOFAST_ONLY = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "naive"]
+TOTALS = [*LOFAST_ONLY, "taylor", "best"]
 
 Task = Callable[[Cell, dict, torch.device, torch.dtype], list[dict]]
 
@@ -36,6 +37,11 @@ def bounds_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype,
 def lofast_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """LoFAST's totals and naive only (the ablation of LoFAST Fig. 3)."""
     return bounds_task(cell, run, device, dtype, names=LOFAST_ONLY)
+
+
+def totals_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """The certified end-to-end bounds of a dot layer: where each wins along ε (docs/bounds.md §2.3)."""
+    return bounds_task(cell, run, device, dtype, names=TOTALS)
 
 
 def _on(cell: Cell, device: torch.device, dtype: torch.dtype):
@@ -98,5 +104,5 @@ def cauchy_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype)
     return rows
 
 
-TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "scaling": scaling_task,
-                          "cauchy": cauchy_task}
+TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "totals": totals_task,
+                          "scaling": scaling_task, "cauchy": cauchy_task}

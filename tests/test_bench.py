@@ -213,3 +213,9 @@ def test_run_subprocess_writes_table(tmp_path):
     r = cli("run", "--profile", tmp_path / "p.toml", "--out", tmp_path / "r", cwd=tmp_path)
     assert r.returncode == 0 and "results:" in r.stdout, r.stderr
     assert (tmp_path / "r" / "results.csv").exists()
+
+
+def test_every_cell_task_has_a_runner_task():
+    from bench import cases, tasks
+
+    assert set(cases.TASKS) == set(tasks.TASKS)
