@@ -77,7 +77,7 @@ def build(results: str, out: str) -> Path:
         made_figs, made_tabs, skipped = _write(df, tmp)
         readme = _readme(df, results, out, made_figs, made_tabs, skipped)
         (tmp / "README.md").write_text(readme)
-    return Path(out).resolve() / "README.md"
+    return Path(out) / "README.md"
 
 
 def _write(df: pd.DataFrame, outp: Path):

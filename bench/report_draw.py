@@ -50,14 +50,14 @@ def tick_texts(vals: list[float]) -> list[str]:
 
 
 def log_ticks(lo: float, hi: float) -> list[float]:
-    """Ticks in [lo, hi]: decades, else 1-2-5, else 1…9 per decade (then halves), the first of these
-    that gives three; at most ~7 (every other one beyond)."""
+    """Ticks in [lo, hi]: decades where two fit, else the first of 1-2-5, 1…9 per decade, or those
+    and halves that gives three; at most ~7 (every other one beyond)."""
     decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
     ticks: list[float] = []
     for subs in ([1], [1, 2, 5], list(range(1, 10)), [1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 9]):
         cands = [float(f"{m * 10.0**k:.3g}") for k in decades for m in subs]  # 0.3, not 0.30000000000000004
         ticks = [v for v in cands if lo <= v <= hi]
-        if len(ticks) >= 3:
+        if len(ticks) >= 3 or (len(ticks) == 2 and subs == [1]):  # two decades read well
             break
     if len(ticks) < 2:
         ticks = sorted({float(f"{v:.3g}") for v in np.geomspace(lo, hi, 5)[1:4]})
