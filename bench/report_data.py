@@ -53,7 +53,7 @@ class Plot:
     caption: str
     size: tuple[float, float]  # inches
     legend: str = "right"  # right: one legend beside all panels; below: one under each column; none
-    sharey: bool = False  # every panel of the plot on the same y limits (labels kept on each)
+    sharey: bool = False  # log y: every panel on the same limits and band (labels kept on each)
     panels: list[Panel] = field(init=False)
 
     def __post_init__(self) -> None:
