@@ -4,7 +4,8 @@ Reads one results table (a run directory or CSV, see :func:`bench.store.load`) a
 ``out``: each figure as PNG and PDF, each table as Markdown and LaTeX, and a README.md that
 shows them all with how each was made. A figure whose sweep is absent is skipped and named in the
 README, so a user profile with fewer sweeps still reports what it has. The output depends on the
-data alone (no timestamps of its own), so re-running on the same results gives the same files.
+data alone (no timestamps or paths of this machine), so re-running on the same results gives the
+same files. The report is built beside ``out`` and moved into place whole (:mod:`bench.report_dir`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from . import report_figures as figs
+from . import report_dir
+from . import report_draw as draw
 from . import report_tables as tabs
+from .env import ROOT
+from .report_data import Skip
+from .report_select import FIGURES
 from .store import load
 
 META = ["profile", "device_name", "dtype", "git_commit", "git_dirty", "torch_version",
@@ -48,44 +53,61 @@ def _save(fig: plt.Figure, out: Path, stem: str) -> None:
         plt.close(fig)
 
 
+def shown(path: str) -> str:
+    """A path as the README shows it: relative to the repository root when inside it (no absolute
+    path of this machine in a committed report), else as given."""
+    try:
+        return Path(path).resolve().relative_to(ROOT.resolve()).as_posix()
+    except ValueError:
+        return path
+
+
+def _shown_out(out: str) -> str:
+    # outside the repository the output directory is the reader's choice: a placeholder, so the
+    # same table gives the same README wherever it is built
+    text = shown(out)
+    return "OUT" if text == out and Path(out).is_absolute() else text
+
+
 def build(results: str, out: str) -> Path:
-    """Writes the report of ``results`` into ``out``; returns the README's path."""
+    """Writes the report of ``results`` into ``out`` (replacing a previous report there, whole, only
+    once everything is built); returns the README's path."""
     df = load(results)
-    for col in ("certified", "violation", "sound"):
-        # a CSV written by hand may hold "True"/"False" strings; compare as booleans
-        if df[col].dtype == object:
-            df[col] = df[col].astype(str).str.lower().isin(["true", "1"])
-    outp = Path(out)
-    outp.mkdir(parents=True, exist_ok=True)
-    figs.style()
+    with report_dir.replacing(Path(out)) as tmp:
+        made_figs, made_tabs, skipped = _write(df, tmp)
+        readme = _readme(df, results, out, made_figs, made_tabs, skipped)
+        (tmp / "README.md").write_text(readme)
+    return Path(out) / "README.md"
+
+
+def _write(df: pd.DataFrame, outp: Path):
+    draw.theme()
     made_figs: list[tuple[str, str]] = []
     made_tabs: list[tuple[str, str, str]] = []
     skipped: list[str] = []
-    for stem, make in figs.FIGURES.items():
+    for stem, select in FIGURES.items():
         try:
-            f = make(df)
-        except figs.Skip as e:
+            plot = select(df)
+        except Skip as e:
             skipped.append(f"figure `{stem}`: {e}")
             continue
-        _save(f.fig, outp, stem)
-        made_figs.append((stem, f.caption))
+        _save(draw.draw(plot), outp, stem)
+        made_figs.append((stem, plot.caption))
     for stem, make in tabs.TABLES.items():
         try:
             t, caption = make(df)
-        except figs.Skip as e:
+        except Skip as e:
             skipped.append(f"table `{stem}`: {e}")
             continue
         md = tabs.to_markdown(t)
         (outp / f"{stem}.md").write_text(md)
         (outp / f"{stem}.tex").write_text(tabs.to_latex(t, caption))
         made_tabs.append((stem, caption, md))
-    readme = outp / "README.md"
-    readme.write_text(_readme(df, results, made_figs, made_tabs, skipped))
-    return readme
+    return made_figs, made_tabs, skipped
 
 
-def _readme(df: pd.DataFrame, results: str, made_figs, made_tabs, skipped) -> str:
-    lines = ["# Benchmark report", ""]
+def _readme(df: pd.DataFrame, results: str, out: str, made_figs, made_tabs, skipped) -> str:
+    lines = [report_dir.HEADING, ""]
     bad = _violations(df)
     if bad:
         lines += [f"> **SOUNDNESS VIOLATIONS: {len(bad)} rows where a certified bound is below "
@@ -99,10 +121,10 @@ def _readme(df: pd.DataFrame, results: str, made_figs, made_tabs, skipped) -> st
                   "lower bound in every row.", ""]
     lines += [f"Run: {_run_line(df)}. {len(df)} rows, sweeps: "
               f"{', '.join(f'`{s}`' for s in dict.fromkeys(df['sweep']))}.", "",
-              f"Regenerate: `python -m bench report {results} "
-              f"--out reports/` (RESULTS: the run directory or its results.csv). Bounds marked "
-              f"*(this suite)* are the ½-Lipschitz-softmax tightening of SPEC §2.2, not LoFAST's; "
-              f"*(estimate)* marks first-order Jacobian estimates, not certificates.", ""]
+              f"Regenerate (from the repository root): `python -m bench report {shown(results)} "
+              f"--out {_shown_out(out)}`. Bounds marked *(this suite)* are the ½-Lipschitz-softmax "
+              f"tightening of docs/bounds.md §2.2, not LoFAST's; *(estimate)* marks first-order "
+              f"Jacobian estimates (docs/bounds.md §3.4), not certificates.", ""]
     if skipped:
         lines += ["## Skipped (data absent from this table)", ""]
         lines += [f"- {s}" for s in skipped] + [""]

@@ -11,7 +11,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from .report_figures import Skip, label, nearest, sweep
+import bounds
+
+from .report_data import Skip, label, nearest, registry_order, sweep
 
 
 def fmt(v: float, digits: int = 4) -> str:
@@ -25,32 +27,83 @@ def pm(values: pd.Series) -> str:
     return f"{fmt(values.mean())} ± {fmt(std, 2)}"
 
 
+def _numeric(cell: str) -> bool:
+    try:
+        float(str(cell).split(" ")[0])  # "1.2 ± 0.3" is a number
+    except ValueError:
+        return str(cell) == "–"
+    return True
+
+
+def align(t: pd.DataFrame) -> list[str]:
+    """l or r per column: numbers right (digits line up), names and words left."""
+    return ["r" if i and all(_numeric(v) for v in t[c]) else "l" for i, c in enumerate(t.columns)]
+
+
 def to_markdown(t: pd.DataFrame) -> str:
     cols = [str(c) for c in t.columns]
     lines = ["| " + " | ".join(cols) + " |",
-             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(cols))) + "|"]
+             "|" + "|".join("---:" if a == "r" else "---" for a in align(t)) + "|"]
     lines += ["| " + " | ".join(str(v).replace("|", r"\|") for v in row) + " |"
               for row in t.itertuples(index=False)]
     return "\n".join(lines) + "\n"
 
 
 _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-        "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-        "±": r"$\pm$", "–": "--", "ε": r"$\varepsilon$", "σ": r"$\sigma$", "‖": r"$\|$",
-        "√": r"$\surd$", "₁": r"$_1$", "∞": r"$_\infty$", "ξ": r"$\xi$"}
+        "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "–": "--"}
+# characters of the display names that LaTeX sets in math mode; runs of them share one $…$, and
+# runs of sub- or superscripts one _{…} or ^{…} (x^{(}^{1} would be a double superscript)
+_MATH = {"±": r"\pm", "ε": r"\varepsilon", "σ": r"\sigma", "‖": r"\|", "√": r"\surd", "ξ": r"\xi",
+         "δ": r"\delta", "ζ": r"\zeta", "Σ": r"\Sigma", "½": r"\tfrac{1}{2}", "·": r"\cdot"}
+_SCRIPT = {"∞": ("_", r"\infty"), "⁽": ("^", "("), "⁾": ("^", ")"), "¹": ("^", "1"), "²": ("^", "2"),
+           **{chr(0x2080 + i): ("_", str(i)) for i in range(10)}}
+
+
+def _math(run: list[tuple[str, str]]) -> str:
+    text = ""
+    for i, (kind, body) in enumerate(run):
+        if kind and (i == 0 or run[i - 1][0] != kind):
+            text += kind + "{"
+        text += body if kind else body + " "
+        if kind and (i + 1 == len(run) or run[i + 1][0] != kind):
+            text += "}"
+    return "$" + text.strip() + "$"
 
 
 def tex_escape(s: str) -> str:
-    return "".join(_TEX.get(ch, ch) for ch in str(s))
+    out: list[str] = []
+    run: list[tuple[str, str]] = []
+    for ch in str(s):
+        if ch in _MATH or ch in _SCRIPT:
+            run.append(_SCRIPT.get(ch) or ("", _MATH[ch]))
+            continue
+        if run:
+            out.append(_math(run))
+            run = []
+        out.append(_TEX.get(ch, ch))
+    if run:
+        out.append(_math(run))
+    return "".join(out)
 
 
 def to_latex(t: pd.DataFrame, caption: str) -> str:
-    spec = "l" + "r" * (len(t.columns) - 1)
+    spec = "".join(align(t))
     lines = [r"% " + caption.replace("\n", " "), r"\begin{tabular}{" + spec + "}", r"\hline",
              " & ".join(tex_escape(c) for c in t.columns) + r" \\", r"\hline"]
     lines += [" & ".join(tex_escape(v) for v in row) + r" \\" for row in t.itertuples(index=False)]
     lines += [r"\hline", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
+
+
+def certified(name: str, rows: pd.DataFrame) -> str:
+    """yes, estimate, or "yes (finding)" where this suite found the published statement unsound
+    (docs/bounds.md §6); a bound the registry does not know falls back on its rows."""
+    b = bounds.REGISTRY.get(name)
+    if b is None:
+        return "yes" if rows["certified"].any() else "estimate"
+    if not b.certified:
+        return "estimate"
+    return "yes (finding)" if b.finding else "yes"
 
 
 def summary(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -59,16 +112,19 @@ def summary(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     if sub.empty:
         raise Skip("no bound rows")
     out = []
-    for bound, g in sub.groupby("bound", sort=True):
+    for bound in registry_order(sub["bound"]):  # the papers' bounds, this suite's, then estimates
+        g = sub[sub["bound"] == bound]
         r = g["ratio"][np.isfinite(g["ratio"])]
-        out.append({"bound": label(bound), "certified": "yes" if g["certified"].any() else "no",
+        out.append({"bound": label(bound), "name": bound, "certified": certified(bound, g),
                     "median ratio": fmt(r.median()) if len(r) else "–",
                     "worst ratio": fmt(r.max()) if len(r) else "–",
                     "violations": str(int(g["violation"].sum())),
                     "s/sample": fmt(g["seconds"].median(), 3), "rows": str(len(g))})
-    return pd.DataFrame(out), ("Summary: every bound over all sweeps; ratio = value / PGD of the "
-                               "bound's own objective (rows with a finite ratio), violations = "
-                               "sum of `violation`, s/sample = median `seconds`.")
+    return pd.DataFrame(out), ("Summary: every bound over all sweeps; ratio = value / PGD lower "
+                               "bound of the bound's own objective (rows with a finite ratio; "
+                               "worst = largest), violations = sum of `violation`, s/sample = "
+                               "median `seconds`; certified \"yes (finding)\": a published "
+                               "statement this suite found unsound, docs/bounds.md §6.")
 
 
 def table3(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -76,23 +132,25 @@ def table3(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     h = nearest(sub, "h", 8)
     xn = nearest(sub, "x_norm", 1.0)
     sub = sub[(sub["h"] == h) & (sub["x_norm"] == xn) & (sub["head"] == -1)]
-    cols = {"pgd_output": "PGD", "lofast_M": "LoFAST (‖M‖)", "lofast_xi": "LoFAST (ξ)",
-            "specformer": "SpecFormer"}
-    piv = sub[sub["bound"].isin(cols)].pivot_table(index="eps", columns="bound", values="value",
-                                                  aggfunc="mean")
+    names = ["lofast_M", "lofast_xi", "specformer"]
+    cols = {"pgd_output": "PGD", **{n: label(n) for n in names}}
+    rows = sub[((sub["role"] == "pgd") & (sub["objective"] == "output"))
+               | ((sub["role"] == "bound") & sub["bound"].isin(names))]
+    piv = rows.assign(bound=rows["bound"].where(rows["role"] == "bound", "pgd_output")).pivot_table(
+        index="eps", columns="bound", values="value", aggfunc="mean")
     if piv.empty:
         raise Skip("no PGD/LoFAST/SpecFormer rows in sweep `eps`")
     t = pd.DataFrame({"ε": [f"{e:g}" for e in piv.index]})
     for b, name in cols.items():
         t[name] = [fmt(v) for v in piv[b]] if b in piv else "–"
     resid = "residual" if bool(sub["residual"].iloc[0]) else "bare"
-    return t, (f"LoFAST Table 3: sweep `eps`, one {resid} dot-product layer, h={h}, ‖X‖={xn:g}, "
-               f"n={int(sub['n'].iloc[0])}, d={int(sub['d'].iloc[0])}; `value` (mean over samples) "
-               f"of pgd_output, lofast_M, lofast_xi, specformer.")
+    return t, (f"LoFAST Table 3 (docs/bounds.md §2): sweep `eps`, one {resid} dot-product layer, "
+               f"h={h}, ‖X‖={xn:g}, n={int(sub['n'].iloc[0])}, d={int(sub['d'].iloc[0])}; `value` "
+               f"(mean over samples) of pgd_output, lofast_M, lofast_xi, specformer.")
 
 
 def cauchy(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    sub = sweep(df, "cauchy")
+    sub = sweep(df, "cauchy", role="block")
     cols = {"block_sigma": "σ_max (matrix-free)", "block_sigma_exact": "σ_max (exact SVD)",
             "block_l1linf": "√(‖J‖₁‖J‖∞)"}
     rows = []
@@ -102,22 +160,24 @@ def cauchy(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
             v = g.loc[g["bound"] == b, "value"]
             row[name] = pm(v) if len(v) else "–"
         rows.append(row)
-    return pd.DataFrame(rows), ("The Cauchy view: sweep `cauchy`, per block k of the stack, mean ± "
-                                "std over inputs of block_sigma, block_sigma_exact, block_l1linf.")
+    return pd.DataFrame(rows), ("The Cauchy view (docs/bounds.md §3.4): sweep `cauchy`, per block k "
+                                "of the stack, mean ± std over inputs of block_sigma, "
+                                "block_sigma_exact, block_l1linf.")
 
 
 def olsa_kim(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     sub = sweep(df, "olsa_vs_kim")
-    sub = sub[sub["bound"].isin(["olsa", "kim"])]
+    sub = sub[(sub["role"] == "bound") & sub["bound"].isin(["olsa", "kim"])]
     if sub.empty:
         raise Skip("no olsa or kim rows in sweep `olsa_vs_kim`")
     rows = []
     for (bd, n), g in sub.groupby(["bound", "n"], sort=True):
-        rows.append({"bound": bd, "n": str(int(n)), "factor": fmt((g["value"] / g["eps"]).mean()),
-                     "ratio": fmt(g["ratio"].mean()),
+        rows.append({"bound": label(bd), "name": bd, "n": str(int(n)),
+                     "factor": fmt((g["value"] / g["eps"]).mean()), "ratio": fmt(g["ratio"].mean()),
                      "violations": str(int(g["violation"].sum()))})
-    return pd.DataFrame(rows), ("OLSA vs Kim: sweep `olsa_vs_kim`; Lipschitz factor value/eps and "
-                                "ratio = value / PGD on each bound's own layer.")
+    return pd.DataFrame(rows), ("OLSA vs Kim (docs/bounds.md §3.2, §3.3): sweep `olsa_vs_kim`; "
+                                "Lipschitz factor value/eps and ratio = value / PGD on each bound's "
+                                "own layer.")
 
 
 TABLES = {"summary": summary, "table3_lofast": table3, "cauchy": cauchy, "olsa_vs_kim": olsa_kim}

@@ -1,5 +1,7 @@
-"""The report is rebuilt from a real (tiny) stored run: every figure and table is written, and
-bad input ends in InputError (library) or exit code 2 with one stderr line (CLI)."""
+"""The report is rebuilt from a real (tiny) stored run: every figure and table is written, every
+figure is readable (ticks, titles, display names, legends off the data, off-scale values marked),
+the report directory is replaced whole or not at all, and bad input ends in InputError (library)
+or exit code 2 with one stderr line (CLI)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+import pandas as pd
 import pytest
+from matplotlib.transforms import Bbox
 
-from bench import store
+import bounds
+from bench import report as report_mod
+from bench import report_select, store
 from bench.report import build
-from bench.report_figures import FIGURES
-from bench.report_tables import TABLES
+from bench.report_draw import draw, theme
+from bench.report_select import FIGURES
+from bench.report_tables import TABLES, summary
 from bench.runner import run_profile
 from bench.sweeps import load_profile
 from models import InputError
@@ -199,3 +207,193 @@ def test_cli_report_on_missing_results_exits_2(tmp_path: Path):
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "error" in p.stderr
+
+
+# ---- figures a reader can trust, checked on the matplotlib Figures themselves ----------------------
+
+
+@pytest.fixture(scope="module")
+def table(run_dir: Path) -> pd.DataFrame:
+    return store.load(run_dir)
+
+
+def _labelled(axis) -> list[str]:
+    """The tick labels of an axis that are shown, non-empty and within its limits (after a draw)."""
+    lo, hi = sorted(axis.get_view_interval())
+    slack = 1e-9 * (hi - lo)
+    return [t.get_text() for loc, t in zip(axis.get_majorticklocs(), axis.get_majorticklabels(),
+                                           strict=True)
+            if t.get_visible() and t.get_text().strip() and lo - slack <= loc <= hi + slack]
+
+
+def _drawn(df: pd.DataFrame, stem: str) -> plt.Figure:
+    theme()
+    fig = draw(FIGURES[stem](df))
+    fig.canvas.draw()
+    return fig
+
+
+# code names a legend must never show: registry names with another display name, and the
+# timing rows' solver names
+RAW = ({name for name, b in bounds.REGISTRY.items() if b.label != name}
+       | {"zeta_lanczos", "M_lanczos", "jacobian_lanczos", "zeta_dense", "M_dense", "jacobian_dense",
+          "pgd_output"})
+
+
+@pytest.mark.parametrize("stem", list(FIGURES))
+def test_figure_is_readable(table: pd.DataFrame, stem: str):
+    """Every panel: a title, ≥ 2 labelled ticks on each axis within its limits; every legend: display
+    names only, and clear of every panel's data area."""
+    fig = _drawn(table, stem)
+    try:
+        assert fig.axes
+        for ax in fig.axes:
+            assert ax.get_title().strip(), f"{stem}: a panel without a title"
+            assert len(_labelled(ax.yaxis)) >= 2, (stem, ax.get_title(), _labelled(ax.yaxis))
+            assert len(_labelled(ax.xaxis)) >= 2, (stem, ax.get_title(), _labelled(ax.xaxis))
+        renderer = fig.canvas.get_renderer()
+        legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+        for leg in legends:
+            texts = {t.get_text() for t in leg.get_texts()}
+            assert not RAW & texts, (stem, RAW & texts)
+            box = leg.get_window_extent(renderer)
+            for ax in fig.axes:
+                inter = Bbox.intersection(box, ax.get_window_extent(renderer))
+                assert inter is None or inter.width * inter.height < 1.0, (stem, ax.get_title())
+    finally:
+        plt.close(fig)
+
+
+def test_a_ratio_of_1e99_is_marked_not_flattened(table: pd.DataFrame):
+    df = table.copy()
+    i = (df["sweep"] == "heads") & (df["bound"] == "lofast_M") & (df["h"] == df["h"].max())
+    assert i.any()
+    df.loc[i, "ratio"] = 1e99
+    fig = _drawn(df, "tightness_heads")
+    try:
+        texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+        reached = any(ax.get_ylim()[1] >= 1e99 for ax in fig.axes)
+        assert reached or any("1e+99" in t for t in texts), texts
+    finally:
+        plt.close(fig)
+
+
+def test_cauchy_figure_resolves_the_spread(table: pd.DataFrame):
+    """σ_max varies by ~1e-3 of its value across inputs: one axis must span about that spread."""
+    fig = _drawn(table, "cauchy_violin")
+    try:
+        sub = table[(table["sweep"] == "cauchy") & (table["bound"] == "block_sigma")]
+        spread = sub.groupby("block")["value"].agg(lambda v: v.max() / v.mean() - 1).max() * 100
+        spans = [abs(ax.get_ylim()[1] - ax.get_ylim()[0]) for ax in fig.axes]
+        assert min(spans) < 20 * spread, (spans, spread)
+    finally:
+        plt.close(fig)
+
+
+def test_summary_rows_name_bounds_and_their_status(table: pd.DataFrame):
+    t, _ = summary(table)
+    assert list(t.columns) == ["bound", "name", "certified", "median ratio", "worst ratio",
+                               "violations", "s/sample", "rows"]
+    status = dict(zip(t["name"], t["certified"], strict=True))
+    assert status["specformer"] == "yes (finding)"
+    assert status["lofast_M"] == "yes"
+    assert status["jacobian"] == "estimate"
+    assert dict(zip(t["name"], t["bound"], strict=True))["delta21_M"] == bounds.REGISTRY["delta21_M"].label
+
+
+# ---- the report directory: replaced whole or not at all ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small(table: pd.DataFrame, tmp_path_factory) -> str:
+    """One sweep's rows: a report of one figure and a few tables, quick to build again and again."""
+    path = tmp_path_factory.mktemp("small") / "results.csv"
+    table[table["sweep"] == "olsa_vs_kim"].to_csv(path, index=False)
+    return str(path)
+
+
+def _snapshot(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def _leftovers(out: Path) -> list[str]:
+    return [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+
+
+def test_failed_build_leaves_the_previous_report_whole(small: str, tmp_path: Path, monkeypatch):
+    out = tmp_path / "rep"
+    build(small, str(out))
+    before = _snapshot(out)
+    assert "olsa_vs_kim.png" in before
+
+    def boom(df):
+        raise RuntimeError("figure failed midway")
+
+    # the last figure fails, after olsa_vs_kim.png has been written anew
+    monkeypatch.setitem(report_select.FIGURES, "scaling", boom)
+    with pytest.raises(RuntimeError, match="midway"):
+        build(small, str(out))
+    assert _snapshot(out) == before
+    assert _leftovers(out) == []
+
+
+def test_leftovers_of_a_killed_build_are_removed(small: str, tmp_path: Path):
+    out = tmp_path / "rep"
+    dead = tmp_path / ".rep.report-building.999999.dead"
+    dead.mkdir()
+    (dead / "fig1_lofast.png").write_bytes(b"half")
+    build(small, str(out))
+    assert not dead.exists()
+    assert (out / "README.md").exists() and _leftovers(out) == []
+
+
+def test_out_that_is_not_a_report_directory_is_refused(small: str, tmp_path: Path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    with pytest.raises(InputError, match="not a report directory"):
+        build(small, str(mine))
+    assert _snapshot(mine) == {"notes.txt": b"my notes"}
+    # a previous report with a user's file dropped into it is not ours to delete either
+    rep = tmp_path / "rep"
+    build(small, str(rep))
+    (rep / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="not a report directory"):
+        build(small, str(rep))
+    assert (rep / "notes.txt").read_text() == "mine"
+
+
+def test_out_at_or_under_a_file_is_refused(small: str, tmp_path: Path):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    for out in (f, f / "rep"):
+        with pytest.raises(InputError, match="file"):
+            build(small, str(out))
+    assert f.read_text() == "x"
+
+
+def test_empty_out_directory_is_filled(small: str, tmp_path: Path):
+    out = tmp_path / "empty"
+    out.mkdir()
+    assert build(small, str(out)) == out / "README.md"
+
+
+def test_readme_shows_no_absolute_path_of_this_machine(small: str, tmp_path: Path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "results").mkdir(parents=True)
+    (repo / "results" / "t.csv").write_bytes(Path(small).read_bytes())
+    monkeypatch.setattr(report_mod, "ROOT", repo)
+    text = build(str(repo / "results" / "t.csv"), str(repo / "reports")).read_text()
+    assert "`python -m bench report results/t.csv --out reports`" in text
+    assert str(tmp_path) not in text
+    assert "SPEC" not in text and "docs/bounds.md §" in text
+
+
+def test_cli_report_into_a_file_exits_2(run_dir: Path, tmp_path: Path):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-m", "bench", "report", str(run_dir), "--out", str(f)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and "error" in p.stderr, p.stderr

@@ -1,0 +1,137 @@
+"""The plain data a report figure is drawn from, and the selection helpers the figures and tables share.
+
+A figure is selected from the results table as a :class:`Plot` (rows of :class:`Panel`, each a list
+of :class:`Trace` with display labels, axis names and a caption) and only then drawn, so what a
+figure shows can be checked without matplotlib, and the drawing never reads the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+import bounds
+
+PGD_LABEL = "PGD (lower bd.)"
+
+
+class Skip(Exception):
+    """A figure or table whose data is not in this table."""
+
+
+@dataclass
+class Trace:
+    """One curve (or, in a ``strip`` panel, one group of points at ``x``)."""
+
+    label: str  # the legend's name: a display name, never a code name
+    x: list[float]
+    y: list[float]
+    style: str = "bound"  # bound, ours, estimate, reference (PGD, black), dense (a dense solver)
+    colour: str | None = None  # the same bound has the same colour in every figure
+    lo: list[float] | None = None  # error bar ends, absolute (None: no bar)
+    hi: list[float] | None = None
+
+
+@dataclass
+class Panel:
+    title: str
+    xlabel: str
+    ylabel: str
+    traces: list[Trace]
+    xscale: str = "linear"  # linear, log, log2
+    yscale: str = "log"  # log or linear
+    kind: str = "line"  # line, or strip (box and points per x)
+    ref: float | None = None  # a dotted reference line (ratio 1: the bound equals PGD)
+    ceiling: float | None = None  # values above are drawn off scale, in a band, with their number
+
+
+@dataclass
+class Plot:
+    rows: list[list[Panel]]
+    caption: str
+    size: tuple[float, float]  # inches
+    legend: str = "right"  # right: one legend beside all panels; below: one under each column; none
+    sharey: bool = False  # log y: every panel on the same limits and band (labels kept on each)
+    panels: list[Panel] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.panels = [p for row in self.rows for p in row]
+
+
+# a bound keeps its colour across figures; a ½ tightening (this suite) sits next to its parent's
+_COLOURS = {
+    "lofast_M": "#1f77b4", "lofast_M_half": "#17becf", "lofast_xi": "#ff7f0e",
+    "lofast_xi_half": "#bcbd22", "naive": "#d62728", "specformer": "#9467bd", "kim": "#8c564b",
+    "olsa": "#e377c2", "jacobian": "#7f7f7f", "jacobian_l1linf": "#2ca02c",
+    "jacobian_exp": "#393b79", "delta21_M": "#1f77b4", "delta21_xi": "#ff7f0e",
+    "delta22_tight": "#1f77b4", "delta22_naive": "#ff7f0e", "delta2_M": "#1f77b4",
+    "delta2_xi": "#ff7f0e", "delta1": "#1f77b4", "naive_delta1": "#d62728", "zeta": "#7f7f7f",
+}
+
+
+def colour(name: str) -> str | None:
+    return _COLOURS.get(name)
+
+
+def label(name: str) -> str:
+    """The display name of a registered bound (its code name when it is not registered)."""
+    return bounds.REGISTRY[name].label if name in bounds.REGISTRY else name
+
+
+def style(name: str) -> str:
+    b = bounds.REGISTRY.get(name)
+    if b is None:
+        return "bound"
+    return "estimate" if not b.certified else "ours" if b.ours else "bound"
+
+
+def registry_order(names) -> list[str]:
+    """Names in registry order (papers' bounds, then this suite's, then estimates), others last."""
+    rank = {n: i for i, n in enumerate(bounds.REGISTRY)}
+    return sorted(set(names), key=lambda n: (rank.get(n, len(rank)), n))
+
+
+def sweep(df: pd.DataFrame, name: str, **eq) -> pd.DataFrame:
+    sub = df[df["sweep"] == name]
+    for k, v in eq.items():
+        sub = sub[sub[k] == v]
+    if sub.empty:
+        raise Skip(f"no rows of sweep `{name}`" + (f" with {eq}" if eq else ""))
+    return sub
+
+
+def nearest(sub: pd.DataFrame, col: str, want: float) -> float:
+    """The value of ``col`` closest to ``want`` (a user profile may not hold ``want`` itself)."""
+    vals = np.sort(sub[col].unique())
+    return vals[np.argmin(np.abs(vals - want))].item()
+
+
+def mean_by(rows: pd.DataFrame, x: str, col: str) -> pd.Series:
+    """Mean of ``col`` per ``x`` over samples (and heads), finite positive values only (log axes)."""
+    rows = rows[np.isfinite(rows[col]) & (rows[col] > 0)]
+    return rows.groupby(x)[col].mean()
+
+
+def trace(rows: pd.DataFrame, x: str, col: str, text: str, style_: str = "bound",
+          colour_: str | None = None) -> Trace | None:
+    g = mean_by(rows, x, col)
+    if g.empty:
+        return None
+    return Trace(text, [float(v) for v in g.index], [float(v) for v in g.values], style_, colour_)
+
+
+def bound_trace(sub: pd.DataFrame, x: str, name: str, col: str = "value") -> Trace | None:
+    """The mean ``col`` of one bound's rows along ``x``, labelled and styled from the registry."""
+    rows = sub[(sub["role"] == "bound") & (sub["bound"] == name)]
+    return trace(rows, x, col, label(name), style(name), colour(name))
+
+
+def pgd_trace(sub: pd.DataFrame, x: str, objective: str = "output") -> Trace | None:
+    rows = sub[(sub["role"] == "pgd") & (sub["objective"] == objective)]
+    return trace(rows, x, "value", PGD_LABEL, "reference")
+
+
+def present(*traces: Trace | None) -> list[Trace]:
+    return [t for t in traces if t is not None]
