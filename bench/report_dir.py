@@ -39,9 +39,6 @@ def _is_report(out: Path) -> bool:
 
 def check(out: Path) -> None:
     """Raises InputError (one line) unless ``out`` can be (re)placed by a report."""
-    for parent in out.parents:
-        if parent.exists() and not parent.is_dir():
-            raise InputError(f"--out {out}: {parent} is a file, not a directory")
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file, not a directory")
     writable_dir(out.parent, f"--out {out}: its parent")

@@ -41,6 +41,9 @@ def writable_dir(path: Path, what: str) -> None:
     """Creates ``path`` as a directory, or says in one InputError why it cannot be one."""
     if path.exists() and not path.is_dir():
         raise InputError(f"{what} {path} is a file, not a directory")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise InputError(f"{what} {path}: {parent} is a file, not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".probe.{os.getpid()}"

@@ -61,7 +61,7 @@ def profile(tmp_path) -> Path:
 def _out_cases(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     (tmp_path / "afile").write_text("x")
     cases = {"file": (tmp_path / "afile", "is a file, not a directory"),
-             "under-file": (tmp_path / "afile" / "sub", "not a writable directory")}
+             "under-file": (tmp_path / "afile" / "sub", "afile is a file, not a directory")}
     if UNWRITABLE is not None:
         cases["unwritable"] = (UNWRITABLE, "not a writable directory")
         cases["under-unwritable"] = (UNWRITABLE / "bench-out", "not a writable directory")
