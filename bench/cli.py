@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="figures and tables, rebuilt from stored results alone")
     rp.add_argument("results", nargs="?", default=str(ROOT / "results" / "baseline"),
                     help="results directory or CSV (default results/baseline)")
-    rp.add_argument("--out", default=str(ROOT / "reports"))
+    rp.add_argument("--out", default=None,
+                    help="default: reports/ for the committed baseline, else RESULTS/report (for a "
+                         "CSV: report/ beside it)")
 
     cp = sub.add_parser("compare", help="tightness and soundness of NEW against BASE (exit 1 if worse)")
     cp.add_argument("base")
@@ -102,6 +104,17 @@ def _run(args) -> int:
     return 0
 
 
+def _report_dir(results: str) -> str:
+    """Where a report goes by default: the committed reports/ belongs to the committed baseline
+    alone; any other run's report stays beside its results (git-ignored), never over reports/."""
+    from pathlib import Path
+
+    path = Path(results).resolve()
+    if path in (ROOT / "results" / "baseline", ROOT / "results" / "baseline" / "results.csv"):
+        return str(ROOT / "reports")
+    return str((path if path.is_dir() else path.parent) / "report")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     set_threads(args.threads)
@@ -119,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             from .report import build
 
-            print(f"reports: {build(args.results, args.out)}")
+            print(f"report: {build(args.results, args.out or _report_dir(args.results))}")
             return 0
         if args.command == "baseline":
             from .baseline import update

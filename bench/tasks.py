@@ -87,7 +87,7 @@ def scaling_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype
 
 def cauchy_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """Per block k of a stack: σ_max(J_{f_k}(X_k)) (matrix-free, and exact where it fits) and the
-    surrogate √(‖J‖₁‖J‖∞), the Cauchy view's per-layer quantities (SPEC §3.4)."""
+    surrogate √(‖J‖₁‖J‖∞), the Cauchy view's per-layer quantities (docs/bounds.md §3.4)."""
     stack, X = _on(cell, device, dtype)
     if not isinstance(stack, Stack):
         stack = Stack((stack,), R=None)

@@ -1,4 +1,7 @@
-"""Running the CLI as a user would: a subprocess from an unrelated directory."""
+"""What several test modules share: running the CLI as a user would (a subprocess from an
+unrelated directory, or in-process for the many bad-input cases), and the numpy helpers of the
+independent float64 references. Fixtures (a tiny profile, a session-wide tiny run) are in
+conftest.py."""
 
 from __future__ import annotations
 
@@ -6,6 +9,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,3 +33,13 @@ def main_inprocess(capsys, *args: str) -> tuple[int, str, str]:
         code = e.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def np_(t: torch.Tensor) -> np.ndarray:
+    """A tensor as a float64 numpy array, for the references that must not share torch's code."""
+    return t.detach().cpu().numpy().astype(np.float64)
+
+
+def softmax_rows(S: np.ndarray) -> np.ndarray:
+    E = np.exp(S - S.max(axis=-1, keepdims=True))
+    return E / E.sum(axis=-1, keepdims=True)

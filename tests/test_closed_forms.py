@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from helpers import np_, softmax_rows
 from scipy.special import lambertw
 
 import bounds
@@ -18,17 +19,10 @@ from bounds.kim import phi_inv
 RTOL = 1e-9
 
 
-def np_(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().numpy().astype(np.float64)
-
 
 def norm2(M: np.ndarray) -> float:
     return float(np.linalg.norm(M, 2))
 
-
-def softmax_rows(S: np.ndarray) -> np.ndarray:
-    E = np.exp(S - S.max(axis=-1, keepdims=True))
-    return E / E.sum(axis=-1, keepdims=True)
 
 
 def close(got: torch.Tensor, ref, rtol: float = RTOL) -> None:

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import np_, softmax_rows
 
 import models
 from bounds.lofast import m_norms, zeta
@@ -20,14 +21,6 @@ from models.operators import jacobian_lanczos
 RTOL = 1e-6
 
 
-def np_(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().numpy().astype(np.float64)
-
-
-def softmax_rows(S: np.ndarray) -> np.ndarray:
-    S = S - S.max(axis=-1, keepdims=True)
-    E = np.exp(S)
-    return E / E.sum(axis=-1, keepdims=True)
 
 
 # --- numpy references of the layers (docs/bounds.md §1) ----------------------------------------
