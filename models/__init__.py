@@ -1,4 +1,5 @@
-"""The layers of SPEC §1, their seeded builders and their safetensors files."""
+"""The layers of SPEC §1, their seeded builders and their safetensors files; bundled image data and
+the tiny ViT built from those layers (docs/bounds.md §5)."""
 
 from .build import (
     projected_input,
@@ -10,9 +11,12 @@ from .build import (
     random_orthogonal,
     random_stack,
 )
+from .data import load_dataset
 from .errors import InputError, as_batch, check_eps, check_heads
 from .io import load_input, load_layer, save_input, save_layer
 from .layers import L2MHA, OLSA, DotMHA, Layer, Stack, layer_project
+from .vit import ViT, ViTConfig
+from .vit_io import load_vit, save_vit
 
 __all__ = [
     "L2MHA",
@@ -21,12 +25,16 @@ __all__ = [
     "InputError",
     "Layer",
     "Stack",
+    "ViT",
+    "ViTConfig",
     "as_batch",
     "check_eps",
     "check_heads",
     "layer_project",
+    "load_dataset",
     "load_input",
     "load_layer",
+    "load_vit",
     "projected_input",
     "random_dot",
     "random_input",
@@ -37,4 +45,5 @@ __all__ = [
     "random_stack",
     "save_input",
     "save_layer",
+    "save_vit",
 ]
