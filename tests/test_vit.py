@@ -169,6 +169,8 @@ def test_save_load_round_trip_is_bit_identical(tmp_path):
 
 def test_tiny_zoo_model_retrains_bit_for_bit_from_its_card():
     net, card = load_vit(ZOO_DIR / f"{TINY}.safetensors")
+    if card["torch_version"] != torch.__version__:
+        pytest.skip(f"the zoo was trained with torch {card['torch_version']}, this is {torch.__version__}")
     threads = torch.get_num_threads()
     torch.set_num_threads(card["threads"])
     try:
