@@ -1,4 +1,4 @@
-"""``python -m bench``: point, run, report, compare, baseline.
+"""``python -m bench``: point, run, report, compare, baseline, train.
 
 Bad input ends with one line on stderr and exit code 2: argparse's own errors, and every
 InputError raised by the library (shapes, values, files, kinds).
@@ -13,6 +13,7 @@ from models import InputError
 
 from .env import ROOT, set_threads
 from .sweeps import OVERRIDES
+from .train import add_parser as add_train_parser
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--update", action="store_true", required=True)
     bl.add_argument("--from", dest="source", default=None,
                     help="a finished run directory to copy (default: run the quick profile afresh)")
+    add_train_parser(sub)
     return p
 
 
@@ -139,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
 
             print(f"baseline: {update(args.source)}")
             return 0
+        if args.command == "train":
+            from .train import run as train
+
+            return train(args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,231 @@
+"""``python -m bench train``: a tiny ViT (models/vit.py) on bundled data, saved with its card.
+
+Training is deterministic for a seed on the CPU: the initialisation comes from ``torch.manual_seed``,
+the batch order from its own ``torch.Generator``, and torch's deterministic algorithms are on, so a
+card's command retrains bit-identical weights on the same machine and torch build (and thread count,
+which the card records).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.utils import parametrize
+from tqdm import tqdm
+
+from models import InputError
+from models.data import DATASETS, SHAPES, load_dataset
+from models.vit import ViT, ViTConfig
+from models.vit_io import save_vit
+
+from . import __version__
+from .env import ROOT, device_name, git_state, resolve_device, set_threads
+
+# Per dataset: patch side (digits 8×8 → 16 tokens of 2×2; fashion-mnist 28×28 → 49 tokens of 4×4)
+# and epochs that reach the accuracy the zoo reports.
+DEFAULTS = {"digits": {"patch": 2, "epochs": 60}, "fashion-mnist": {"patch": 4, "epochs": 10}}
+BATCH_SIZE, LR = 64, 1e-2
+# Behind LayerProject (R = 1) the pooled features have norm ≲ 1, so the head needs entries of ~10 to
+# give confident logits; Adam moves each weight by ~lr a step, and at the common lr the head is the
+# bottleneck (digits: 89% instead of 97% test accuracy at 60 epochs, c = 0.5).
+HEAD_LR_SCALE = 10.0
+
+
+def model_name(dataset: str, cfg: ViTConfig) -> str:
+    """``digits-d32-b2-h2-c0.5``; vanilla models end in ``-vanilla`` instead of the cap."""
+    tail = "vanilla" if cfg.variant == "vanilla" else f"c{cfg.constraint if cfg.constraint else 'none'}"
+    return f"{dataset}-d{cfg.d}-b{cfg.depth}-h{cfg.heads}-{tail}"
+
+
+@contextmanager
+def deterministic(device: torch.device):
+    """torch's deterministic algorithms for the duration (warn-only on CUDA, where a few kernels have
+    none), then the caller's setting back."""
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it to be reproducible
+    torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@torch.no_grad()
+def accuracy(net: ViT, X: Tensor, y: Tensor, batch: int = 2048) -> float:
+    net.eval()
+    with parametrize.cached():  # one SVD per capped tensor, not one per batch
+        hits = sum(int((net(X[i:i + batch]).argmax(-1) == y[i:i + batch]).sum())
+                   for i in range(0, len(X), batch))
+    return hits / len(X)
+
+
+def train(cfg: ViTConfig, dataset: str, *, seed: int = 0, epochs: int = 30, batch_size: int = BATCH_SIZE,
+          lr: float = LR, head_lr_scale: float = HEAD_LR_SCALE, device: str = "cpu",
+          progress: bool = True) -> tuple[ViT, dict]:
+    """Adam with a cosine schedule on the cross-entropy, in float64 (the weights certified later are
+    exactly the trained ones; these networks are small enough that float64 costs little). Returns the
+    network (eval mode) and its card (without the file fields that ``save_vit`` adds)."""
+    for name, v in (("epochs", epochs), ("batch size", batch_size)):
+        if v < 1:
+            raise InputError(f"{name} must be at least 1, got {v}")
+    for name, v in (("lr", lr), ("head lr scale", head_lr_scale)):
+        if not (math.isfinite(v) and v > 0):
+            raise InputError(f"{name} must be finite and > 0, got {v}")
+    dev = resolve_device(device)
+    X_tr, y_tr, X_te, y_te = load_dataset(dataset)
+    if X_tr.shape[1:] != (cfg.image, cfg.image) or int(y_tr.max()) >= cfg.classes:
+        raise InputError(f"{dataset} images are {list(X_tr.shape[1:])} with {int(y_tr.max()) + 1} classes, "
+                         f"the architecture expects {cfg.image}×{cfg.image} and {cfg.classes}")
+    X_tr, y_tr, X_te, y_te = (t.to(dev) for t in (X_tr, y_tr, X_te, y_te))
+    with deterministic(dev):
+        torch.manual_seed(seed)
+        net = ViT(cfg).to(device=dev, dtype=torch.float64)  # drawn on the CPU, so the same on every device
+        order = torch.Generator().manual_seed(seed)
+        steps = -(-len(X_tr) // batch_size)
+        head = [p for n, p in net.named_parameters() if n.startswith("head.")]
+        rest = [p for n, p in net.named_parameters() if not n.startswith("head.")]
+        opt = torch.optim.Adam([{"params": rest}, {"params": head, "lr": lr * head_lr_scale}], lr=lr)
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * steps)
+        bar = tqdm(range(epochs), desc=model_name(dataset, cfg), file=sys.stderr, disable=not progress)
+        start = time.perf_counter()
+        for _ in bar:
+            net.train()
+            perm = torch.randperm(len(X_tr), generator=order).to(dev)
+            total = 0.0
+            for i in range(0, len(X_tr), batch_size):
+                idx = perm[i:i + batch_size]
+                loss = F.cross_entropy(net(X_tr[idx]), y_tr[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                schedule.step()
+                total += float(loss.detach()) * len(idx)
+            bar.set_postfix(loss=f"{total / len(X_tr):.4f}")
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        seconds = time.perf_counter() - start
+        test_acc, train_acc = accuracy(net, X_te, y_te), accuracy(net, X_tr, y_tr)
+    commit, dirty = git_state()
+    card = {"dataset": dataset, "variant": cfg.variant, "constraint": cfg.constraint,
+            "ffn_constraint": cfg.ffn_constraint, "seed": seed, "epochs": epochs, "batch_size": batch_size,
+            "lr": lr, "head_lr_scale": head_lr_scale, "dtype": "float64",
+            "optimizer": "Adam (the head's lr times head_lr_scale), cosine schedule per step, cross-entropy",
+            "test_accuracy": test_acc, "train_accuracy": train_acc, "n_test": len(X_te),
+            "train_seconds": round(seconds, 3), "device": dev.type, "device_name": device_name(dev),
+            "threads": torch.get_num_threads(), "suite_version": __version__,
+            "torch_version": torch.__version__,
+            "git_commit": commit, "git_dirty": dirty}
+    return net.cpu().eval(), card
+
+
+def command(cfg: ViTConfig, card: dict, out: str | Path) -> str:
+    """The ``python -m bench train`` line that retrains the model of a card into ``out`` (a path
+    inside the checkout is written relative to it: the line runs from the checkout's root)."""
+    a = cfg.to_dict()
+    out = Path(out).resolve()
+    out = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
+    cap = lambda c: "none" if c is None else repr(c)
+    parts = ["python", "-m", "bench", "train", "--dataset", card["dataset"], "--variant", a["variant"],
+             "--d", a["d"], "--depth", a["depth"], "--heads", a["heads"], "--patch", a["patch"],
+             "--ffn", a["ffn"],
+             "--constraint", cap(a["constraint"]), "--ffn-constraint", cap(a["ffn_constraint"]),
+             "--epochs", card["epochs"], "--batch-size", card["batch_size"], "--lr", repr(card["lr"]),
+             "--head-lr-scale", repr(card["head_lr_scale"]),
+             "--seed", card["seed"], "--device", "cpu", "--threads", card["threads"], "--out", out]
+    return shlex.join(map(str, parts))
+
+
+def train_from_card(card: dict, device: str = "cpu", progress: bool = False) -> tuple[ViT, dict]:
+    """Retrains the model a card describes (set torch's threads to ``card['threads']`` first to get
+    the same bits on the CPU)."""
+    cfg = ViTConfig.from_dict(card["architecture"])
+    return train(cfg, card["dataset"], seed=card["seed"], epochs=card["epochs"],
+                 batch_size=card["batch_size"], lr=card["lr"], head_lr_scale=card["head_lr_scale"],
+                 device=device, progress=progress)
+
+
+def parse_cap(s: str | None, variant: str, default: float) -> float | None:
+    """A cap from the command line: a number > 0, ``none``, or absent (``default``; none for vanilla)."""
+    if s is None:
+        return None if variant == "vanilla" else default
+    if s.strip().lower() == "none":
+        return None
+    try:
+        return float(s)
+    except ValueError:
+        raise InputError(f"a constraint must be a number > 0 or none, got {s!r}") from None
+
+
+def config_from_args(args: argparse.Namespace) -> ViTConfig:
+    if args.dataset not in DATASETS:
+        raise InputError(f"unknown dataset {args.dataset!r}; expected one of {', '.join(DATASETS)}")
+    image, classes = SHAPES[args.dataset]
+    return ViTConfig(image=image, classes=classes, d=args.d, depth=args.depth, heads=args.heads,
+                     patch=args.patch or DEFAULTS[args.dataset]["patch"], ffn=args.ffn or 2 * args.d,
+                     variant=args.variant,
+                     constraint=parse_cap(args.constraint, args.variant, 0.5),
+                     ffn_constraint=parse_cap(args.ffn_constraint, args.variant, 1.0))
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    tr = subparsers.add_parser("train", help="train a small ViT on bundled data (digits, fashion-mnist)")
+    tr.add_argument("--dataset", default="digits", help="digits (default) or fashion-mnist")
+    tr.add_argument("--variant", default="lofast", help="lofast (LayerProject, capped; default) or vanilla")
+    tr.add_argument("--d", type=int, default=32, help="token width (default 32)")
+    tr.add_argument("--depth", type=int, default=2, help="number of blocks (default 2)")
+    tr.add_argument("--heads", type=int, default=2, help="attention heads (default 2)")
+    tr.add_argument("--patch", type=int, default=None, help="patch side (default: digits 2, fashion-mnist 4)")
+    tr.add_argument("--ffn", type=int, default=None, help="FFN hidden width (default 2d)")
+    tr.add_argument("--constraint", default=None, metavar="C|none",
+                    help="cap on every per-head ‖W^V_l‖₂, ‖W^O_l‖₂ (default 0.5; none for vanilla)")
+    tr.add_argument("--ffn-constraint", default=None, metavar="C|none",
+                    help="cap on the FFN's ‖W₁‖₂, ‖W₂‖₂ (default 1; none for vanilla)")
+    tr.add_argument("--epochs", type=int, default=None, help="default: digits 60, fashion-mnist 10")
+    tr.add_argument("--batch-size", type=int, default=BATCH_SIZE)
+    tr.add_argument("--lr", type=float, default=LR)
+    tr.add_argument("--head-lr-scale", type=float, default=HEAD_LR_SCALE,
+                    help="the head's learning rate over --lr (default 10)")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--out", default=None, help="weights file (default zoo/<name>.safetensors); "
+                    "the card goes beside it as <name>.json")
+    tr.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    tr.add_argument("--threads", dest="train_threads", type=int, default=None, metavar="N",
+                    help="torch CPU threads (default: the global --threads, else 1)")
+    tr.add_argument("--zoo", action="store_true",
+                    help="retrain every model of zoo/README.md into --out (a directory, default zoo/)")
+    return tr
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.train_threads is not None:
+        if args.train_threads < 1:
+            raise InputError(f"--threads must be at least 1, got {args.train_threads}")
+        set_threads(args.train_threads)
+    if args.zoo:
+        from .zoo import train_zoo
+
+        print(f"zoo: {train_zoo(Path(args.out) if args.out else ROOT / 'zoo', args.device)}")
+        return 0
+    cfg = config_from_args(args)
+    out = Path(args.out) if args.out else ROOT / "zoo" / f"{model_name(args.dataset, cfg)}.safetensors"
+    if out.suffix != ".safetensors":
+        raise InputError(f"--out must end in .safetensors (the card goes beside it), got {out}")
+    epochs = args.epochs if args.epochs is not None else DEFAULTS[args.dataset]["epochs"]
+    net, card = train(cfg, args.dataset, seed=args.seed, epochs=epochs, batch_size=args.batch_size,
+                      lr=args.lr, head_lr_scale=args.head_lr_scale, device=args.device)
+    card = save_vit(out, net, {**card, "command": command(cfg, card, out)})
+    print(f"model: {out} (test accuracy {card['test_accuracy']:.4f}, {card['train_seconds']:.1f} s on "
+          f"{card['device_name']})")
+    return 0

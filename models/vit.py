@@ -1,0 +1,264 @@
+"""A tiny ViT made of the suite's own layers, so that the bounds apply to it block by block.
+
+docs/bounds.md §5 (LoFAST §5.2): images [B, H, W] → non-overlapping p×p patches (a permutation of the
+pixels) → linear embedding E → + a learned positional embedding (a constant: it cancels in
+differences) → N blocks ``X ↦ FFN(F(Proj_R(X)))`` with F the residual dot-product attention of §1.1,
+computed by ``models.DotMHA`` itself, and FFN the row-wise residual ``x + W₂ relu(W₁x + b₁) + b₂`` →
+mean over tokens → linear head. The ``vanilla`` variant puts a pre-LayerNorm where LayerProject is
+and constrains nothing (for the Cauchy-view rows, docs/bounds.md §3.4).
+
+The ``lofast`` variant caps every per-head ‖W^V_l‖₂ and ‖W^O_l‖₂ at c, and the FFN's ‖W₁‖₂, ‖W₂‖₂ at
+``ffn_constraint``, by :class:`SpectralCap`, a ``torch.nn.utils.parametrize`` parametrization with
+the exact spectral norm. A network rebuilt from a file holds the capped weights as plain parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+from .errors import InputError, check_heads
+from .layers import DotMHA, layer_project
+
+VARIANTS = ("lofast", "vanilla")
+
+
+def _cap(value: float | None, name: str) -> float | None:
+    if value is None:
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
+        raise InputError(f"{name} must be a finite number > 0 or none, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """The architecture; ``image`` is the side of the square input, ``ffn`` the FFN's hidden width."""
+
+    image: int
+    classes: int
+    d: int = 32
+    depth: int = 2
+    heads: int = 2
+    patch: int = 2
+    ffn: int = 64
+    variant: str = "lofast"
+    constraint: float | None = 0.5  # cap on every per-head ‖W^V_l‖₂, ‖W^O_l‖₂ (None: unconstrained)
+    ffn_constraint: float | None = 1.0  # cap on ‖W₁‖₂, ‖W₂‖₂, so Lip(FFN) ≤ 1 + cap²
+    R: float = 1.0  # LayerProject radius (lofast variant only)
+
+    def __post_init__(self):
+        for name in ("image", "classes", "d", "depth", "heads", "patch", "ffn"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputError(f"{name} must be a positive integer, got {v!r}")
+        if self.classes < 2:
+            raise InputError(f"classes must be at least 2, got {self.classes}")
+        check_heads(self.d, self.heads)
+        if self.image % self.patch:
+            raise InputError(f"patch {self.patch} does not divide the image side {self.image}")
+        if self.variant not in VARIANTS:
+            raise InputError(f"unknown variant {self.variant!r}; expected one of {', '.join(VARIANTS)}")
+        _cap(self.constraint, "constraint")
+        _cap(self.ffn_constraint, "ffn_constraint")
+        _cap(self.R, "R")
+        if self.variant == "vanilla" and (self.constraint, self.ffn_constraint) != (None, None):
+            raise InputError("the vanilla variant is unconstrained: constraint and ffn_constraint "
+                             "must be none")
+
+    @property
+    def n_tokens(self) -> int:
+        return (self.image // self.patch) ** 2
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ViTConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise InputError(f"unknown architecture keys {sorted(unknown)}; expected {sorted(names)}")
+        try:
+            return cls(**d)
+        except TypeError as e:  # a required key missing
+            raise InputError(f"architecture: {e}") from None
+
+
+class SpectralCap(nn.Module):
+    """``W ↦ W / max(1, ‖W‖₂/c)`` for each trailing matrix: the exact, differentiable spectral norm
+    (an SVD; ``torch.nn.utils.parametrizations.spectral_norm`` estimates it by power iteration and
+    sets it to 1 rather than capping it)."""
+
+    def __init__(self, c: float):
+        super().__init__()
+        self.c = c
+
+    def forward(self, W: Tensor) -> Tensor:
+        # The full SVD in every mode: matrix_norm/svdvals call a different LAPACK routine without
+        # grad, whose last bits differ, and the weights evaluated, stored and certified must be the
+        # same bits as those trained.
+        sigma = torch.linalg.svd(W, full_matrices=False).S[..., 0]
+        return W / torch.clamp(sigma / self.c, min=1.0)[..., None, None]
+
+
+class Attention(nn.Module):
+    """The weights of one ``models.DotMHA`` (residual, no biases) as trainable parameters."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        d_h = d // heads
+        # 1/√d keeps the initial logits and values O(1) for tokens of norm ≤ R
+        self.W_q = nn.Parameter(torch.randn(heads, d, d_h) / math.sqrt(d))
+        self.W_k = nn.Parameter(torch.randn(heads, d, d_h) / math.sqrt(d))
+        self.W_v = nn.Parameter(torch.randn(heads, d, d_h) / math.sqrt(d))
+        self.W_o = nn.Parameter(torch.randn(heads, d_h, d) / math.sqrt(d_h))
+
+    def layer(self) -> DotMHA:
+        """The suite's layer on the current (capped) weights; gradients flow through it."""
+        return DotMHA(self.W_q, self.W_k, self.W_v, self.W_o, residual=True)
+
+    def forward(self, X: Tensor) -> Tensor:
+        return self.layer()(X)
+
+
+class FFN(nn.Module):
+    """Row-wise ``x + W₂ relu(W₁x + b₁) + b₂``: relu is 1-Lipschitz and the biases cancel in
+    differences, so Lip = 1 + ‖W₂‖₂‖W₁‖₂ per row, hence also from Frobenius to Frobenius."""
+
+    def __init__(self, d: int, width: int):
+        super().__init__()
+        self.up = nn.Linear(d, width)
+        self.down = nn.Linear(width, d)
+
+    def forward(self, X: Tensor) -> Tensor:
+        return X + self.down(torch.relu(self.up(X)))
+
+    def lipschitz(self) -> float:
+        """``1 + ‖W₂‖₂‖W₁‖₂`` from the exact singular values of the current weights, in float64."""
+        norms = [torch.linalg.matrix_norm(m.weight.detach().double(), ord=2) for m in (self.up, self.down)]
+        return float(1.0 + norms[0] * norms[1])
+
+
+class Block(nn.Module):
+    """``X ↦ FFN(F(prepare(X)))``, prepare = LayerProject_R (lofast) or LayerNorm (vanilla)."""
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.R = cfg.R if cfg.variant == "lofast" else None
+        self.norm = nn.LayerNorm(cfg.d) if cfg.variant == "vanilla" else None
+        self.attn = Attention(cfg.d, cfg.heads)
+        self.ffn = FFN(cfg.d, cfg.ffn)
+
+    def prepare(self, X: Tensor) -> Tensor:
+        return layer_project(X, self.R) if self.norm is None else self.norm(X)
+
+    def forward(self, X: Tensor) -> Tensor:
+        return self.ffn(self.attn(self.prepare(X)))
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One forward pass: ``inputs[k]`` is block k's input after Proj_R (or LayerNorm), the tensor
+    its ``DotMHA`` sees; ``features`` the pooled [B, d] vector; ``logits`` [B, classes]."""
+
+    inputs: list[Tensor]
+    features: Tensor
+    logits: Tensor
+
+
+class ViT(nn.Module):
+    """The network of docs/bounds.md §5. ``constrained=False`` skips the caps: a network loaded from
+    a file already holds capped weights, and capping them again could move them by an ulp."""
+
+    def __init__(self, cfg: ViTConfig, constrained: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Linear(cfg.patch * cfg.patch, cfg.d, bias=False)  # E (its bias would be a constant)
+        self.pos = nn.Parameter(torch.randn(cfg.n_tokens, cfg.d) / math.sqrt(cfg.d))
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
+        self.head = nn.Linear(cfg.d, cfg.classes)
+        if constrained:
+            for block in self.blocks:
+                for name, c in (("W_v", cfg.constraint), ("W_o", cfg.constraint)):
+                    if c is not None:
+                        parametrize.register_parametrization(block.attn, name, SpectralCap(c))
+                for lin in (block.ffn.up, block.ffn.down):
+                    if cfg.ffn_constraint is not None:
+                        parametrize.register_parametrization(lin, "weight", SpectralCap(cfg.ffn_constraint))
+
+    def patches(self, images: Tensor) -> Tensor:
+        """[B, H, W] → [B, n, p²], patches row-major: a permutation of the pixels, so ℓ2 is kept."""
+        if images.dim() != 3 or images.shape[1:] != (self.cfg.image, self.cfg.image):
+            raise InputError(f"images must be [B, {self.cfg.image}, {self.cfg.image}], "
+                             f"got shape {list(images.shape)}")
+        B, p, g = images.shape[0], self.cfg.patch, self.cfg.image // self.cfg.patch
+        return images.reshape(B, g, p, g, p).permute(0, 1, 3, 2, 4).reshape(B, g * g, p * p)
+
+    def tokens(self, images: Tensor) -> Tensor:
+        """The first block's raw input ``patches·E + pos``, [B, n, d]."""
+        return self.embed(self.patches(images)) + self.pos
+
+    def trace(self, images: Tensor) -> Trace:
+        X, inputs = self.tokens(images), []
+        for block in self.blocks:
+            X = block.prepare(X)
+            inputs.append(X)
+            X = block.ffn(block.attn(X))
+        features = X.mean(dim=-2)
+        return Trace(inputs, features, self.head(features))
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.trace(images).logits
+
+    # What a certificate (docs/bounds.md §5) needs, all detached and in float64.
+
+    @property
+    def R(self) -> float | None:
+        """LayerProject radius in front of every attention (None for the vanilla variant)."""
+        return self.cfg.R if self.cfg.variant == "lofast" else None
+
+    @property
+    def pool_lipschitz(self) -> float:
+        """Mean pooling over n tokens is 1/√n-Lipschitz from Frobenius to ℓ2 (Cauchy–Schwarz)."""
+        return 1.0 / math.sqrt(self.cfg.n_tokens)
+
+    def embedding_matrix(self) -> Tensor:
+        """E as [p², d] (tokens = patches @ E + pos); its spectral norm maps an ℓ2 ball on the image
+        into a Frobenius ball on the tokens."""
+        return self.embed.weight.detach().double().T.contiguous()
+
+    def embedding_norm(self) -> float:
+        return float(torch.linalg.matrix_norm(self.embedding_matrix(), ord=2))
+
+    def attention_layers(self) -> tuple[DotMHA, ...]:
+        """Each block's attention as a float64 ``models.DotMHA`` (residual=True), weights detached."""
+        return tuple(DotMHA(*(getattr(b.attn, n).detach().double() for n in ("W_q", "W_k", "W_v", "W_o")),
+                            residual=True) for b in self.blocks)
+
+    def ffn_lipschitz(self) -> list[float]:
+        """Lip(FFN_k) = 1 + ‖W₂‖₂‖W₁‖₂ from exact float64 singular values, one per block."""
+        return [b.ffn.lipschitz() for b in self.blocks]
+
+    def head_matrix(self) -> Tensor:
+        """W [classes, d]; the head's bias shifts every logit by a constant and cancels in differences."""
+        return self.head.weight.detach().double()
+
+    def head_bias(self) -> Tensor:
+        return self.head.bias.detach().double()
+
+    def weights(self) -> dict[str, Tensor]:
+        """Every effective (capped) tensor under its unparametrized name, as a file stores it."""
+        out = {}
+        for key in self.state_dict():
+            # a capped tensor is stored as <module>.parametrizations.<name>.original
+            name = re.sub(r"\.parametrizations\.(\w+)\.original$", r".\1", key)
+            owner, _, attr = name.rpartition(".")
+            out[name] = getattr(self.get_submodule(owner) if owner else self, attr).detach()
+        return out
