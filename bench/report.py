@@ -19,7 +19,7 @@ from . import report_dir
 from . import report_draw as draw
 from . import report_tables as tabs
 from .env import ROOT
-from .report_data import Skip
+from .report_data import Skip, label, registry_order
 from .report_select import FIGURES
 from .store import load
 
@@ -43,6 +43,35 @@ def _violations(df: pd.DataFrame) -> list[str]:
     bad = df[df["violation"].astype(bool)]
     return [f"`{r.bound}` = {r.value:.6g} < PGD {r.pgd:.6g} in sweep `{r.sweep}` cell "
             f"`{r.cell_id}` (sample {r.sample}, head {r.head})" for r in bad.itertuples()]
+
+
+def _findings(df: pd.DataFrame) -> list[str]:
+    """The README's block on published statements this suite found unsound (docs/bounds.md §6):
+    per such bound, how many rows broke it here and the worst value/PGD. Calmer than the
+    violations block: these are the papers' statements failing, as documented, not this code."""
+    marked = df[(df["role"] == "bound") & df["finding"].astype(bool)]
+    head = "**Findings of published statements** (docs/bounds.md §6)"
+    if marked.empty:
+        return [f"{head}: no bound with a finding was evaluated in this table.", ""]
+    names = registry_order(marked["bound"])
+    broken = marked[~marked["sound"].astype(bool)]
+    if broken.empty:
+        shown_ = ", ".join(f"{label(n)} (`{n}`, {int((marked['bound'] == n).sum())} rows)" for n in names)
+        return [f"{head}: none was reached on these inputs; every row of {shown_} is at or above its "
+                f"PGD lower bound.", ""]
+    lines = [f"{head}: rows where a bound whose published statement this suite found unsound is "
+             f"below its PGD lower bound, i.e. PGD broke the statement on these inputs (counted "
+             f"apart from the violations above, which concern this suite's own code).", ""]
+    for n in names:
+        g, bad = marked[marked["bound"] == n], broken[broken["bound"] == n]
+        if bad.empty:
+            lines.append(f"- {label(n)} (`{n}`): not reached in {len(g)} rows.")
+            continue
+        w = bad.loc[bad["ratio"].idxmin()]
+        lines.append(f"- {label(n)} (`{n}`): {len(bad)} of {len(g)} rows; worst value/PGD = "
+                     f"{w['ratio']:.4g} ({w['value']:.6g} < {w['pgd']:.6g}) in sweep `{w['sweep']}` "
+                     f"cell `{w['cell_id']}` (sample {int(w['sample'])}, head {int(w['head'])}).")
+    return [*lines, ""]
 
 
 def _save(fig: plt.Figure, out: Path, stem: str) -> None:
@@ -117,8 +146,10 @@ def _readme(df: pd.DataFrame, results: str, out: str, made_figs, made_tabs, skip
             lines.append(f"> - … and {len(bad) - 50} more (see summary.md)")
         lines.append("")
     else:
-        lines += ["No soundness violations: every certified bound is at or above its PGD "
-                  "lower bound in every row.", ""]
+        lines += ["No soundness violations: every certified bound of this suite's code is at or "
+                  "above its PGD lower bound in every row (bounds whose published statement has a "
+                  "finding are counted apart, below).", ""]
+    lines += _findings(df)
     lines += [f"Run: {_run_line(df)}. {len(df)} rows, sweeps: "
               f"{', '.join(f'`{s}`' for s in dict.fromkeys(df['sweep']))}.", "",
               f"Regenerate (from the repository root): `python -m bench report {shown(results)} "

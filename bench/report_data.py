@@ -28,7 +28,9 @@ class Trace:
     label: str  # the legend's name: a display name, never a code name
     x: list[float]
     y: list[float]
-    style: str = "bound"  # bound, ours, estimate, reference (PGD, black), dense (a dense solver)
+    # bound, ours, estimate, reference (PGD, black), envelope (a minimum of the other curves),
+    # and for solver timings: estimate, certificate (probabilistic), dense (exact)
+    style: str = "bound"
     colour: str | None = None  # the same bound has the same colour in every figure
     lo: list[float] | None = None  # error bar ends, absolute (None: no bar)
     hi: list[float] | None = None
@@ -53,7 +55,9 @@ class Plot:
     caption: str
     size: tuple[float, float]  # inches
     legend: str = "right"  # right: one legend beside all panels; below: one under each column; none
-    sharey: bool = False  # log y: every panel on the same limits and band (labels kept on each)
+    # log y: every panel (True) or every panel of a row ("row") on the same limits and band
+    # (labels kept on each); "row" when each row plots another quantity
+    sharey: bool | str = False
     panels: list[Panel] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -68,6 +72,7 @@ _COLOURS = {
     "jacobian_exp": "#393b79", "delta21_M": "#1f77b4", "delta21_xi": "#ff7f0e",
     "delta22_tight": "#1f77b4", "delta22_naive": "#ff7f0e", "delta2_M": "#1f77b4",
     "delta2_xi": "#ff7f0e", "delta1": "#1f77b4", "naive_delta1": "#d62728", "zeta": "#7f7f7f",
+    "taylor": "#006d2c", "best": "#555555",
 }
 
 
@@ -84,6 +89,8 @@ def style(name: str) -> str:
     b = bounds.REGISTRY.get(name)
     if b is None:
         return "bound"
+    if name == "best":  # it lies on another bound's curve everywhere: drawn as a wide band beneath
+        return "envelope"
     return "estimate" if not b.certified else "ours" if b.ours else "bound"
 
 

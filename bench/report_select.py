@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from . import report_taylor as taylor
 from .report_data import (
     PGD_LABEL,
     Panel,
@@ -186,16 +187,25 @@ def fig_tight(df: pd.DataFrame, name: str) -> Plot:
 
 
 SCALING = {"scaling": "n", "scaling_d": "d", "scaling_h": "h", "scaling_depth": "depth"}
-# timing rows name a quantity and a solver; the legend says both in words
+# timing rows name a quantity and a solver; the legend says both in words, the colour is the
+# quantity's and the line style the solver's (the three families of docs/bounds.md §2.4)
 QUANTITY = {"zeta": "ζ(X)", "M": "‖M_l‖", "jacobian": "σ_max(J)"}
-SOLVER = {"lanczos": "matrix-free (Lanczos)", "dense": "dense"}
+SOLVER = {"lanczos": ("Lanczos estimate", "estimate"),
+          "probabilistic": ("probabilistic certificate", "certificate"),
+          "dense": ("exact (dense SVD)", "dense")}
 _QCOLOUR = {"zeta": "#1f77b4", "M": "#ff7f0e", "jacobian": "#2ca02c"}
+FAMILIES = ("Lanczos estimate (dashed): restarted Lanczos from a fixed start, a value from below, "
+            "never an upper bound (docs/bounds.md §2.1); probabilistic certificate (solid): "
+            "unrestarted Lanczos from a recorded random start in float64, an upper bound except "
+            "with probability p = 1e-9 (§2.4); exact (dotted): the dense SVD in float64, where "
+            "n·d ≤ 2048 and the layer is not a stack.")
 
 
 def _timing_label(name: str) -> tuple[str, str, str | None]:
     q, _, solver = name.rpartition("_")
     if q in QUANTITY and solver in SOLVER:
-        return f"{QUANTITY[q]}, {SOLVER[solver]}", "dense" if solver == "dense" else "bound", _QCOLOUR[q]
+        text, st = SOLVER[solver]
+        return f"{QUANTITY[q]}, {text}", st, _QCOLOUR[q]
     return name, "bound", None
 
 
@@ -223,9 +233,10 @@ def fig_scaling(df: pd.DataFrame) -> Plot:
                                     st, c))
         panels.append(Panel(f"sweep {s}", SCALING[s], "seconds per sample" if not panels else "",
                             traces, xscale="log2"))
-    return Plot([panels], f"Scaling (docs/bounds.md §2.1): sweeps {', '.join(f'`{s}`' for s in present_)} "
-                          f"(task scaling); median `seconds` per sample of the matrix-free (solid) and "
-                          f"dense (dashed) solvers of ζ, ‖M_l‖ and σ_max(J), log-log.", (WIDE, 2.6))
+    return Plot([panels], f"Scaling (docs/bounds.md §2.1, §2.4): sweeps "
+                          f"{', '.join(f'`{s}`' for s in present_)} (task scaling); median `seconds` "
+                          f"per sample of each way to get ζ, ‖M_l‖ and σ_max(J) (colour: the "
+                          f"quantity), log-log. {FAMILIES}", (WIDE, 2.6))
 
 
 FIGURES: dict[str, Callable[[pd.DataFrame], Plot]] = {
@@ -238,5 +249,6 @@ FIGURES: dict[str, Callable[[pd.DataFrame], Plot]] = {
     "tightness_depth": lambda df: fig_tight(df, "depth"),
     "tightness_input_norm": lambda df: fig_tight(df, "input_norm"),
     "tightness_eps": lambda df: fig_tight(df, "eps"),
+    "tightness_taylor": taylor.figure,
     "scaling": fig_scaling,
 }

@@ -13,6 +13,7 @@ import pandas as pd
 
 import bounds
 
+from . import report_taylor as taylor
 from .report_data import Skip, label, nearest, registry_order, sweep
 
 
@@ -54,7 +55,8 @@ _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#
 # characters of the display names that LaTeX sets in math mode; runs of them share one $…$, and
 # runs of sub- or superscripts one _{…} or ^{…} (x^{(}^{1} would be a double superscript)
 _MATH = {"±": r"\pm", "ε": r"\varepsilon", "σ": r"\sigma", "‖": r"\|", "√": r"\surd", "ξ": r"\xi",
-         "δ": r"\delta", "ζ": r"\zeta", "Σ": r"\Sigma", "½": r"\tfrac{1}{2}", "·": r"\cdot"}
+         "δ": r"\delta", "ζ": r"\zeta", "Σ": r"\Sigma", "½": r"\tfrac{1}{2}", "·": r"\cdot",
+         "≤": r"\leq", "−": "-"}
 _SCRIPT = {"∞": ("_", r"\infty"), "⁽": ("^", "("), "⁾": ("^", ")"), "¹": ("^", "1"), "²": ("^", "2"),
            **{chr(0x2080 + i): ("_", str(i)) for i in range(10)}}
 
@@ -106,8 +108,37 @@ def certified(name: str, rows: pd.DataFrame) -> str:
     return "yes (finding)" if b.finding else "yes"
 
 
+KINDS = ["exact", "deterministic", "probabilistic", "estimate", "attained"]  # strongest first
+
+
+def p_text(p: float) -> str:
+    """A failure probability rounded up to two digits: "p ≤ 4e-09" must not understate it."""
+    k = math.floor(math.log10(p)) - 1
+    return f"{math.ceil(p / 10.0**k * (1 - 1e-12)) * 10.0**k:.2g}"
+
+
+def certificates(rows: pd.DataFrame) -> str:
+    """The certificate kinds of a bound's rows (docs/bounds.md §2.4), strongest first; a
+    probabilistic one with the largest failure probability of its rows."""
+    seen = [k for k in KINDS if k in set(rows["certificate"])]
+    seen += sorted(set(rows["certificate"]) - set(KINDS))
+    out = []
+    for k in seen:
+        p = rows.loc[rows["certificate"] == k, "certificate_p"]
+        p = p[np.isfinite(p) & (p > 0)]
+        out.append(f"{k} (p ≤ {p_text(p.max())})" if k == "probabilistic" and len(p) else k)
+    return " / ".join(out) if out else "–"
+
+
+def findings(rows: pd.DataFrame) -> str:
+    """Rows where a bound with a finding (docs/bounds.md §6) is below PGD; "–" without a finding."""
+    mark = rows["finding"].astype(bool)
+    return str(int((mark & ~rows["sound"].astype(bool)).sum())) if mark.any() else "–"
+
+
 def summary(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Per bound: certified, median and worst ratio, violations, seconds per sample, rows."""
+    """Per bound: certified, certificate, median and worst ratio, violations, findings, seconds
+    per sample, rows."""
     sub = df[df["role"] == "bound"]
     if sub.empty:
         raise Skip("no bound rows")
@@ -116,15 +147,20 @@ def summary(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         g = sub[sub["bound"] == bound]
         r = g["ratio"][np.isfinite(g["ratio"])]
         out.append({"bound": label(bound), "name": bound, "certified": certified(bound, g),
+                    "certificate": certificates(g),
                     "median ratio": fmt(r.median()) if len(r) else "–",
                     "worst ratio": fmt(r.max()) if len(r) else "–",
-                    "violations": str(int(g["violation"].sum())),
+                    "violations": str(int(g["violation"].sum())), "findings": findings(g),
                     "s/sample": fmt(g["seconds"].median(), 3), "rows": str(len(g))})
-    return pd.DataFrame(out), ("Summary: every bound over all sweeps; ratio = value / PGD lower "
-                               "bound of the bound's own objective (rows with a finite ratio; "
-                               "worst = largest), violations = sum of `violation`, s/sample = "
-                               "median `seconds`; certified \"yes (finding)\": a published "
-                               "statement this suite found unsound, docs/bounds.md §6.")
+    return pd.DataFrame(out), (
+        "Summary: every bound over all sweeps; certificate = how its values are known "
+        "(docs/bounds.md §2.4; p = the largest failure probability of its probabilistic rows); "
+        "ratio = value / PGD lower bound of the bound's own objective (rows with a finite ratio; "
+        "worst = largest); violations = rows where this suite's own certified code is below PGD "
+        "(`violation`, must be 0); findings = rows where a bound whose published statement this "
+        "suite found unsound (certified \"yes (finding)\", docs/bounds.md §6) is below PGD "
+        "(`finding` and not `sound`), \"–\" for bounds without a finding; s/sample = median "
+        "`seconds` per sample, which for certified bounds includes the cost of their certificate.")
 
 
 def table3(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -180,4 +216,5 @@ def olsa_kim(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
                                 "own layer.")
 
 
-TABLES = {"summary": summary, "table3_lofast": table3, "cauchy": cauchy, "olsa_vs_kim": olsa_kim}
+TABLES = {"summary": summary, "table3_lofast": table3, "cauchy": cauchy, "olsa_vs_kim": olsa_kim,
+          "taylor_eps": taylor.table}

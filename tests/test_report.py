@@ -17,11 +17,11 @@ from matplotlib.transforms import Bbox
 
 import bounds
 from bench import report as report_mod
-from bench import report_select, store
+from bench import report_select, report_taylor, store
 from bench.report import build
 from bench.report_draw import draw, theme
 from bench.report_select import FIGURES
-from bench.report_tables import TABLES, summary
+from bench.report_tables import TABLES, p_text, summary
 from bench.runner import run_profile
 from bench.sweeps import load_profile
 from models import InputError
@@ -115,6 +115,17 @@ n = 4
 d = 8
 h = 2
 depth = [2, 3]
+
+[[sweep]]
+name = "taylor_eps"
+task = "totals"
+kind = "dot"
+n = 4
+d = 8
+h = 2
+x = "fro"
+x_norm = [1, 5]
+eps = [1e-3, 0.1]
 
 [[sweep]]
 name = "cauchy"
@@ -236,8 +247,8 @@ def _drawn(df: pd.DataFrame, stem: str) -> plt.Figure:
 # code names a legend must never show: registry names with another display name, and the
 # timing rows' solver names
 RAW = ({name for name, b in bounds.REGISTRY.items() if b.label != name}
-       | {"zeta_lanczos", "M_lanczos", "jacobian_lanczos", "zeta_dense", "M_dense", "jacobian_dense",
-          "pgd_output"})
+       | {f"{q}_{s}" for q in ("zeta", "M", "jacobian") for s in ("lanczos", "dense", "probabilistic")}
+       | {"pgd_output"})
 
 
 @pytest.mark.parametrize("stem", list(FIGURES))
@@ -292,13 +303,91 @@ def test_cauchy_figure_resolves_the_spread(table: pd.DataFrame):
 
 def test_summary_rows_name_bounds_and_their_status(table: pd.DataFrame):
     t, _ = summary(table)
-    assert list(t.columns) == ["bound", "name", "certified", "median ratio", "worst ratio",
-                               "violations", "s/sample", "rows"]
+    assert list(t.columns) == ["bound", "name", "certified", "certificate", "median ratio",
+                               "worst ratio", "violations", "findings", "s/sample", "rows"]
     status = dict(zip(t["name"], t["certified"], strict=True))
     assert status["specformer"] == "yes (finding)"
     assert status["lofast_M"] == "yes"
     assert status["jacobian"] == "estimate"
     assert dict(zip(t["name"], t["bound"], strict=True))["delta21_M"] == bounds.REGISTRY["delta21_M"].label
+    findings = dict(zip(t["name"], t["findings"], strict=True))
+    assert findings["kim"] == "0" and findings["lofast_M"] == "–"
+    cert = dict(zip(t["name"], t["certificate"], strict=True))
+    assert cert["lofast_M"] == "exact" and cert["jacobian"] == "estimate"
+
+
+def test_summary_names_certificates_and_their_failure_probability(table: pd.DataFrame):
+    df = table.copy()
+    i = df.index[(df["role"] == "bound") & (df["bound"] == "lofast_M")]
+    df.loc[i[:2], "certificate"] = "probabilistic"
+    df.loc[i[:2], "certificate_p"] = [1e-9, 3.21e-9]
+    t, caption = summary(df)
+    cert = dict(zip(t["name"], t["certificate"], strict=True))
+    # the largest p of the rows, rounded up (3.21e-9 must not read as 3.2e-9)
+    assert cert["lofast_M"] == "exact / probabilistic (p ≤ 3.3e-09)", cert["lofast_M"]
+    assert "certificate" in caption and "median `seconds`" in caption
+    assert p_text(4e-9) == "4e-09" and p_text(1e-9) == "1e-09"
+
+
+def _planted(table: pd.DataFrame, tmp_path: Path, bound: str) -> Path:
+    """The table with one row of ``bound`` at half its PGD value, marked as the runner would."""
+    df = table.copy()
+    i = df.index[(df["role"] == "bound") & (df["bound"] == bound)][0]
+    df.loc[i, ["value", "ratio", "sound"]] = [df.loc[i, "pgd"] * 0.5, 0.5, False]
+    df.loc[i, "violation"] = not bool(df.loc[i, "finding"])
+    path = tmp_path / "planted.csv"
+    df.to_csv(path, index=False)
+    return path
+
+
+def test_a_broken_published_statement_is_a_finding_not_a_violation(table: pd.DataFrame,
+                                                                   tmp_path: Path):
+    path = _planted(table, tmp_path, "kim")
+    text = build(str(path), str(tmp_path / "rep")).read_text()
+    head = text.split("## ")[0]
+    assert "SOUNDNESS VIOLATIONS" not in head and "No soundness violations" in head
+    block = head.split("Findings of published statements")[1]
+    assert "Kim et al. (Thm 3.2) (`kim`): 1 of" in block and "value/PGD = 0.5" in block
+    assert "docs/bounds.md §6" in head
+    t = pd.DataFrame([r.strip(" |").split(" | ") for r in
+                      (tmp_path / "rep" / "summary.md").read_text().splitlines()[2:]])
+    row = t[t[1] == "kim"].iloc[0]
+    assert (row[6], row[7]) == ("0", "1")  # violations, findings
+
+
+def test_no_finding_reached_is_said(report: Path):
+    head = report.read_text().split("## ")[0]
+    assert "Findings of published statements" in head and "none was reached" in head
+
+
+def test_a_violation_of_the_suite_is_not_a_finding(table: pd.DataFrame, tmp_path: Path):
+    path = _planted(table, tmp_path, "taylor")
+    head = build(str(path), str(tmp_path / "rep")).read_text().split("## ")[0]
+    assert "SOUNDNESS VIOLATIONS: 1 rows" in head and "none was reached" in head
+
+
+def test_taylor_eps_figure_and_table(table: pd.DataFrame):
+    plot = FIGURES["tightness_taylor"](table)
+    assert len(plot.rows) == 2 and [len(r) for r in plot.rows] == [2, 2]  # ratio, ratio − 1
+    titles = [p.title for p in plot.panels]
+    assert any("= 1" in t for t in titles) and any("= 5" in t for t in titles)
+    want = {bounds.REGISTRY[n].label for n in report_taylor.NAMES}
+    assert {t.label for t in plot.rows[0][0].traces} == want
+    assert all(p.xscale == "log" and p.yscale == "log" for p in plot.panels)
+    assert plot.rows[0][0].ref == 1.0
+    assert all(y > 0 for p in plot.rows[1] for t in p.traces for y in t.y)
+    t, caption = TABLES["taylor_eps"](table)
+    assert len(t) == 4 and list(t["ε"]) == ["0.001", "0.1"] * 2 and list(t["‖X‖_F"]) == ["1"] * 2 + ["5"] * 2
+    assert set(t["smallest"]) <= want - {bounds.REGISTRY["best"].label}
+    for needle in ("`taylor_eps`", "n=4", "d=8", "h=2", "residual", "Frobenius", "§2.3"):
+        assert needle in caption, needle
+
+
+def test_ratio_text_shows_how_close_to_1():
+    assert report_taylor.ratio_text(1.000012) == "1.000012"
+    assert report_taylor.ratio_text(1.0805) == "1.081"
+    assert report_taylor.ratio_text(3.379535) == "3.380"
+    assert report_taylor.ratio_text(1.2e7) == "1.2e+07"
 
 
 # ---- the report directory: replaced whole or not at all ------------------------------------------
