@@ -11,8 +11,9 @@ from .registry import (
     evaluate,
     evaluate_certified,
     get,
+    has_biases,
     require,
 )
 
 __all__ = ["BOUNDS", "REGISTRY", "Bound", "Certificate", "Value", "applicable", "applies", "evaluate",
-           "evaluate_certified", "get", "require"]
+           "evaluate_certified", "get", "has_biases", "require"]

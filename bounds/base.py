@@ -20,6 +20,8 @@ class Bound:
     ``objective`` names the PGD objective (attacks.objectives) the value is compared with.
     ``stack`` says how it meets a stack: ``no``; ``propagate`` the radius block by block
     (docs/bounds.md §1.4); or ``only`` on stacks (its fn then takes the stack itself).
+    ``biases`` says whether the bound holds for a dot layer with biases, as docs/bounds.md §1.5
+    extends it; a bound that is not extended so (the default) refuses such a layer.
     """
 
     name: str
@@ -35,6 +37,7 @@ class Bound:
     finding: str = ""  # a soundness failure of the published statement that this suite found
     description: str = ""
     display: str = ""  # the name a reader sees in figures and tables (e.g. "LoFAST δ₂⁽¹⁾ (‖M‖)")
+    biases: bool = False  # accepts layers with biases (docs/bounds.md §1.5); opt in, never by default
 
     @property
     def label(self) -> str:

@@ -1,5 +1,8 @@
 """LoFAST (Havens et al., seed 000): naive δ₁, ζ(X), ‖M_l(X)‖, ξ_l, δ₂ and Theorem 1 (docs/bounds.md §2).
 
+With biases (docs/bounds.md §1.5) every function here holds as written: P_l is the layer's biased
+attention, the logit operator carries the biased U and V, and b_v, b_o cancel from F(X') − F(X).
+
 Shapes: X [B, n, d]; per-head quantities [B, h]; eps a float or [B].
 """
 
@@ -26,8 +29,15 @@ def _method(method: str) -> str:
     return method
 
 
-def _weights(layer: DotMHA) -> tuple[Tensor, ...]:
-    return (layer.W_q, layer.W_k, layer.W_v, layer.W_o)
+ALL_TENSORS = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
+
+
+def _keyed(layer: DotMHA, names: tuple[str, ...] = ALL_TENSORS) -> tuple[tuple[str, ...], tuple[Tensor, ...]]:
+    """The names and tensors among ``names`` that the layer has (absent biases left out), which
+    name an operator for the reuse of its certified norm (bounds.certify.reuse): the names go into
+    the key, so layers that differ only in their biases never share a norm (docs/bounds.md §1.5)."""
+    present = tuple(k for k in names if getattr(layer, k) is not None)
+    return present, tuple(getattr(layer, k) for k in present)
 
 
 def zeta_dense(layer: DotMHA, X: Tensor) -> Tensor:
@@ -47,26 +57,30 @@ def zeta(layer: DotMHA, X: Tensor, eps=None, *, method: str = "certified") -> Te
     if method == "lanczos":
         return zeta_lanczos(layer, X).sigma
     B, n, d = X.shape
-    return certified_norm(("zeta", layer.residual), (*_weights(layer), X),
+    names, tensors = _keyed(layer)
+    return certified_norm(("zeta", layer.residual, names), (*tensors, X),
                           lambda: delta1_matrix(layer, X), lambda: layer.delta1_operator(X),
                           (B,), (n, d), X, probabilistic=method == "probabilistic")
 
 
 def m_norms(layer: DotMHA, X: Tensor, *, method: str = "certified") -> Tensor:
     """‖M_l(X)‖ = max_{‖Γ‖_F=1} ‖Γ A_l Xᵀ + X A_l Γᵀ‖_F, LoFAST eq. 25 / appendix B.4 (eq. 25 of the
-    main text writes W^K W^Qᵀ in both terms: a typo). [B, h]. Methods as for :func:`zeta`."""
+    main text writes W^K W^Qᵀ in both terms: a typo). With biases, ‖Γ Uᵀ + V Γᵀ‖_F with U = K_l W^Q_lᵀ,
+    V = Q_l W^K_lᵀ (docs/bounds.md §1.5). [B, h]. Methods as for :func:`zeta`."""
     if _method(method) == "dense":
         return spectral(logit_matrix(layer, X))
     if method == "lanczos":
         return m_norms_lanczos(layer, X).sigma
     B, n, d = X.shape
-    return certified_norm(("M",), (layer.W_q, layer.W_k, X), lambda: logit_matrix(layer, X),
+    names, tensors = _keyed(layer, ("W_q", "W_k", "b_q", "b_k"))  # what U and V depend on
+    return certified_norm(("M", names), (*tensors, X), lambda: logit_matrix(layer, X),
                           lambda: layer.logit_operator(X), (B, layer.h), (n, d), X,
                           probabilistic=method == "probabilistic")
 
 
 def xi(layer: DotMHA, X: Tensor) -> Tensor:
-    """ξ_l(X) = ‖A_l Xᵀ‖ + ‖X A_l‖ ≥ ‖M_l(X)‖, LoFAST eq. 26. [B, h]."""
+    """ξ_l(X) = ‖A_l Xᵀ‖ + ‖X A_l‖ ≥ ‖M_l(X)‖, LoFAST eq. 26; with biases ‖U‖ + ‖V‖ for the U, V of
+    :func:`m_norms` (docs/bounds.md §1.5). [B, h]."""
     op = layer.logit_operator(X)
     return spectral(op.U) + spectral(op.V)
 

@@ -23,38 +23,41 @@ DOT, L2, OLSA_KIND = frozenset({"dot"}), frozenset({"l2"}), frozenset({"olsa"})
 ALL = frozenset({"dot", "l2", "olsa"})
 LOFAST = "Havens et al., LoFAST (seed 000)"
 
+# ``biases=True``: docs/bounds.md §1.5 extends the bound to dot layers with biases (b_v and b_o cancel,
+# P_l and the U, V of ‖M_l‖ and ξ_l are computed with b_q, b_k; Jacobians follow by autograd). The
+# three bounds of §3 are formulas in ‖X‖_F and weight norms that §1.5 does not extend: they refuse.
 BOUNDS: tuple[Bound, ...] = (
     Bound("naive_delta1", lf.naive_delta1, LOFAST, "eq. 12", True, DOT, objective="delta1",
-          display="naive δ₁ (eq. 12)"),
+          biases=True, display="naive δ₁ (eq. 12)"),
     Bound("zeta", lambda layer, X, eps: lf.zeta(layer, X), LOFAST, "eq. 15", True, DOT,
           objective=None, description="ζ(X) itself, a norm: compare delta1 = ζε with PGD",
-          display="ζ(X) (eq. 15)"),
+          biases=True, display="ζ(X) (eq. 15)"),
     Bound("delta1", lf.delta1, LOFAST, "Lemma 1", True, DOT, objective="delta1",
-          display="LoFAST δ₁ = ζε (Lemma 1)"),
+          biases=True, display="LoFAST δ₁ = ζε (Lemma 1)"),
     Bound("naive", lf.naive, LOFAST, "eq. 12 + eq. 28 (Fig. 1)", True, DOT,
-          stack="propagate", display="naive (eq. 12 + 28)"),
+          stack="propagate", biases=True, display="naive (eq. 12 + 28)"),
     Bound("delta2_M", lf.delta2_M, LOFAST, "eq. 27", True, DOT, objective="delta2",
-          display="LoFAST δ₂⁽¹⁾ (‖M‖)"),
+          biases=True, display="LoFAST δ₂⁽¹⁾ (‖M‖)"),
     Bound("delta2_xi", lf.delta2_xi, LOFAST, "eq. 28", True, DOT, objective="delta2",
-          display="LoFAST δ₂⁽²⁾ (ξ)"),
+          biases=True, display="LoFAST δ₂⁽²⁾ (ξ)"),
     Bound("lofast_M", lf.lofast_M, LOFAST, "Theorem 1, eq. 27", True, DOT,
-          stack="propagate", display="LoFAST (‖M‖)"),
+          stack="propagate", biases=True, display="LoFAST (‖M‖)"),
     Bound("lofast_xi", lf.lofast_xi, LOFAST, "Theorem 1, eq. 28", True, DOT,
-          stack="propagate", display="LoFAST (ξ)"),
+          stack="propagate", biases=True, display="LoFAST (ξ)"),
     Bound("delta21_M", lf.delta21_M, LOFAST, "§5.1, eq. 25", True, DOT, objective="delta21",
-          per_head=True, display="LoFAST δ₂,₁⁽¹⁾ (‖M‖)"),
+          per_head=True, biases=True, display="LoFAST δ₂,₁⁽¹⁾ (‖M‖)"),
     Bound("delta21_xi", lf.delta21_xi, LOFAST, "§5.1, eq. 26", True, DOT, objective="delta21",
-          per_head=True, display="LoFAST δ₂,₁⁽²⁾ (ξ)"),
+          per_head=True, biases=True, display="LoFAST δ₂,₁⁽²⁾ (ξ)"),
     Bound("delta22_tight", lf.delta22_tight, LOFAST, "eq. 18", True, DOT, objective="delta22",
-          per_head=True, display="LoFAST δ₂,₂⁽¹⁾ (eq. 18)"),
+          per_head=True, biases=True, display="LoFAST δ₂,₂⁽¹⁾ (eq. 18)"),
     Bound("delta22_naive", lf.delta22_naive, LOFAST, "§5.1", True, DOT, objective="delta22",
-          per_head=True, display="LoFAST δ₂,₂⁽²⁾"),
+          per_head=True, biases=True, display="LoFAST δ₂,₂⁽²⁾"),
     Bound("lofast_M_half", lf.lofast_M_half, "this suite, docs/bounds.md §2.2 (on LoFAST Theorem 1)",
           "§2.2", True, DOT, stack="propagate", ours=True,
-          display="LoFAST ½ (‖M‖)"),
+          biases=True, display="LoFAST ½ (‖M‖)"),
     Bound("lofast_xi_half", lf.lofast_xi_half, "this suite, docs/bounds.md §2.2 (on LoFAST Theorem 1)",
           "§2.2", True, DOT, stack="propagate", ours=True,
-          display="LoFAST ½ (ξ)"),
+          biases=True, display="LoFAST ½ (ξ)"),
     Bound("specformer", sf.specformer, "Hu et al., SpecFormer (seed 001)",
           "Theorem 4.3, adapted (docs/bounds.md §3.1)", True, DOT, stack="propagate",
           finding=sf.FINDING, display="SpecFormer (Thm 4.3)"),
@@ -63,21 +66,21 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("olsa", olsa_.olsa, "Xu et al., OLSA (seed 002)", "Theorem 4.1", True, OLSA_KIND,
           stack="propagate", finding=olsa_.FINDING, display="OLSA (Thm 4.1)"),
     Bound("taylor", tay.taylor, "this suite, docs/bounds.md §2.3", "§2.3", True, DOT,
-          stack="propagate", ours=True, display="Taylor"),
+          stack="propagate", ours=True, biases=True, display="Taylor"),
     Bound("best", lambda layer, X, eps: best(layer, X, eps), "this suite, docs/bounds.md §2.3",
           "min over the certified bounds", True, DOT, stack="propagate", ours=True,
-          display="best certified",
+          biases=True, display="best certified",
           description="the smallest certified end-to-end bound without a finding, per input (and "
                       "per block of a stack)"),
     Bound("jacobian", jac.jacobian, "Wang & Ruan, the Cauchy view (seed 003)",
           "σ_max(J_F), §3.4; product over blocks for stacks", False, ALL,
-          stack="propagate", display="σ_max(J)·ε"),
+          stack="propagate", biases=True, display="σ_max(J)·ε"),
     Bound("jacobian_l1linf", jac.jacobian_l1linf, "Wang & Ruan, the Cauchy view (seed 003)",
           "√(‖J‖₁‖J‖∞), §3.4", False, ALL,
-          display="√(‖J‖₁‖J‖∞)·ε"),
+          biases=True, display="√(‖J‖₁‖J‖∞)·ε"),
     Bound("jacobian_exp", jac.jacobian_exp, "Wang & Ruan, the Cauchy view (seed 003)", "eq. 15",
           False, ALL, stack="only",
-          display="ε·exp(Σ‖J_G‖)"),
+          biases=True, display="ε·exp(Σ‖J_G‖)"),
 )
 REGISTRY: dict[str, Bound] = {b.name: b for b in BOUNDS}
 
@@ -86,7 +89,7 @@ def best_ingredients(layer) -> list[Bound]:
     """The bounds ``best`` takes the minimum of: certified, end to end, no finding of unsoundness."""
     return [b for b in BOUNDS if b.name != "best" and b.certified and not b.finding
             and b.objective == "output" and not b.per_head and b.stack != "only"
-            and layer.kind in b.kinds]
+            and layer.kind in b.kinds and (b.biases or not has_biases(layer))]
 
 
 def best(layer, X: Tensor, eps) -> Tensor:
@@ -103,10 +106,23 @@ def get(name: str) -> Bound:
         raise InputError(f"unknown bound {name!r}; known: {', '.join(REGISTRY)}") from None
 
 
-def applies(bound: Bound, layer) -> bool:
+def has_biases(layer) -> bool:
+    """Whether the layer, or some block of the stack, has a nonzero bias (docs/bounds.md §1.5)."""
+    if isinstance(layer, Stack):
+        return any(has_biases(b) for b in layer.blocks)
+    return getattr(layer, "has_biases", False)  # only dot layers carry biases
+
+
+def _applies_to_kind(bound: Bound, layer) -> bool:
     if isinstance(layer, Stack):
         return bound.stack in ("propagate", "only") and layer.block_kind in bound.kinds
     return bound.stack != "only" and layer.kind in bound.kinds
+
+
+def applies(bound: Bound, layer) -> bool:
+    """Whether the bound applies: to the layer's kind (or a stack's), and to its biases if it has
+    any (docs/bounds.md §1.5); the one place where both are decided."""
+    return _applies_to_kind(bound, layer) and (bound.biases or not has_biases(layer))
 
 
 def applicable(layer) -> list[Bound]:
@@ -116,9 +132,12 @@ def applicable(layer) -> list[Bound]:
 
 def require(bound: Bound, layer) -> None:
     """Raises InputError when the bound does not apply to this layer or stack."""
-    if not applies(bound, layer):
+    if not _applies_to_kind(bound, layer):
         what = f"a stack of {layer.block_kind} blocks" if isinstance(layer, Stack) else layer.kind
         raise InputError(f"bound {bound.name!r} does not apply to {what} layers")
+    if not applies(bound, layer):
+        what = "a stack whose blocks have biases" if isinstance(layer, Stack) else "a layer with biases"
+        raise InputError(f"bound {bound.name!r} does not apply to {what} (docs/bounds.md §1.5)")
 
 
 @dataclass(frozen=True)

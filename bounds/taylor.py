@@ -26,13 +26,14 @@ from models.spectral import spectral
 
 from .base import radius
 from .certify import certified_norm
-from .lofast import _weights, m_norms, xi
+from .lofast import _keyed, m_norms, xi
 
 
 def sigma_J(layer: DotMHA, X: Tensor, *, probabilistic: bool = False) -> Tensor:
     """A certified upper bound σ̄_J of ‖J_F(X)‖ per input (docs/bounds.md §2.4). [B]."""
     B, n, d = X.shape
-    return certified_norm(("jacobian", layer.kind, layer.residual), (*_weights(layer), X),
+    names, tensors = _keyed(layer)
+    return certified_norm(("jacobian", layer.kind, layer.residual, names), (*tensors, X),
                           lambda: jacobian_matrix(layer.forward, X),
                           lambda: jacobian_operator(layer.forward, X), (B,), (n, d), X,
                           probabilistic=probabilistic)

@@ -35,18 +35,33 @@ def random_orthogonal(d: int, gen: torch.Generator) -> Tensor:
     return q * torch.sign(torch.diagonal(r)).unsqueeze(0)
 
 
+def _random_vectors(gen: torch.Generator, shape: tuple[int, ...], norm: float) -> Tensor:
+    """Gaussian vectors along the last dimension, each rescaled to Euclidean norm ``norm``."""
+    v = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    return v * (norm / v.norm(dim=-1, keepdim=True).clamp_min(1e-300))
+
+
 def random_dot(
     d: int, h: int, *, seed: int = 0, q_norm: float = 1.0, k_norm: float = 1.0,
-    v_norm: float = 1.0, o_norm: float = 1.0, residual: bool = True,
+    v_norm: float = 1.0, o_norm: float = 1.0, residual: bool = True, bias_norm: float = 0.0,
 ) -> DotMHA:
-    """Dot-product MHA with every per-head W^Q_l, W^K_l, W^V_l, W^O_l of the given spectral norm."""
+    """Dot-product MHA with every per-head W^Q_l, W^K_l, W^V_l, W^O_l of the given spectral norm.
+
+    ``bias_norm > 0`` adds biases (docs/bounds.md §1.5): per-head b_q, b_k, b_v and the output b_o,
+    each vector of Euclidean norm ``bias_norm``. They are drawn after the weights from the same
+    generator, so the weights are those of the bias-free layer of the same seed; ``bias_norm = 0``
+    gives no bias fields at all.
+    """
     d_h = check_heads(d, h)
+    if not (math.isfinite(bias_norm) and bias_norm >= 0):
+        raise InputError(f"bias_norm must be finite and >= 0, got {bias_norm}")
     g = _gen(seed)
-    return DotMHA(
-        W_q=_random(g, (h, d, d_h), q_norm), W_k=_random(g, (h, d, d_h), k_norm),
-        W_v=_random(g, (h, d, d_h), v_norm), W_o=_random(g, (h, d_h, d), o_norm),
-        residual=residual,
-    )
+    W = {"W_q": _random(g, (h, d, d_h), q_norm), "W_k": _random(g, (h, d, d_h), k_norm),
+         "W_v": _random(g, (h, d, d_h), v_norm), "W_o": _random(g, (h, d_h, d), o_norm)}
+    if bias_norm > 0:
+        W.update({name: _random_vectors(g, (h, d_h), bias_norm) for name in ("b_q", "b_k", "b_v")},
+                 b_o=_random_vectors(g, (d,), bias_norm))
+    return DotMHA(**W, residual=residual)
 
 
 def random_l2(
@@ -85,14 +100,18 @@ def random_olsa(
 
 
 def random_layer(kind: str, d: int, h: int, *, seed: int = 0, weight_norm: float = 1.0,
-                 residual: bool = True, n: int = 1, c: float = 1.0) -> Layer:
+                 residual: bool = True, n: int = 1, c: float = 1.0, bias_norm: float = 0.0) -> Layer:
     """One builder for every kind; ``weight_norm`` is the per-head norm of every weight family.
 
     For ``olsa`` the weights are orthogonal and ``c`` is the input-norm radius of its bound.
+    ``bias_norm > 0`` draws biases, which only dot layers have (docs/bounds.md §1.5).
     """
+    if bias_norm and kind in ("l2", "olsa"):
+        raise InputError(f"only dot layers have biases (docs/bounds.md §1.5), not {kind!r}")
     if kind == "dot":
         return random_dot(d, h, seed=seed, q_norm=weight_norm, k_norm=weight_norm,
-                          v_norm=weight_norm, o_norm=weight_norm, residual=residual)
+                          v_norm=weight_norm, o_norm=weight_norm, residual=residual,
+                          bias_norm=bias_norm)
     if kind == "l2":
         return random_l2(d, h, seed=seed, q_norm=weight_norm, v_norm=weight_norm,
                          o_norm=weight_norm, residual=residual)

@@ -24,6 +24,12 @@ SCHEMA: dict[str, dict[str, str]] = {
     "l2": {"W_q": "hde", "W_v": "hde", "W_o": "hed"},
     "olsa": {"W_q": "hed", "W_k": "hed", "W_v": "hed", "w_s": "he"},
 }
+# optional tensors (docs/bounds.md §1.5: biases of a pretrained dot layer), same letters; a kind not
+# listed takes none, and a file that gives it one is refused rather than silently read without it
+OPTIONAL: dict[str, dict[str, str]] = {
+    "dot": {"b_q": "he", "b_k": "he", "b_v": "he", "b_o": "d"},
+}
+BIAS_NAMES = ("b_q", "b_k", "b_v", "b_o")
 
 
 def _read(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:
@@ -62,7 +68,13 @@ def _positive(value: str, key: str, where: str) -> float:
 
 def _check_shapes(kind: str, t: dict[str, Tensor], where: str) -> None:
     sizes: dict[str, int] = {}
-    for name, dims in SCHEMA[kind].items():
+    optional = OPTIONAL.get(kind, {})
+    for name in BIAS_NAMES:
+        if name in t and name not in optional:
+            raise InputError(f"{where}: tensor {name!r} is a bias, which kind {kind!r} does not take "
+                             f"(only dot layers have biases, docs/bounds.md §1.5)")
+    # required tensors first, so that the sizes an optional tensor is checked against come from them
+    for name, dims in [*SCHEMA[kind].items(), *((n, dm) for n, dm in optional.items() if n in t)]:
         if name not in t:
             raise InputError(f"{where}: missing tensor {name!r} for kind {kind!r}")
         x = t[name]
@@ -87,7 +99,7 @@ def layer_from_tensors(t: dict[str, Tensor], meta: dict[str, str], where: str = 
     if kind not in SCHEMA:
         raise InputError(f"{where}: unknown kind {kind!r}; expected one of {sorted(SCHEMA)} or stack")
     _check_shapes(kind, t, where)
-    t = {k: t[k].to(torch.float64) for k in SCHEMA[kind]}
+    t = {k: t[k].to(torch.float64) for k in (*SCHEMA[kind], *OPTIONAL.get(kind, {})) if k in t}
     if kind == "dot":
         return DotMHA(**t, residual=_flag(_meta(meta, "residual", where, "1"), "residual", where))
     if kind == "l2":
@@ -101,7 +113,9 @@ def layer_from_tensors(t: dict[str, Tensor], meta: dict[str, str], where: str = 
 
 
 def layer_to_tensors(layer: Layer) -> tuple[dict[str, Tensor], dict[str, str]]:
-    t = {k: getattr(layer, k).detach().cpu().contiguous() for k in SCHEMA[layer.kind]}
+    names = (*SCHEMA[layer.kind], *OPTIONAL.get(layer.kind, {}))
+    t = {k: getattr(layer, k).detach().cpu().contiguous() for k in names
+         if getattr(layer, k) is not None}  # an absent bias is not written
     meta = {"kind": layer.kind, "residual": "1" if layer.residual else "0"}
     if isinstance(layer, OLSA):
         meta.update(alpha1=repr(layer.alpha1), alpha2=repr(layer.alpha2), activation=layer.activation)

@@ -48,14 +48,50 @@ class _Tensors:
 
 @dataclass(frozen=True)
 class DotMHA(_Tensors):
-    """Dot-product multi-head attention, docs/bounds.md §1.1: ``F(X) = HX + Σ_l P_l(X) X C_l``."""
+    """Dot-product multi-head attention, docs/bounds.md §1.1: ``F(X) = HX + Σ_l P_l(X) X C_l``, with
+    optional biases (docs/bounds.md §1.5).
+
+    With biases, per head ``Q_l = X W^Q_l + 1 b_{q,l}ᵀ``, ``K_l = X W^K_l + 1 b_{k,l}ᵀ``, values
+    ``X W^V_l + 1 b_{v,l}ᵀ`` and an output bias ``b_o``:
+
+        P_l(X) = softmax_rows(Q_l K_lᵀ / √d_h)
+        F(X)   = HX + Σ_l P_l(X) (X W^V_l + 1 b_{v,l}ᵀ) W^O_l + 1 b_oᵀ .
+
+    Why the bounds of §2 survive (the algebra, with X' = X + Γ): ``b_o`` cancels in F(X') − F(X);
+    ``b_v`` cancels because ``(P_l(X') − P_l(X))·1 = 0`` (both row-stochastic), so
+
+        F(X') − F(X) = HΓ + Σ_l P_l(X) Γ C_l + Σ_l (P_l(X') − P_l(X)) X' C_l = Δ₁ + Δ₂
+
+    with ``C_l = W^V_l W^O_l`` and the biased P_l. In the logits ``Q_l' = Q_l + Γ W^Q_l`` and
+    ``K_l' = K_l + Γ W^K_l``, so ``√d_h (S_l' − S_l) = Γ W^Q_l K_lᵀ + Q_l W^K_lᵀ Γᵀ + Γ A_l Γᵀ``:
+    the linear part is ``Γ Uᵀ + V Γᵀ`` with ``U = K_l W^Q_lᵀ = X A_lᵀ + 1 (W^Q_l b_{k,l})ᵀ`` and
+    ``V = Q_l W^K_lᵀ = X A_l + 1 (W^K_l b_{q,l})ᵀ``; the quadratic part is unchanged.
+
+    A bias left at None is absent. Each bias is *added* to the bias-free computation, so a zero bias
+    gives bit for bit the values of the layer without it (x + 0.0 == x in IEEE arithmetic).
+    """
 
     W_q: Tensor  # [h, d, d_h]
     W_k: Tensor  # [h, d, d_h]
     W_v: Tensor  # [h, d, d_h]
     W_o: Tensor  # [h, d_h, d]
     residual: bool = True
+    b_q: Tensor | None = None  # [h, d_h]
+    b_k: Tensor | None = None  # [h, d_h]
+    b_v: Tensor | None = None  # [h, d_h]
+    b_o: Tensor | None = None  # [d]
     kind = "dot"
+
+    def biases(self) -> tuple[Tensor | None, ...]:
+        """``(b_q, b_k, b_v, b_o)``, None where absent."""
+        return (self.b_q, self.b_k, self.b_v, self.b_o)
+
+    @property
+    def has_biases(self) -> bool:
+        """Whether some bias is present and nonzero. A zero bias changes no value (see the class
+        docstring), so a layer whose biases are all zero is the bias-free layer and every bound of
+        docs/bounds.md applies to it unchanged."""
+        return any(b is not None and bool((b != 0).any()) for b in self.biases())
 
     def A(self) -> Tensor:
         """``A_l = W^Q_l W^K_lᵀ``, shape [h, d, d]."""
@@ -66,14 +102,23 @@ class DotMHA(_Tensors):
         return self.W_v @ self.W_o
 
     def attention(self, X: Tensor) -> Tensor:
-        """``P_l(X) = softmax_rows(X A_l Xᵀ / √d_h)``, shape [..., h, n, n]."""
+        """``P_l(X) = softmax_rows(Q_l K_lᵀ / √d_h)``, ``Q_l = X W^Q_l (+ 1 b_{q,l}ᵀ)``, ``K_l = X W^K_l
+        (+ 1 b_{k,l}ᵀ)`` (docs/bounds.md §1.1, §1.5); shape [..., h, n, n]."""
         Q = torch.einsum("...nd,hde->...hne", X, self.W_q)
         K = torch.einsum("...nd,hde->...hne", X, self.W_k)
+        if self.b_q is not None:
+            Q = Q + self.b_q[:, None, :]
+        if self.b_k is not None:
+            K = K + self.b_k[:, None, :]
         return torch.softmax(Q @ K.transpose(-1, -2) / math.sqrt(self.d_h), dim=-1)
 
     def forward(self, X: Tensor) -> Tensor:
         V = torch.einsum("...nd,hde->...hne", X, self.W_v)
+        if self.b_v is not None:
+            V = V + self.b_v[:, None, :]
         out = torch.einsum("...hne,hef->...nf", self.attention(X) @ V, self.W_o)
+        if self.b_o is not None:
+            out = out + self.b_o
         return out + X if self.residual else out
 
     __call__ = forward
@@ -82,6 +127,7 @@ class DotMHA(_Tensors):
         """Δ₁, the change of F at fixed attention P_l(X), as a map of Γ (LoFAST eq. 15, docs/bounds.md
         §2): ``T(Γ) = HΓ + Σ_l P_l Γ C_l``, ``T*(Y) = HᵀY + Σ_l P_lᵀ Y C_lᵀ``; ζ(X) = ‖T‖.
 
+        With biases (§1.5) only P_l changes: b_v and b_o cancel from F(X') − F(X).
         Γ is [..., B, n, d]: extra leading dimensions (attack restarts) broadcast against X's batch.
         """
         P, C, H = self.attention(X), self.C(), self.H_norm
@@ -95,13 +141,20 @@ class DotMHA(_Tensors):
         return LinearOperator(T, Tt)
 
     def logit_operator(self, X: Tensor) -> LogitOperator:
-        """The part of each head's logit change linear in Γ, ``Γ ↦ Γ A_l Xᵀ + X A_l Γᵀ`` (LoFAST eq. 25,
-        Lemma 2; docs/bounds.md §2.1): ``T(Γ) = Γ Uᵀ + V Γᵀ`` and ``T*(Z) = Z U + Zᵀ V`` with
-        U = X A_lᵀ, V = X A_l; ‖M_l(X)‖ = ‖T‖ per head. Γ is [B, h, n, d], X is [B, n, d].
+        """The part of each head's logit change linear in Γ (LoFAST eq. 25, Lemma 2; docs/bounds.md
+        §2.1, §1.5): ``T(Γ) = Γ Uᵀ + V Γᵀ`` and ``T*(Z) = Z U + Zᵀ V`` with U = K_l W^Q_lᵀ and
+        V = Q_l W^K_lᵀ, which are X A_lᵀ and X A_l without biases; ‖M_l(X)‖ = ‖T‖ per head.
+        Γ is [B, h, n, d], X is [B, n, d].
         """
         A = self.A()
         U = torch.einsum("bnd,hed->bhne", X, A)
         V = torch.einsum("bnd,hde->bhne", X, A)
+        # K_l W^Q_lᵀ = X A_lᵀ + 1 (W^Q_l b_k)ᵀ: the bias term is added to the bias-free U, so that
+        # a zero bias leaves U bit for bit as it was; likewise V = X A_l + 1 (W^K_l b_q)ᵀ
+        if self.b_k is not None:
+            U = U + torch.einsum("hde,he->hd", self.W_q, self.b_k)[:, None, :]
+        if self.b_q is not None:
+            V = V + torch.einsum("hde,he->hd", self.W_k, self.b_q)[:, None, :]
 
         def T(G: Tensor) -> Tensor:
             return G @ U.transpose(-1, -2) + V @ G.transpose(-1, -2)

@@ -37,8 +37,9 @@ class LinearOperator:
 
 @dataclass(frozen=True)
 class LogitOperator(LinearOperator):
-    """The logit map of every head, with its factors U = X A_lᵀ and V = X A_l ([B, h, n, d]), from
-    which ξ_l (LoFAST eq. 26) and the dense M_l (Lemma 2) are built."""
+    """The logit map of every head, with its factors U = X A_lᵀ and V = X A_l ([B, h, n, d]; with
+    biases U = K_l W^Q_lᵀ and V = Q_l W^K_lᵀ, docs/bounds.md §1.5), from which ξ_l (LoFAST eq. 26)
+    and the dense M_l (Lemma 2) are built."""
 
     U: Tensor
     V: Tensor

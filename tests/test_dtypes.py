@@ -28,6 +28,7 @@ def subjects():
         ("stack-dot", models.random_stack("dot", 2, 4, 2, seed=5, R=1.0), X4, 0.05),
         ("stack-l2", models.random_stack("l2", 2, 4, 1, seed=6, R=None, weight_norm=0.5), X4, 0.02),
         ("stack-olsa", models.random_stack("olsa", 2, 4, 2, seed=7, n=n, c=3.0), X4, 0.05),
+        ("dot-bias", models.random_dot(6, 2, seed=8, q_norm=1.2, bias_norm=1.5), X6, 0.05),  # §1.5
     ]
 
 
