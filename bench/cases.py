@@ -1,9 +1,12 @@
-"""Cells: one (layer, input, ε) of a sweep, rebuilt bit-identically from its parameters alone."""
+"""Cells: one (layer, input, ε) of a sweep, rebuilt bit-identically from its parameters alone; or one
+(trained zoo model, its first test images, ε) for the whole-network tasks (docs/bounds.md §5)."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -19,11 +22,16 @@ from models import (
     random_stack,
 )
 from models.build import with_spectral_norm
+from models.data import DATASETS
+
+from .env import ROOT
 
 KINDS = ("dot", "l2", "olsa")
 INPUTS = ("gauss", "fro", "proj")
 PERTURB = ("none", "W_q", "W_k", "W_v", "W_o", "X")
-TASKS = ("bounds", "lofast", "totals", "scaling", "cauchy")
+TASKS = ("bounds", "lofast", "totals", "scaling", "cauchy", "certify", "cauchy_model")
+MODEL_TASKS = ("certify", "cauchy_model")  # the tasks that read ``model`` and ``dataset``
+ZOO = ROOT / "zoo"
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,11 @@ class Cell:
     bound and PGD), ``lofast`` (LoFAST and naive only), ``totals`` (the certified end-to-end
     bounds: LoFAST, its halves, naive, Taylor and best), ``scaling`` (timings of the matrix-free,
     certified and dense solvers) or ``cauchy`` (per-block Jacobian norms of a stack).
+
+    The whole-network tasks read a trained ``model`` (a file stem under zoo/), its ``dataset`` and
+    its first ``samples`` test images, and ignore the layer fields: ``certify`` (every network bound
+    at ε with both certification tests, and PGD on the margin) and ``cauchy_model`` (per-block
+    Jacobian σ_max, clean and PGD-20 robust accuracy at ε).
     """
 
     kind: str = "dot"
@@ -58,6 +71,8 @@ class Cell:
     samples: int = 1
     seed: int = 0
     task: str = "bounds"
+    model: str = ""
+    dataset: str = "digits"
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -79,11 +94,44 @@ class Cell:
                 raise InputError(f"{name} must be finite and > 0, got {v}")
         if not math.isfinite(self.noise) or self.noise < 0:
             raise InputError(f"noise must be finite and >= 0, got {self.noise}")
+        self._check_model()
+
+    def _check_model(self) -> None:
+        """A model cell names a zoo file with its card, trained on the cell's dataset, with at least
+        ``samples`` test images; any other cell names none (checked before a run writes anything)."""
+        if self.dataset not in DATASETS:
+            raise InputError(f"dataset must be one of {tuple(DATASETS)}, got {self.dataset!r}")
+        if (self.task in MODEL_TASKS) != bool(self.model):
+            raise InputError(f"the tasks {MODEL_TASKS} need a model and no other task takes one "
+                             f"(task {self.task!r}, model {self.model!r})")
+        if not self.model and self.dataset == "digits":
+            return
+        if not self.model:
+            raise InputError(f"dataset is read only by the tasks {MODEL_TASKS}")
+        if any(ch in self.model for ch in ",=[]/\\:") or self.model.startswith("."):
+            raise InputError(f"model must be a file stem under zoo/, got {self.model!r}")
+        card = self.model_path.with_suffix(".json")
+        if not (self.model_path.is_file() and card.is_file()):
+            raise InputError(f"model {self.model!r}: no {self.model_path.name} with its card in {ZOO}")
+        try:
+            info = json.loads(card.read_text())
+        except (OSError, ValueError) as e:
+            raise InputError(f"model {self.model!r}: unreadable card ({e})") from None
+        if info.get("dataset") != self.dataset:
+            raise InputError(f"model {self.model!r} was trained on {info.get('dataset')!r}, not "
+                             f"{self.dataset!r}")
+        if self.samples > int(info.get("n_test", 0)):
+            raise InputError(f"model {self.model!r}: {self.dataset} has {info.get('n_test')} test "
+                             f"images, fewer than samples = {self.samples}")
+
+    @property
+    def model_path(self) -> Path:
+        return ZOO / f"{self.model}.safetensors"
 
     @property
     def id(self) -> str:
         """``dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]``, plus the
-        non-default extras (perturbation, samples, task)."""
+        non-default extras (perturbation, samples, task, model, dataset)."""
         parts = [f"n={self.n}", f"d={self.d}", f"h={self.h}", f"H={'I' if self.residual else '0'}",
                  f"wqk={_num(self.w_qk)}", f"wvo={_num(self.w_vo)}", f"x={self.x}:{_num(self.x_norm)}",
                  f"depth={self.depth}"]
@@ -96,6 +144,10 @@ class Cell:
             parts.append(f"samples={self.samples}")
         if self.task != "bounds":
             parts.append(f"task={self.task}")
+        if self.model:
+            parts.append(f"model={self.model}")
+        if self.dataset != "digits":
+            parts.append(f"dataset={self.dataset}")
         return f"{self.kind}[{','.join(parts)}]"
 
     @classmethod
@@ -117,8 +169,9 @@ class Cell:
                 kw.update(perturb=target, noise=float(noise))
             if "samples" in items:
                 kw["samples"] = int(items.pop("samples"))
-            if "task" in items:
-                kw["task"] = items.pop("task")
+            for key in ("task", "model", "dataset"):
+                if key in items:
+                    kw[key] = items.pop(key)
         except (ValueError, KeyError):
             raise InputError(f"not a cell id: {cell_id!r}") from None
         if items:
@@ -127,6 +180,13 @@ class Cell:
 
     def params(self) -> dict:
         return asdict(self)
+
+    def network(self):
+        """(ViT, card, the first ``samples`` test images [B, H, W], their labels) of a model cell."""
+        from .accuracy import first_test_images, load_model  # torch-heavy; only model cells need it
+
+        net, card = load_model(self.model_path)
+        return (net, card, *first_test_images(self.dataset, net, self.samples))
 
     def build(self):
         """(layer or stack, X [samples, n, d]) in float64 on the CPU, the same bits on every call."""

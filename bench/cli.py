@@ -1,4 +1,4 @@
-"""``python -m bench``: point, run, report, compare, baseline, train.
+"""``python -m bench``: point, run, report, compare, baseline, train, certify.
 
 Bad input ends with one line on stderr and exit code 2: argparse's own errors, and every
 InputError raised by the library (shapes, values, files, kinds).
@@ -11,6 +11,7 @@ import sys
 
 from models import InputError
 
+from .certify import add_parser as add_certify_parser
 from .env import ROOT, set_threads
 from .sweeps import OVERRIDES
 from .train import add_parser as add_train_parser
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--from", dest="source", default=None,
                     help="a finished run directory to copy (default: run the quick profile afresh)")
     add_train_parser(sub)
+    add_certify_parser(sub)
     return p
 
 
@@ -101,7 +103,7 @@ def _run(args) -> int:
     table, violations = run_profile(profile, out, args.device, args.dtype, overrides, args.fresh)
     print(f"results: {table}")
     if violations:
-        print(f"SOUNDNESS VIOLATIONS: {violations} rows where a certified bound is below PGD",
+        print(f"SOUNDNESS VIOLATIONS: {violations} rows where PGD refutes a certified bound",
               file=sys.stderr)
     return 0
 
@@ -145,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
             from .train import run as train
 
             return train(args)
+        if args.command == "certify":
+            from .certify import run as certify
+
+            return certify(args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -5,7 +5,18 @@ Every row names its ``role``, so no module parses names to know what a row is:
 * ``bound``: a bound's value (certified or an estimate) with the PGD value of its own objective;
 * ``pgd``: a PGD lower bound itself (``bound`` = ``pgd_<objective>``);
 * ``timing``: a solver timed by the scaling task (``value`` is the norm it computed);
-* ``block``: a per-block quantity of a stack (the Cauchy task), ``block`` = k.
+* ``block``: a per-block quantity of a stack or network (the Cauchy tasks), ``block`` = k;
+* ``certify``: one bound certifying one test image of a trained network at the cell's ε
+  (docs/bounds.md §5): ``value`` = δ_features, ``pgd`` = the feature change ‖φ(x + γ) − φ(x)‖ at
+  the margin attack's worst γ (attained, so a lower bound of the true δ_features), and the columns
+  of :data:`CERTIFY_COLUMNS`; ``violation`` also when a finding-free bound certifies a sample the
+  attack breaks;
+* ``accuracy``: a network's clean (``bound`` = ``clean``) or PGD robust (``pgd_margin``) accuracy
+  over the cell's test images, ``sample`` = −1.
+
+Role ``pgd`` also holds PGD on a network's margin (``bound`` = ``pgd_margin``, objective ``margin``):
+its value is the margin drop it attained, ``margin − pgd_margin`` (larger = a stronger attack, as
+for every other PGD value).
 
 Every row says how its value is known (``certificate``, docs/bounds.md §2.4): ``exact``,
 ``deterministic`` or ``probabilistic`` for certified bounds (with the failure probability
@@ -23,13 +34,22 @@ from torch import Tensor
 import bounds
 from bounds.certify import Certificate
 
+from .accuracy import CertifyRun
 from .evaluate import Evaluation
 
-ROLES = ("bound", "pgd", "timing", "block")
+ROLES = ("bound", "pgd", "timing", "block", "certify", "accuracy")
 SOUND_RTOL = 1e-6  # a certified value below pgd·(1 − 1e-6) is a violation, never a rounding question
 COLUMNS = ["role", "bound", "sample", "head", "block", "certified", "certificate", "certificate_p",
            "certificate_seeds", "finding", "objective", "value", "pgd", "ratio", "sound", "violation",
            "seconds", "pgd_seconds"]
+# the extra columns of network rows (certify, pgd_margin, accuracy); absent from other rows
+CERTIFY_COLUMNS = {"label": "the image's class", "correct": "classified correctly",
+                   "margin": "F_y − max_{j≠y} F_j at the clean image",
+                   "certified_prop1": "certified by LoFAST Proposition 1",
+                   "certified_pairwise": "certified by the pairwise-head test (ours)",
+                   "pgd_margin": "the smallest margin PGD found in the ball",
+                   "pgd_broken": "PGD found a point of the ball not classified as the label",
+                   "attack_steps": "PGD steps of an accuracy row"}
 
 
 def _entries(values: Tensor) -> Iterator[tuple[int, int, float]]:
@@ -43,24 +63,29 @@ def _entries(values: Tensor) -> Iterator[tuple[int, int, float]]:
 def row(role: str, name: str, sample: int, value: float, *, head: int = -1, block: int = -1,
         certified: bool = False, certificate: Certificate | str = "estimate", finding: bool = False,
         objective: str | None = None, pgd: float = math.nan, seconds: float = 0.0,
-        pgd_seconds: float = 0.0) -> dict:
+        pgd_seconds: float = 0.0, refuted: bool = False, extra: dict | None = None) -> dict:
     """One row; ``ratio``, ``sound`` and ``violation`` follow from value, pgd and certified.
 
     ``finding`` marks a bound whose published statement this suite found unsound: its violations
     are findings, shown apart from ``violation`` (the suite's own bounds must never have one).
+    ``refuted``: an attack contradicts the value in another way (a certificate it breaks).
+    ``extra``: columns of :data:`CERTIFY_COLUMNS`.
     """
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
+    unknown = set(extra or {}) - set(CERTIFY_COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown extra columns {sorted(unknown)}")
     cert = certificate if isinstance(certificate, Certificate) else None
     ratio = value / pgd if pgd and math.isfinite(pgd) else math.nan
-    sound = not (pgd > 0 and value < pgd * (1 - SOUND_RTOL))
+    sound = not (pgd > 0 and value < pgd * (1 - SOUND_RTOL)) and not refuted
     return {"role": role, "bound": name, "sample": sample, "head": head, "block": block,
             "certified": certified, "certificate": cert.kind if cert else certificate,
             "certificate_p": cert.p if cert else math.nan,
             "certificate_seeds": ";".join(map(str, cert.seeds)) if cert else "",
             "finding": finding, "objective": objective or "", "value": value, "pgd": pgd,
             "ratio": ratio, "sound": sound, "violation": certified and not sound and not finding,
-            "seconds": seconds, "pgd_seconds": pgd_seconds}
+            "seconds": seconds, "pgd_seconds": pgd_seconds, **(extra or {})}
 
 
 def unroll(ev: Evaluation) -> list[dict]:
@@ -93,3 +118,34 @@ def measured(role: str, name: str, values: Tensor, seconds: float, block: int = 
     values = values.reshape(values.shape[0], -1).amax(-1)
     return [row(role, name, b, v, block=block, certificate=certificate,
                 seconds=seconds / len(values)) for b, v in enumerate(values.tolist())]
+
+
+def network_rows(res: CertifyRun) -> list[dict]:
+    """A ``certify`` run at one ε (docs/bounds.md §5) as rows: per (bound, sample) a ``certify``
+    row, per sample a ``pgd`` row of the margin attack, and the ``accuracy`` rows."""
+    (eps,) = res.eps
+    n, rows = res.n, []
+    per = [{"label": int(res.labels[i]), "correct": bool(res.correct[i]), "margin": float(res.margin[i]),
+            "pgd_margin": float(res.pgd_margin[eps][i]), "pgd_broken": bool(res.pgd_broken[eps][i])}
+           for i in range(n)]
+    pgd_s = res.pgd_seconds[eps] / n
+    for name in res.bounds:
+        b, key = bounds.get(name), (name, eps)
+        for i in range(n):
+            pairwise, prop1 = bool(res.pairwise[key][i]), bool(res.prop1[key][i])
+            rows.append(row("certify", name, i, float(res.delta[key][i]), certified=b.certified,
+                            certificate=res.certificates[key], finding=bool(b.finding), objective="margin",
+                            pgd=float(res.pgd_features[eps][i]), seconds=res.seconds[key] / n,
+                            pgd_seconds=pgd_s, refuted=pairwise and per[i]["pgd_broken"],
+                            extra=per[i] | {"certified_prop1": prop1, "certified_pairwise": pairwise}))
+    rows += [row("pgd", "pgd_margin", i, per[i]["margin"] - per[i]["pgd_margin"], certificate="attained",
+                 objective="margin", seconds=pgd_s, extra=per[i]) for i in range(n)]
+    return rows + accuracy_rows(res.correct, res.pgd_broken[eps], None)
+
+
+def accuracy_rows(correct: Tensor, broken: Tensor, steps: int | None) -> list[dict]:
+    """Clean and PGD robust accuracy over the samples (a broken sample counts as not robust)."""
+    extra = {} if steps is None else {"attack_steps": steps}
+    return [row("accuracy", "clean", -1, float(correct.double().mean()), certificate="exact", extra=extra),
+            row("accuracy", "pgd_margin", -1, float((~broken).double().mean()), certificate="attained",
+                objective="margin", extra=extra)]

@@ -117,8 +117,12 @@ def _run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: t
             df = pd.concat([pd.DataFrame([head] * len(df)), df, pd.DataFrame([meta] * len(df))],
                            axis=1)
             for r in df[df["violation"]].itertuples():
-                tqdm.write(f"SOUNDNESS VIOLATION: {r.bound} = {r.value:.6g} < PGD {r.pgd:.6g} "
-                           f"in {sweep} {cell.id} sample {r.sample} head {r.head}", file=sys.stderr)
+                # a certify row is also refuted when PGD breaks a sample it certifies (bench/rows.py)
+                broken = r.role == "certify" and bool(r.certified_pairwise) and bool(r.pgd_broken)
+                what = (f"{r.bound} certifies a sample PGD breaks" if broken
+                        else f"{r.bound} = {r.value:.6g} < PGD {r.pgd:.6g}")
+                tqdm.write(f"SOUNDNESS VIOLATION: {what} in {sweep} {cell.id} sample {r.sample} "
+                           f"head {r.head}", file=sys.stderr)
             write_cell(out, sweep, cell.id, df)
             bar.update(1)
     finally:

@@ -19,13 +19,18 @@ from models import InputError
 
 # 2: rows carry ``role`` (bound, pgd, timing, block), ``certificate`` (how a value is known) and
 # ``finding`` (a published statement found unsound), and ``schema_version``; solver names say
-# Lanczos; run.json lists every cell
+# Lanczos; run.json lists every cell; roles certify and accuracy, whose rows (and pgd_margin's) carry
+# the optional columns below (not yet released: extended without a bump)
 SCHEMA_VERSION = 2
 TABLE = "results.csv"
 KEY = ["sweep", "cell_id", "role", "bound", "sample", "head", "block"]
 NUMERIC = ["value", "pgd", "ratio", "seconds", "sample", "head", "block", "certificate_p"]
 BOOLEAN = ["certified", "finding", "sound", "violation"]
 REQUIRED = [*KEY, "schema_version", "certificate", *BOOLEAN, *NUMERIC]
+# the network rows' columns (bench/rows.py CERTIFY_COLUMNS), checked where a table has them; other
+# rows leave them empty, so their booleans are nullable
+OPTIONAL_NUMERIC = ["label", "margin", "pgd_margin", "attack_steps"]
+OPTIONAL_BOOLEAN = ["correct", "certified_prop1", "certified_pairwise", "pgd_broken"]
 LOCK = ".lock"
 # what this suite writes for a missing number; pandas' longer default list would read a stray
 # "n/a" or "NULL" in a value column as a number and let it pass
@@ -132,15 +137,21 @@ def consolidate(out: Path) -> Path:
     return out / TABLE
 
 
-def _as_bool(df: pd.DataFrame, col: str, where: Path) -> None:
+def _as_bool(df: pd.DataFrame, col: str, where: Path, nullable: bool = False) -> None:
+    """Booleans from their text; ``nullable`` keeps empty cells as <NA> (pandas' boolean dtype)."""
     if df[col].dtype == bool:
         return
     text = df[col].astype(str).str.strip().str.lower()
-    ok = text.isin(["true", "false", "1", "0"])
+    missing = df[col].isna() if nullable else pd.Series(False, index=df.index)
+    ok = text.isin(["true", "false", "1", "0"]) | missing
     if not ok.all():
         raise InputError(f"{where}: column {col!r} holds a non-boolean value "
                          f"{df[col][~ok].iloc[0]!r}")
-    df[col] = text.isin(["true", "1"])
+    if nullable:
+        df[col] = pd.array([pd.NA if m else t in ("true", "1") for m, t in zip(missing, text, strict=True)],
+                           dtype="boolean")
+    else:
+        df[col] = text.isin(["true", "1"])
 
 
 def _as_number(df: pd.DataFrame, col: str, where: Path) -> None:
@@ -178,8 +189,11 @@ def load(path: str | Path) -> pd.DataFrame:
     if versions != {SCHEMA_VERSION}:
         raise InputError(f"{path}: results schema version {sorted(map(str, versions))}, this suite "
                          f"reads {SCHEMA_VERSION}; rerun the profile with --fresh")
-    for col in NUMERIC:
+    for col in NUMERIC + [c for c in OPTIONAL_NUMERIC if c in df.columns]:
         _as_number(df, col, path)
     for col in BOOLEAN:
         _as_bool(df, col, path)
+    for col in OPTIONAL_BOOLEAN:
+        if col in df.columns:
+            _as_bool(df, col, path, nullable=True)
     return df

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from attacks.margin import attack_margin
 from bounds import jacobian as jac
 from bounds import lofast as lf
 from bounds.taylor import sigma_J
@@ -14,12 +15,14 @@ from models import Stack
 from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
 from models.spectral import spectral
 
+from .accuracy import block_sigmas, run_certify
 from .cases import Cell
 from .env import timed
 from .evaluate import evaluate
-from .rows import measured, unroll
+from .rows import accuracy_rows, measured, network_rows, unroll
 
 LOFAST_ONLY = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "naive"]
+CAUCHY_PGD_STEPS = 20  # the Cauchy paper's Table 1 reports PGD-20 robust accuracy
 TOTALS = [*LOFAST_ONLY, "taylor", "best"]
 
 Task = Callable[[Cell, dict, torch.device, torch.dtype], list[dict]]
@@ -104,5 +107,33 @@ def cauchy_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype)
     return rows
 
 
+def certify_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """A zoo model's first test images at the cell's ε: every network bound with both certification
+    tests, and PGD on the margin (docs/bounds.md §5). Certified values are float64 whatever ``dtype``."""
+    net, _, images, labels = cell.network()
+    res = run_certify(net, images, labels, [cell.eps], steps=run["pgd_steps"], restarts=run["pgd_restarts"],
+                      seed=run["seed"], device=device)
+    return network_rows(res)
+
+
+def cauchy_model_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """The Cauchy paper's Table 1 and violin for a zoo model (vanilla or lofast) over its first test
+    images: per block k the σ_max of the block's Jacobian at the block's input (exact where
+    n·d ≤ DENSE_LIMIT, docs/bounds.md §3.4), clean accuracy and PGD-20 robust accuracy at ε."""
+    net, _, images, labels = cell.network()
+    net, images, labels = net.to(device), images.to(device), labels.to(device)
+    sigmas, seconds, kind = block_sigmas(net, images)
+    rows: list[dict] = []
+    for k, (values, s) in enumerate(zip(sigmas, seconds, strict=True)):
+        name = "block_sigma_exact" if kind == "exact" else "block_sigma"
+        rows += measured("block", name, values, s, k, kind)
+    attack = attack_margin(net, images, labels, cell.eps, steps=CAUCHY_PGD_STEPS,
+                           restarts=run["pgd_restarts"], seed=run["seed"])
+    with torch.no_grad():
+        correct = net(images).argmax(-1) == labels
+    return rows + accuracy_rows(correct.cpu(), attack.broken.cpu(), CAUCHY_PGD_STEPS)
+
+
 TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "totals": totals_task,
-                          "scaling": scaling_task, "cauchy": cauchy_task}
+                          "scaling": scaling_task, "cauchy": cauchy_task, "certify": certify_task,
+                          "cauchy_model": cauchy_model_task}

@@ -1,0 +1,178 @@
+"""Certified and empirical robustness of a ViT over test images (docs/bounds.md §5): every network
+bound at every ε (LoFAST Proposition 1 and the pairwise-head test), PGD on the margin at every ε,
+and the soundness check that joins them. ``python -m bench certify`` and the ``certify`` task both
+compute through :func:`run_certify`; the Cauchy task's per-block Jacobian norms are here too.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from attacks.margin import attack_margin, margin
+from bounds.certify import Certificate, exact_norm, reuse
+from bounds.network import Certifier, network_bound, network_bounds
+from models import InputError, check_eps
+from models.data import load_dataset
+from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
+from models.vit import ViT
+from models.vit_io import load_vit
+
+# Samples per batch: the dense certified norms hold [chunk, nd, nd] float64 matrices (2 MB each at
+# n·d = 512), so a chunk of 32 keeps a few hundred MB at most.
+CHUNK = 32
+
+
+@dataclass
+class CertifyRun:
+    """Per sample (the first N test images): label, clean margin, and per (bound, ε) δ_features
+    and both tests; per ε the attack's worst margin, its verdict and the feature change it caused
+    (‖φ(x + γ) − φ(x)‖, attained, so a lower bound of the true δ_features)."""
+
+    labels: Tensor
+    margin: Tensor
+    correct: Tensor
+    eps: list[float]
+    bounds: list[str]
+    delta: dict[tuple[str, float], Tensor] = field(default_factory=dict)
+    prop1: dict[tuple[str, float], Tensor] = field(default_factory=dict)
+    pairwise: dict[tuple[str, float], Tensor] = field(default_factory=dict)
+    certificates: dict[tuple[str, float], Certificate] = field(default_factory=dict)
+    seconds: dict[tuple[str, float], float] = field(default_factory=dict)  # whole batch, on its own
+    pgd_margin: dict[float, Tensor] = field(default_factory=dict)
+    pgd_broken: dict[float, Tensor] = field(default_factory=dict)
+    pgd_features: dict[float, Tensor] = field(default_factory=dict)
+    pgd_seconds: dict[float, float] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.labels)
+
+
+def parse_eps(text: str) -> list[float]:
+    """``0.02,0.05,0.1`` → [0.02, 0.05, 0.1]: each finite and > 0, no repeats."""
+    items = [s.strip() for s in str(text).split(",")]
+    if not text or not all(items):
+        raise InputError(f"--eps must be a comma-separated list of numbers > 0, got {text!r}")
+    values = [check_eps(s) for s in items]
+    if len(set(values)) != len(values):
+        raise InputError(f"--eps lists a value twice: {text!r}")
+    return values
+
+
+def first_test_images(dataset: str, net: ViT, limit: int | None) -> tuple[Tensor, Tensor]:
+    """The first ``limit`` test images and labels of a bundled dataset, checked against the network."""
+    if limit is not None and (isinstance(limit, bool) or limit < 1):
+        raise InputError(f"the number of test samples must be at least 1, got {limit}")
+    _, _, X, y = load_dataset(dataset)
+    if tuple(X.shape[1:]) != (net.cfg.image, net.cfg.image) or int(y.max()) >= net.cfg.classes:
+        raise InputError(f"{dataset} images are {list(X.shape[1:])} with {int(y.max()) + 1} classes; "
+                         f"the model takes {net.cfg.image}×{net.cfg.image} images and {net.cfg.classes}")
+    if limit is not None and limit > len(X):
+        raise InputError(f"{dataset} has {len(X)} test images, fewer than the {limit} asked for")
+    return X[:limit], y[:limit]
+
+
+def load_model(path: str | Path) -> tuple[ViT, dict]:
+    """``load_vit`` with the two refusals a user meets first, each one InputError line."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such model file")
+    return load_vit(path)
+
+
+def _cat(parts: list[Tensor]) -> Tensor:
+    return torch.cat(parts) if parts else torch.empty(0)
+
+
+def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], names: list[str] | None = None,
+                *, steps: int = 100, restarts: int = 8, seed: int = 0,
+                device: torch.device | str = "cpu") -> CertifyRun:
+    """Every bound (``names``, default all of :func:`bounds.network.network_bounds`) and PGD on the
+    margin at every ε, in chunks of :data:`CHUNK` samples."""
+    bounds_ = [network_bound(n) for n in names] if names else network_bounds()
+    eps = [check_eps(e) for e in eps]
+    net = net.to(device)
+    images, labels = images.to(device=device, dtype=torch.float64), labels.to(device)
+    keys = [(b.name, e) for e in eps for b in bounds_]
+    parts: dict = {k: {"delta": [], "prop1": [], "pairwise": [], "cert": [], "s": 0.0} for k in keys}
+    attack: dict = {e: {"margin": [], "broken": [], "features": [], "s": 0.0} for e in eps}
+    clean = []
+    for i in range(0, len(images), CHUNK):
+        x, y = images[i:i + CHUNK], labels[i:i + CHUNK]
+        cert = Certifier(net, x, y)
+        clean.append(cert.logits)
+        with reuse():  # one chunk's norms, shared by every bound and ε (they do not depend on ε)
+            for e in eps:
+                for b in bounds_:
+                    c = cert.certify(b, e)
+                    p = parts[(b.name, e)]
+                    p["delta"].append(c.delta)
+                    p["prop1"].append(c.prop1)
+                    p["pairwise"].append(c.pairwise)
+                    p["cert"].append(c.certificate)
+                    p["s"] += c.seconds
+        for e in eps:
+            start = time.perf_counter()
+            a = attack_margin(net, x, y, e, steps=steps, restarts=restarts, seed=seed + i)
+            with torch.no_grad():
+                moved = (net.trace(x + a.delta).features - net.trace(x).features).norm(dim=-1)
+            attack[e]["margin"].append(a.margin)
+            attack[e]["broken"].append(a.broken)
+            attack[e]["features"].append(moved)
+            attack[e]["s"] += time.perf_counter() - start
+    logits = torch.cat(clean)
+    out = CertifyRun(labels.cpu(), margin(logits, labels).cpu(), (logits.argmax(-1) == labels).cpu(),
+                     eps, [b.name for b in bounds_])
+    for k, p in parts.items():
+        out.delta[k], out.prop1[k], out.pairwise[k] = (_cat(p[f]).cpu()
+                                                       for f in ("delta", "prop1", "pairwise"))
+        out.certificates[k] = per_sample(p["cert"])
+        out.seconds[k] = p["s"]
+    for e, a in attack.items():
+        out.pgd_margin[e], out.pgd_broken[e], out.pgd_features[e] = (
+            _cat(a[f]).cpu() for f in ("margin", "broken", "features"))
+        out.pgd_seconds[e] = a["s"]
+    return out
+
+
+def per_sample(certs: list[Certificate]) -> Certificate:
+    """The certificate of one sample's value when chunks were certified apart: the weakest kind and
+    the largest per-value failure probability (a value rests on its own chunk's norms only)."""
+    out = Certificate("exact")
+    for c in certs:
+        joined = out & c
+        out = Certificate(joined.kind, max(out.p, c.p), joined.seeds)
+    return out
+
+
+def block_inputs(net: ViT, images: Tensor) -> list[Tensor]:
+    """Each block's input before its LayerProject or LayerNorm: the point where the Cauchy view takes
+    the block's Jacobian (``net.blocks[k]`` as the function)."""
+    X, out = net.tokens(images), []
+    with torch.no_grad():
+        for block in net.blocks:
+            out.append(X)
+            X = block(X)
+    return out
+
+
+def block_sigmas(net: ViT, images: Tensor) -> tuple[list[Tensor], list[float], str]:
+    """σ_max of every block's Jacobian at every image ([B] per block), the seconds per block, and how
+    it is known: exact (the dense Jacobian's top Gram eigenvalue in float64, rounded up; twice as fast
+    as its SVD) when n·d ≤ DENSE_LIMIT, else a Lanczos estimate."""
+    sigmas, seconds = [], []
+    dense = net.cfg.n_tokens * net.cfg.d <= DENSE_LIMIT
+    with torch.no_grad():
+        inputs = block_inputs(net, images.to(torch.float64))
+    for block, X in zip(net.blocks, inputs, strict=True):
+        start = time.perf_counter()
+        parts = [exact_norm(jacobian_matrix(block, X[i:i + CHUNK])) if dense
+                 else jacobian_lanczos(block, X[i:i + CHUNK]).sigma for i in range(0, len(X), CHUNK)]
+        sigmas.append(torch.cat(parts).detach())
+        seconds.append(time.perf_counter() - start)
+    return sigmas, seconds, "exact" if dense else "estimate"

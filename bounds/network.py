@@ -1,0 +1,143 @@
+"""Certified robustness of a whole ViT (docs/bounds.md §5; LoFAST §5.2 and Proposition 1).
+
+For images in an ℓ2 ball of radius ε (pixel space, over the whole image), a ``lofast``-variant
+:class:`models.vit.ViT` changes its pooled features by at most
+
+    δ_features = pool · r_N,   r_0 = ‖E‖·ε,   r_{k+1} = Lip(FFN_k) · bound(attn_k, X̂_k, r_k),
+
+where X̂_k is block k's actual projected input on the clean image (LayerProject is 1-Lipschitz, so
+the perturbed projected input lies in the ball of radius r_k around it, docs/bounds.md §1.4), the
+FFN constant is exact (``ViT.ffn_lipschitz``) and mean pooling is 1/√n-Lipschitz. The positional
+embedding and every bias cancel in differences. A sample (correctly classified) is then certified
+
+* by LoFAST Proposition 1 when ``margin > √2·‖W‖·δ_features``;
+* by this suite's pairwise-head test when ``F_y − F_j > ‖w_y − w_j‖·δ_features`` for every j ≠ y,
+  which certifies every sample Proposition 1 certifies (``‖w_y − w_j‖ ≤ √2‖W‖``).
+
+Everything is float64; the certified norms inside the bounds carry their certificate, collected
+over the blocks by :func:`bounds.certify.ledger` (docs/bounds.md §2.4).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from models import InputError
+from models.vit import ViT
+
+from .base import Bound
+from .certify import Certificate, exact_norm, ledger
+from .registry import BOUNDS, get
+
+# Float64 rounding in the logits, in the products of the test and in the SVDs of ‖E‖ and Lip(FFN)
+# (a few ulps each; the norms inside the bounds are rounded up already): a gap must beat its
+# threshold by more than this many ulps of the numbers involved, so no sample is certified by a last bit.
+ROUNDING = 64 * torch.finfo(torch.float64).eps
+
+
+def network_bounds() -> list[Bound]:
+    """The bounds that can certify a network: certified, end to end (``output``), not per head, and
+    propagated block by block through dot-product layers (docs/bounds.md §1.4)."""
+    return [b for b in BOUNDS if b.certified and b.objective == "output" and not b.per_head
+            and "dot" in b.kinds and b.stack == "propagate"]
+
+
+def network_bound(name: str) -> Bound:
+    """The bound of that name, refused (InputError) unless it can certify a network."""
+    bound = get(name)
+    if bound not in network_bounds():
+        raise InputError(f"bound {name!r} cannot certify a network (needs a certified end-to-end bound "
+                         f"of dot-product layers); use one of "
+                         f"{', '.join(b.name for b in network_bounds())}")
+    return bound
+
+
+def check_certifiable(net: ViT) -> None:
+    """Refuses a network whose blocks the propagation of docs/bounds.md §1.4 does not cover."""
+    if net.cfg.variant != "lofast":
+        raise InputError(f"a {net.cfg.variant!r} ViT cannot be certified this way: its blocks start with "
+                         f"LayerNorm, which is not 1-Lipschitz (its constant grows without bound as a "
+                         f"token's variance goes to 0), where the certificate needs LayerProject "
+                         f"(docs/bounds.md §1.4, §5)")
+
+
+@dataclass(frozen=True)
+class NetworkCertificate:
+    """One bound at one ε over a batch of samples."""
+
+    bound: str
+    eps: float
+    delta: Tensor  # [B], δ_features
+    prop1: Tensor  # [B] bool, certified by LoFAST Proposition 1
+    pairwise: Tensor  # [B] bool, certified by the pairwise-head test (ours)
+    certificate: Certificate  # per sample: the weakest kind, the failure probability of one value
+    seconds: float  # what this value costs on its own (reused norms counted), for the whole batch
+
+
+class Certifier:
+    """A network at a batch of images: the clean trace is taken once, so that within a
+    :func:`bounds.certify.reuse` block every bound and ε share the certified norms of each block."""
+
+    def __init__(self, net: ViT, images: Tensor, labels: Tensor):
+        check_certifiable(net)
+        if labels.shape != images.shape[:1]:
+            raise InputError(f"labels must be [B] for images [B, H, W], got {list(labels.shape)}")
+        if net.head.weight.dtype != torch.float64:
+            raise InputError("certify a float64 network (models.load_vit loads one): a float32 trace "
+                             "would move the margins by more than the certificate accounts for")
+        with torch.no_grad():
+            trace = net.trace(images.to(torch.float64))
+        self.inputs = [X.detach() for X in trace.inputs]
+        self.logits = trace.logits.detach()
+        self.labels = labels.to(self.logits.device)
+        self.layers = [layer.to(self.logits) for layer in net.attention_layers()]
+        self.ffn = net.ffn_lipschitz()
+        self.embedding = net.embedding_norm()
+        self.pool = net.pool_lipschitz
+        self.W = net.head_matrix()
+        self.W_norm = float(exact_norm(self.W))
+        self.correct = self.logits.argmax(-1) == self.labels
+
+    def delta(self, bound: Bound, eps: float) -> tuple[Tensor, Certificate, float]:
+        """(δ_features [B], its certificate, seconds on its own) at image radius ``eps``."""
+        start = time.perf_counter()
+        with ledger() as book:
+            radius = torch.full_like(self.logits[:, 0], self.embedding * eps)
+            for layer, X, lip in zip(self.layers, self.inputs, self.ffn, strict=True):
+                radius = bound.fn(layer, X, radius) * lip
+        seconds = time.perf_counter() - start + book.reused_seconds
+        return radius * self.pool, book.certificate, seconds
+
+    def certify(self, bound: Bound | str, eps: float) -> NetworkCertificate:
+        bound = network_bound(bound) if isinstance(bound, str) else bound
+        delta, cert, seconds = self.delta(bound, eps)
+        return NetworkCertificate(bound.name, eps, delta, prop1(self.logits, self.labels, self.W_norm, delta),
+                                  pairwise(self.logits, self.labels, self.W, delta), cert, seconds)
+
+
+def _beats(logits: Tensor, labels: Tensor, threshold: Tensor) -> Tensor:
+    """Whether ``F_y − F_j > threshold[:, j]`` for every j ≠ y, with room for rounding; NaN or inf
+    thresholds certify nothing."""
+    own = logits.gather(-1, labels[:, None])
+    gaps = (own - logits).scatter(-1, labels[:, None], math.inf)
+    threshold = threshold.scatter(-1, labels[:, None], 0.0)  # j = y: no condition (and no inf·0)
+    slack = ROUNDING * (own.abs() + logits.abs() + threshold)
+    return (gaps > threshold + slack).all(-1)
+
+
+def prop1(logits: Tensor, labels: Tensor, W_norm: float, delta: Tensor) -> Tensor:
+    """LoFAST Proposition 1 with a linear head W: ``margin > √2·‖W‖·δ_features`` (docs/bounds.md §5)."""
+    threshold = (math.sqrt(2) * W_norm * delta)[:, None].expand_as(logits)
+    return _beats(logits, labels, threshold)
+
+
+def pairwise(logits: Tensor, labels: Tensor, W: Tensor, delta: Tensor) -> Tensor:
+    """This suite's pairwise-head test: ``F_y − F_j > ‖w_y − w_j‖·δ_features`` for every j ≠ y
+    (docs/bounds.md §5); each logit difference moves by at most ‖w_y − w_j‖·δ_features."""
+    rows = torch.linalg.vector_norm(W[labels][:, None, :] - W[None], dim=-1)  # [B, C]
+    return _beats(logits, labels, rows * delta[:, None])
