@@ -87,9 +87,10 @@ def cluster(workers: int | None = None, scheduler: str | None = None) -> Iterato
         # task's exception reaches the client and is said there once, as one error line. The
         # scheduler's HTTP server always starts; on any free local port, since a second run here (or
         # anything else on Dask's 8787) would draw a warning about the port
-        with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                      dashboard_address="127.0.0.1:0",
-                                      silence_logs=logging.CRITICAL) as local, \
+        with _local_config(), \
+                distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                         dashboard_address="127.0.0.1:0",
+                                         silence_logs=logging.CRITICAL) as local, \
                 distributed.Client(local) as client:
             yield Cluster(client, f"{workers} local Dask workers")
         return
@@ -102,6 +103,14 @@ def cluster(workers: int | None = None, scheduler: str | None = None) -> Iterato
                          f"({type(e).__name__}: {e})") from None
     with client:
         yield Cluster(client, f"Dask at {scheduler}")
+
+
+def _local_config():
+    """Dask's settings for the workers we start: without the statistical profiler, which samples
+    the running task's stack every 10 ms and cost about 20 % of a quick cell's CPU time here."""
+    import dask
+
+    return dask.config.set({"distributed.worker.profile.enabled": False})
 
 
 def compute(cell_id: str, run: dict, device_arg: str, threads: int) -> tuple[list[dict], dict]:
