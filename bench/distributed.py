@@ -107,7 +107,7 @@ def cluster(workers: int | None = None, scheduler: str | None = None) -> Iterato
 
 def _local_config():
     """Dask's settings for the workers we start: without the statistical profiler, which samples
-    the running task's stack every 10 ms and cost about 20 % of a quick cell's CPU time here."""
+    the running task's stack every 10 ms and cost 10–20 % of a quick cell's CPU time here."""
     import dask
 
     return dask.config.set({"distributed.worker.profile.enabled": False})
