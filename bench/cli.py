@@ -33,6 +33,16 @@ def _positive_int(s: str) -> int:
     return v
 
 
+def _count(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {s!r}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m bench", description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=_positive_int, default=None,
@@ -62,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--list", action="store_true", help="list the cells and exit")
     rn.add_argument("--fresh", action="store_true",
                     help="discard the finished cells in --out instead of resuming from them")
+    dask = rn.add_mutually_exclusive_group()
+    dask.add_argument("--workers", type=_count, default=None, metavar="N",
+                      help="run the cells on a local Dask cluster of N processes (pip install "
+                           "'attnbounds[dask]')")
+    dask.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                      help="run the cells on the Dask cluster at ADDRESS (tcp://HOST:8786)")
 
     rp = sub.add_parser("report", help="figures and tables, rebuilt from stored results alone")
     rp.add_argument("results", nargs="?", default=str(ROOT / "results" / "baseline"),
@@ -100,7 +116,8 @@ def _run(args) -> int:
             print(f"{sweep}\t{cell.id}")
         return 0
     out = Path(args.out) if args.out else ROOT / "results" / profile.name
-    table, violations = run_profile(profile, out, args.device, args.dtype, overrides, args.fresh)
+    table, violations = run_profile(profile, out, args.device, args.dtype, overrides, args.fresh,
+                                    args.workers, args.scheduler)
     print(f"results: {table}")
     if violations:
         print(f"SOUNDNESS VIOLATIONS: {violations} rows where PGD refutes a certified bound",

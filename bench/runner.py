@@ -9,11 +9,13 @@ violation: it is printed at once and counted at the end, never dropped.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -34,6 +36,9 @@ from .store import (
 )
 from .sweeps import Profile
 from .tasks import TASKS
+
+if TYPE_CHECKING:
+    from .distributed import Cluster
 
 MANIFEST = "run.json"
 
@@ -75,46 +80,65 @@ def _discard(out: Path) -> None:
 
 
 def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg: str | None = None,
-                overrides: dict | None = None, fresh: bool = False) -> tuple[Path, int]:
+                overrides: dict | None = None, fresh: bool = False, workers: int | None = None,
+                scheduler: str | None = None) -> tuple[Path, int]:
     """Runs (or resumes) every cell into ``out``; returns (results table, violations found).
 
+    Cells run in this process, or as Dask tasks on ``workers`` local processes or the cluster at
+    ``scheduler`` (bench/distributed.py); either way this process writes every file.
     Everything that can be checked is checked before anything is written.
     """
-    device = resolve_device(device_arg)
+    dask = workers is not None or scheduler is not None
+    device = None if dask else resolve_device(device_arg)  # Dask workers resolve their own
     run = dict(profile.run)
     if dtype_arg:
         run["dtype"] = dtype_arg
     dtype = resolve_dtype(run["dtype"])
     want = _manifest(profile, run, overrides)
-    writable_dir(out, "--out")
-    with lock(out):
-        if fresh:
-            _discard(out)
-        remove_stale_temps(out)
-        _check_resume(out, want)
-        table = _run_cells(profile, out, run, want, device, dtype)
+    # the cluster first: a missing Dask or an unreachable scheduler then leaves nothing written
+    with _cluster(workers, scheduler) if dask else contextlib.nullcontext() as cluster:
+        writable_dir(out, "--out")
+        with lock(out):
+            if fresh:
+                _discard(out)
+            remove_stale_temps(out)
+            _check_resume(out, want)
+            table = _run_cells(profile, out, run, want, device, dtype, cluster, device_arg)
     return table, int(pd.read_csv(table)["violation"].sum())
 
 
-def _run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: torch.device,
-               dtype: torch.dtype) -> Path:
+def _cluster(workers: int | None, scheduler: str | None):
+    from .distributed import cluster  # Dask is optional: imported only when asked for
+
+    return cluster(workers, scheduler)
+
+
+def _run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: torch.device | None,
+               dtype: torch.dtype, cluster: Cluster | None = None, device_arg: str = "auto") -> Path:
     _, dirty = git_state()
+    where = device_name(device) if device is not None else cluster.where
+    # on Dask, device, device_name and torch_version are each worker's, set per cell below
     meta = {"schema_version": SCHEMA_VERSION, "profile": profile.name,
             "suite_version": manifest["suite_version"], "git_commit": manifest["git_commit"],
-            "git_dirty": dirty, "torch_version": torch.__version__, "device": device.type,
-            "device_name": device_name(device), "dtype": run["dtype"], "run_seed": run["seed"],
+            "git_dirty": dirty, "torch_version": torch.__version__,
+            "device": device.type if device is not None else "", "device_name": where,
+            "dtype": run["dtype"], "run_seed": run["seed"],
             "pgd_steps": run["pgd_steps"], "pgd_restarts": run["pgd_restarts"],
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     write_json(out / MANIFEST, manifest)
     cells = profile.cells()
     todo = [(i, s, c) for i, (s, c) in enumerate(cells) if not cell_file(out, s, c.id).exists()]
-    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=f"{profile.name} on "
-               f"{meta['device_name']}", unit="cell", file=sys.stderr, mininterval=5)
+    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=f"{profile.name} on {where}",
+               unit="cell", file=sys.stderr, mininterval=5)
+    if cluster is None:
+        results = ((i, s, c, TASKS[c.task](c, run, device, dtype), {}) for i, s, c in todo)
+    else:  # in the order they finish; consolidate() restores the run order
+        results = cluster.rows(todo, run, device_arg, torch.get_num_threads(), manifest["git_commit"])
     try:
-        for i, sweep, cell in todo:
-            df = pd.DataFrame(TASKS[cell.task](cell, run, device, dtype))
+        for i, sweep, cell, rows, env in results:
+            df = pd.DataFrame(rows)
             head = {"cell_index": i, "sweep": sweep, "cell_id": cell.id} | cell.params()
-            df = pd.concat([pd.DataFrame([head] * len(df)), df, pd.DataFrame([meta] * len(df))],
+            df = pd.concat([pd.DataFrame([head] * len(df)), df, pd.DataFrame([meta | env] * len(df))],
                            axis=1)
             for r in df[df["violation"]].itertuples():
                 # a certify row is also refuted when PGD breaks a sample it certifies (bench/rows.py)
@@ -126,5 +150,6 @@ def _run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: t
             write_cell(out, sweep, cell.id, df)
             bar.update(1)
     finally:
+        results.close()  # cancels the Dask tasks still queued, while the cluster is still open
         bar.close()  # ends the bar's line, so an error printed after it stands on its own line
     return consolidate(out)

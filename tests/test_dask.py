@@ -1,0 +1,145 @@
+"""Sweeps on Dask (bench/distributed.py): a distributed run's table equals a serial run's, and every
+bad option, a task's error, an unreachable scheduler and a missing Dask are one ``error:`` line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from helpers import main_inprocess
+from test_bench import TINY
+from test_hardening import ONE, one_error
+
+from bench import distributed as bd
+from bench import tasks
+from bench.runner import run_profile
+from bench.store import READ, load
+from bench.sweeps import load_profile
+from models import InputError
+
+distributed = pytest.importorskip("distributed")
+# what only the clock or the calendar decides; device_name stays, both runs are on this machine
+TIMING = ["seconds", "pgd_seconds", "date"]
+
+
+def _table(out: Path) -> pd.DataFrame:
+    return pd.read_csv(out / "results.csv", **READ).drop(columns=TIMING)
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("serial")
+    (d / "tiny.toml").write_text(TINY)
+    run_profile(load_profile(str(d / "tiny.toml")), d / "run", "cpu")
+    return d
+
+
+def test_local_workers_equal_the_serial_run(serial, capsys):
+    out = serial / "dask"
+    code, stdout, err = main_inprocess(capsys, "run", "--profile", serial / "tiny.toml", "--out", out,
+                                       "--device", "cpu", "--workers", "2")
+    assert code == 0 and "results:" in stdout, err
+    assert "2 local Dask workers" in err
+    # exact: the same code on the same bits, one thread each, and the same run order after
+    # consolidation although the cells finished in any order
+    pd.testing.assert_frame_equal(_table(serial / "run"), _table(out), check_exact=True)
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    """A running cluster of one worker process, as `dask scheduler` + `dask worker` would be."""
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                       dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL)
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+def test_scheduler_resumes_a_serial_run_and_equals_it(scheduler, profile, tmp_path, capsys):
+    """A serial run less one cell, finished on a running cluster: the finished cell is not
+    recomputed, and the table equals the serial run's."""
+    out = tmp_path / "r"
+    run_profile(load_profile(str(profile)), out, "cpu")
+    serial = _table(out)
+    cells = sorted((out / "cells").glob("*.csv"))
+    cells[0].unlink()
+    kept = cells[1].stat().st_mtime_ns
+    code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", out, "--scheduler",
+                                  scheduler)
+    assert code == 0, err
+    assert cells[0].exists() and cells[1].stat().st_mtime_ns == kept
+    pd.testing.assert_frame_equal(serial, _table(out), check_exact=True)
+    assert set(load(out)["device"]) == {"cpu"}  # the worker's own, not a placeholder
+
+
+@pytest.fixture
+def profile(tmp_path) -> Path:
+    (tmp_path / "one.toml").write_text(ONE)
+    return tmp_path / "one.toml"
+
+
+def test_task_error_on_a_worker_is_one_line(scheduler, profile, tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA: the worker's --device cuda must fail")
+    code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", tmp_path / "r",
+                                  "--device", "cuda", "--scheduler", scheduler)
+    one_error(code, err, "no CUDA device is available")
+
+
+def test_task_error_keeps_the_finished_cells(profile, tmp_path, capsys, monkeypatch):
+    """The second cell fails: the first is written, the error is one line, and a rerun resumes."""
+    fail = "eps=0.1,"
+    bounds = tasks.TASKS["bounds"]
+
+    def failing(cell, *args):
+        if fail in cell.id:
+            raise InputError("planted failure")
+        return bounds(cell, *args)
+
+    # threads, so that the planted task is the one the workers run
+    local = distributed.LocalCluster
+    monkeypatch.setattr(distributed, "LocalCluster", lambda **kw: local(**(kw | {"processes": False})))
+    monkeypatch.setitem(tasks.TASKS, "bounds", failing)
+    out = tmp_path / "r"
+    code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", out, "--workers", "1")
+    one_error(code, err, "planted failure")
+    assert len(list((out / "cells").glob("*.csv"))) == 1
+    fail = "no cell has this"
+    code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", out, "--workers", "1")
+    assert code == 0, err
+    assert load(out)["cell_id"].nunique() == 2
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--workers", "0"], "expected an integer >= 1, got '0'"),
+    (["--workers", "-2"], "expected an integer >= 1, got '-2'"),
+    (["--workers", "two"], "expected an integer, got 'two'"),
+    (["--workers", "2", "--scheduler", "tcp://127.0.0.1:8786"], "not allowed with argument"),
+])
+def test_bad_dask_options(args, words, profile, tmp_path, capsys):
+    code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", tmp_path / "r", *args)
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1:9", "nonsense"])
+def test_unreachable_scheduler(address, profile, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bd, "CONNECT_TIMEOUT_S", 2.0)
+    code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", tmp_path / "r",
+                                  "--scheduler", address)
+    one_error(code, err, f"--scheduler {address}: no Dask scheduler there")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("option", [["--workers", "2"], ["--scheduler", "tcp://127.0.0.1:8786"]])
+def test_missing_dask_names_the_extra(option, profile, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # what `import distributed` then raises
+    code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", tmp_path / "r", *option)
+    one_error(code, err, "pip install 'attnbounds[dask]'")
+    assert not (tmp_path / "r").exists()
