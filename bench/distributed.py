@@ -106,11 +106,14 @@ def cluster(workers: int | None = None, scheduler: str | None = None) -> Iterato
 
 
 def _local_config():
-    """Dask's settings for the workers we start: without the statistical profiler, which samples
-    the running task's stack every 10 ms and cost 10–20 % of a quick cell's CPU time here."""
+    """Dask's settings for the workers we start, each measured on the quick profile's cells: no
+    statistical profiler (it samples the running task's stack every 10 ms: 10–20 % more CPU time),
+    and glibc's own malloc trimming (Dask's MALLOC_TRIM_THRESHOLD_ turns off glibc's adaptive mmap
+    threshold, so torch's tensors are mapped and unmapped afresh: three times the system time)."""
     import dask
 
-    return dask.config.set({"distributed.worker.profile.enabled": False})
+    return dask.config.set({"distributed.worker.profile.enabled": False,
+                            "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
 
 
 def compute(cell_id: str, run: dict, device_arg: str, threads: int) -> tuple[list[dict], dict]:
