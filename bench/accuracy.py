@@ -78,7 +78,7 @@ def first_test_images(dataset: str, net: ViT, limit: int | None) -> tuple[Tensor
 
 
 def load_model(path: str | Path) -> tuple[ViT, dict]:
-    """``load_vit`` with the two refusals a user meets first, each one InputError line."""
+    """``load_vit``, refusing a path that is not a file with one InputError line."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such model file")
@@ -116,11 +116,13 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                     p["pairwise"].append(c.pairwise)
                     p["cert"].append(c.certificate)
                     p["s"] += c.seconds
+        with torch.no_grad():
+            features = net.trace(x).features  # the clean features, the same for every ε
         for e in eps:
             start = time.perf_counter()
             a = attack_margin(net, x, y, e, steps=steps, restarts=restarts, seed=seed + i)
             with torch.no_grad():
-                moved = (net.trace(x + a.delta).features - net.trace(x).features).norm(dim=-1)
+                moved = (net.trace(x + a.delta).features - features).norm(dim=-1)
             attack[e]["margin"].append(a.margin)
             attack[e]["broken"].append(a.broken)
             attack[e]["features"].append(moved)
