@@ -27,10 +27,12 @@ from models.data import DATASETS
 from .env import ROOT
 
 KINDS = ("dot", "l2", "olsa")
-INPUTS = ("gauss", "fro", "proj")
+INPUTS = ("gauss", "fro", "proj", "data")
 PERTURB = ("none", "W_q", "W_k", "W_v", "W_o", "X")
 TASKS = ("bounds", "lofast", "totals", "scaling", "cauchy", "certify", "cauchy_model")
-MODEL_TASKS = ("certify", "cauchy_model")  # the tasks that read ``model`` and ``dataset``
+MODEL_TASKS = ("certify", "cauchy_model")  # the whole-network tasks: they need ``model`` and ``dataset``
+# the layer tasks that also run on a trained model's first attention layer at real inputs (x = data)
+LAYER_TASKS = ("bounds", "lofast", "totals")
 ZOO = ROOT / "zoo"
 
 
@@ -41,10 +43,12 @@ class Cell:
     ``w_qk`` is the per-head spectral norm of W^Q and W^K, ``w_vo`` that of W^V and W^O (OLSA is
     orthogonal and ignores both). ``x = gauss``: Gaussian X rescaled to spectral norm ``x_norm``;
     ``x = fro``: the same Gaussian X rescaled to Frobenius norm ``x_norm``; ``x = proj``: Gaussian
-    rows of norm about 3 through LayerProject(R = x_norm). ``samples`` inputs
-    are drawn as one batch. ``perturb``/``noise`` add Gaussian noise of spectral norm ``noise`` to
-    one weight family (or X), drawn with ``seed`` (LoFAST Fig. 3). ``task``: ``bounds`` (every
-    bound and PGD), ``lofast`` (LoFAST and naive only), ``totals`` (the certified end-to-end
+    rows of norm about 3 through LayerProject(R = x_norm); ``x = data``: a trained ``model``'s first
+    attention layer (its own weights, n, d, h) at the tokens it sees on its first ``samples`` test
+    images, after LayerProject, times ``x_norm`` (LoFAST Fig. 3 and 4 on a trained layer).
+    ``samples`` inputs are drawn as one batch. ``perturb``/``noise`` add Gaussian noise of spectral
+    norm ``noise`` to one weight family (or X), drawn with ``seed`` (LoFAST Fig. 3). ``task``:
+    ``bounds`` (every bound and PGD), ``lofast`` (LoFAST and naive only), ``totals`` (the certified end-to-end
     bounds: LoFAST, its halves, naive, Taylor and best), ``scaling`` (timings of the matrix-free,
     certified and dense solvers) or ``cauchy`` (per-block Jacobian norms of a stack).
 
@@ -101,9 +105,12 @@ class Cell:
         ``samples`` test images; any other cell names none (checked before a run writes anything)."""
         if self.dataset not in DATASETS:
             raise InputError(f"dataset must be one of {tuple(DATASETS)}, got {self.dataset!r}")
-        if (self.task in MODEL_TASKS) != bool(self.model):
-            raise InputError(f"the tasks {MODEL_TASKS} need a model and no other task takes one "
-                             f"(task {self.task!r}, model {self.model!r})")
+        data = self.x == "data"
+        if data and self.task not in LAYER_TASKS:
+            raise InputError(f"x = data (a trained layer at real inputs) is for the tasks {LAYER_TASKS}")
+        if (self.task in MODEL_TASKS or data) != bool(self.model):
+            raise InputError(f"the tasks {MODEL_TASKS} and x = data need a model, and nothing else "
+                             f"takes one (task {self.task!r}, x {self.x!r}, model {self.model!r})")
         if not self.model and self.dataset == "digits":
             return
         if not self.model:
@@ -123,6 +130,18 @@ class Cell:
         if self.samples > int(info.get("n_test", 0)):
             raise InputError(f"model {self.model!r}: {self.dataset} has {info.get('n_test')} test "
                              f"images, fewer than samples = {self.samples}")
+        if data:
+            self._check_layer(info.get("architecture", {}))
+
+    def _check_layer(self, arch: dict) -> None:
+        """A trained-layer cell states the layer it gets, so that its id and rows say what ran."""
+        want = {"kind": "dot", "n": (arch.get("image", 0) // arch.get("patch", 1)) ** 2, "d": arch.get("d"),
+                "h": arch.get("heads"), "residual": True, "depth": 1}
+        got = {k: getattr(self, k) for k in want}
+        if got != want or arch.get("variant") != "lofast":
+            raise InputError(f"model {self.model!r}: its first attention layer is "
+                             f"{', '.join(f'{k} = {v}' for k, v in want.items())} behind LayerProject "
+                             f"(a lofast model); the cell says {got}")
 
     @property
     def model_path(self) -> Path:
@@ -190,6 +209,8 @@ class Cell:
 
     def build(self):
         """(layer or stack, X [samples, n, d]) in float64 on the CPU, the same bits on every call."""
+        if self.x == "data":
+            return self._trained()
         c = self.x_norm  # sets OLSA's default alpha2; its bound re-takes c = ‖X‖_F + ε per input
         kw = {"weight_norm": 1.0, "residual": self.residual, "n": self.n, "c": c}
         if self.depth == 1:
@@ -207,6 +228,20 @@ class Cell:
                                 batch=self.samples)
         if self.perturb == "X":
             X = X + _noise(X.shape, self.noise, self.seed + 20_000)
+        return layer, X
+
+
+    def _trained(self):
+        net, _, images, _ = self.network()
+        with torch.no_grad():
+            X = net.trace(images.to(torch.float64)).inputs[0] * self.x_norm
+        layer = net.attention_layers()[0]
+        if self.perturb == "X":
+            X = X + _noise(X.shape, self.noise, self.seed + 20_000)
+        elif self.perturb != "none":
+            W = getattr(layer, self.perturb)
+            W = W + _noise(tuple(W.shape), self.noise, self.seed + 20_000)
+            layer = replace(layer, **{self.perturb: W})
         return layer, X
 
 

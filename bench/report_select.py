@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from . import report_taylor as taylor
+from . import report_trained as trained
 from .report_data import (
     PGD_LABEL,
     Panel,
@@ -56,8 +57,8 @@ def _own_pgd(sub: pd.DataFrame, name: str) -> Trace | None:
     return trace(rows, "eps", "pgd", PGD_LABEL, "reference")
 
 
-def _fig1_data(df: pd.DataFrame, x_norm: float | None = None):
-    sub = sweep(df, "eps", kind="dot")
+def _fig1_data(df: pd.DataFrame, x_norm: float | None = None, name: str = "eps"):
+    sub = sweep(df, name, kind="dot")
     xn = nearest(sub, "x_norm", 1.0) if x_norm is None else x_norm
     sub = sub[sub["x_norm"] == xn]
     h1 = int(nearest(sub, "h", 1))
@@ -75,19 +76,35 @@ def fig1(df: pd.DataFrame) -> Plot:
                 (WIDE, 3.2), legend="below")
 
 
-def fig4(df: pd.DataFrame) -> Plot:
-    norms = sorted(sweep(df, "eps", kind="dot")["x_norm"].unique())
+def trained_layer(sub: pd.DataFrame) -> str:
+    """The trained layer and inputs of an ``x = data`` sweep, in words (empty for random layers)."""
+    if "model" not in sub or not (sub["x"] == "data").any():
+        return ""
+    models = "/".join(sorted(set(sub["model"])))
+    commit = "/".join(sorted({str(c)[:10] for c in sub["git_commit"]})) if "git_commit" in sub else "?"
+    return (f" Trained layer: the first attention layer of zoo/{models} (its own weights, n="
+            f"{int(sub['n'].iloc[0])}, d={int(sub['d'].iloc[0])}, h={int(sub['h'].iloc[0])}) at the tokens "
+            f"it sees (after LayerProject) on the first {int(sub['samples'].max())} "
+            f"{'/'.join(sorted(set(sub['dataset'])))} test images, times the input scale; commit {commit}.")
+
+
+def fig4(df: pd.DataFrame, name: str = "eps") -> Plot:
+    sub = sweep(df, name, kind="dot")
+    norms = sorted(sub["x_norm"].unique())
+    data = bool((sub["x"] == "data").any())
+    what = "input scale" if data else "‖X‖"
     rows = []
     for xn in norms:
-        _, sub1, subh, h1, hmax = _fig1_data(df, xn)
-        rows.append(_fig1_row(sub1, subh, h1, hmax, f", ‖X‖={xn:g}"))
-    return Plot(rows, f"LoFAST Fig. 4 (docs/bounds.md §2): Fig. 1 at each input norm of sweep `eps` "
-                      f"(rows: ‖X‖ ∈ {{{', '.join(f'{v:g}' for v in norms)}}}).",
+        _, sub1, subh, h1, hmax = _fig1_data(df, xn, name)
+        rows.append(_fig1_row(sub1, subh, h1, hmax, f", {'×' if data else '‖X‖='}{xn:g}"))
+    return Plot(rows, f"LoFAST Fig. 4 (docs/bounds.md §2): Fig. 1 at each {what} of sweep `{name}` "
+                      f"(rows: {what} ∈ {{{', '.join(f'{v:g}' for v in norms)}}}).{trained_layer(sub)}",
                 (WIDE, 2.0 * len(norms) + 1.0), legend="below")
 
 
-def fig3(df: pd.DataFrame) -> Plot:
-    sub = sweep(df, "ablation")
+def fig3(df: pd.DataFrame, name: str = "ablation") -> Plot:
+    sub = sweep(df, name)
+    where = trained_layer(sub)
     targets = [t for t in ["W_q", "W_k", "W_v", "W_o", "X"] if t in set(sub["perturb"])]
     eps = nearest(sub, "eps", 0.1)
     sub = sub[sub["eps"] == eps]
@@ -101,9 +118,9 @@ def fig3(df: pd.DataFrame) -> Plot:
                                    st[(st["role"] == "pgd") & (st["objective"] == "output")]))
         panels.append(Panel(f"perturb {t}", "noise", f"bound at ε={eps:g}" if not panels else "",
                             traces))
-    return Plot([panels], f"LoFAST Fig. 3 (docs/bounds.md §2): sweep `ablation` (task lofast), "
+    return Plot([panels], f"LoFAST Fig. 3 (docs/bounds.md §2): sweep `{name}` (task lofast), "
                           f"ε={eps:g}; `value` mean ± std over seeds and samples per (perturb, noise); "
-                          f"noise = spectral norm of the Gaussian perturbation of the target.",
+                          f"noise = spectral norm of the Gaussian perturbation of the target.{where}",
                 (WIDE, 2.5), sharey=True)
 
 
@@ -243,6 +260,10 @@ FIGURES: dict[str, Callable[[pd.DataFrame], Plot]] = {
     "fig1_lofast": fig1,
     "fig4_lofast_input_norms": fig4,
     "fig3_ablation": fig3,
+    "fig4_trained_layer": lambda df: fig4(df, "eps_trained"),
+    "fig3_trained_ablation": lambda df: fig3(df, "ablation_trained"),
+    "fig2_certified_accuracy": trained.fig_zoo,
+    "cauchy_models_violin": trained.fig_cauchy_models,
     "cauchy_violin": fig_cauchy,
     "olsa_vs_kim": fig_olsa_kim,
     "tightness_heads": lambda df: fig_tight(df, "heads"),

@@ -143,6 +143,24 @@ def network_rows(res: CertifyRun) -> list[dict]:
     return rows + accuracy_rows(res.correct, res.pgd_broken[eps], None)
 
 
+# the trained network a model task ran on, from its card: the report's grid axes come from here
+MODEL_COLUMNS = {"vit_depth": "blocks", "vit_heads": "heads per block", "vit_d": "token width",
+                 "vit_c": "cap on per-head ‖W^V‖, ‖W^O‖ (NaN: none)",
+                 "vit_qk": "cap on per-head ‖W^Q‖, ‖W^K‖ (NaN: none)",
+                 "vit_margin_eps": "Lipschitz-margin training radius (0: cross-entropy)",
+                 "vit_test_accuracy": "clean accuracy over the whole test set (the card's)"}
+
+
+def with_model(rows: list[dict], card: dict) -> list[dict]:
+    """The rows of a model task with the :data:`MODEL_COLUMNS` of its model's card."""
+    a = card["architecture"]
+    nan = lambda v: math.nan if v is None else float(v)
+    cols = {"vit_depth": a["depth"], "vit_heads": a["heads"], "vit_d": a["d"], "vit_c": nan(a["constraint"]),
+            "vit_qk": nan(a.get("qk_constraint")), "vit_margin_eps": float(card.get("margin_eps", 0.0)),
+            "vit_test_accuracy": float(card["test_accuracy"])}
+    return [r | cols for r in rows]
+
+
 def accuracy_rows(correct: Tensor, broken: Tensor, steps: int | None) -> list[dict]:
     """Clean and PGD robust accuracy over the samples (a broken sample counts as not robust)."""
     extra = {} if steps is None else {"attack_steps": steps}

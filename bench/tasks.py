@@ -19,7 +19,7 @@ from .accuracy import block_sigmas, run_certify
 from .cases import Cell
 from .env import timed
 from .evaluate import evaluate
-from .rows import accuracy_rows, measured, network_rows, unroll
+from .rows import accuracy_rows, measured, network_rows, unroll, with_model
 
 LOFAST_ONLY = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "naive"]
 CAUCHY_PGD_STEPS = 20  # the Cauchy paper's Table 1 reports PGD-20 robust accuracy
@@ -110,17 +110,17 @@ def cauchy_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype)
 def certify_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """A zoo model's first test images at the cell's ε: every network bound with both certification
     tests, and PGD on the margin (docs/bounds.md §5). Certified values are float64 whatever ``dtype``."""
-    net, _, images, labels = cell.network()
+    net, card, images, labels = cell.network()
     res = run_certify(net, images, labels, [cell.eps], steps=run["pgd_steps"], restarts=run["pgd_restarts"],
                       seed=run["seed"], device=device)
-    return network_rows(res)
+    return with_model(network_rows(res), card)
 
 
 def cauchy_model_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """The Cauchy paper's Table 1 and violin for a zoo model (vanilla or lofast) over its first test
     images: per block k the σ_max of the block's Jacobian at the block's input (exact where
     n·d ≤ DENSE_LIMIT, docs/bounds.md §3.4), clean accuracy and PGD-20 robust accuracy at ε."""
-    net, _, images, labels = cell.network()
+    net, card, images, labels = cell.network()
     net, images, labels = net.to(device), images.to(device), labels.to(device)
     sigmas, seconds, kind = block_sigmas(net, images)
     rows: list[dict] = []
@@ -131,7 +131,7 @@ def cauchy_model_task(cell: Cell, run: dict, device: torch.device, dtype: torch.
                            restarts=run["pgd_restarts"], seed=run["seed"])
     with torch.no_grad():
         correct = net(images).argmax(-1) == labels
-    return rows + accuracy_rows(correct.cpu(), attack.broken.cpu(), CAUCHY_PGD_STEPS)
+    return with_model(rows + accuracy_rows(correct.cpu(), attack.broken.cpu(), CAUCHY_PGD_STEPS), card)
 
 
 TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "totals": totals_task,

@@ -41,9 +41,14 @@ BATCH_SIZE, LR = 64, 1e-2
 HEAD_LR_SCALE = 10.0
 
 
-def model_name(dataset: str, cfg: ViTConfig) -> str:
-    """``digits-d32-b2-h2-c0.5``; vanilla models end in ``-vanilla`` instead of the cap."""
+def model_name(dataset: str, cfg: ViTConfig, margin_eps: float = 0.0) -> str:
+    """``digits-d32-b2-h2-c0.5``, then ``-q1`` for a cap on the logit weights and ``-m0.003`` for
+    Lipschitz-margin training; vanilla models end in ``-vanilla`` instead of the caps."""
     tail = "vanilla" if cfg.variant == "vanilla" else f"c{cfg.constraint if cfg.constraint else 'none'}"
+    if cfg.qk_constraint is not None:
+        tail += f"-q{cfg.qk_constraint:g}"
+    if margin_eps:
+        tail += f"-m{margin_eps:g}"
     return f"{dataset}-d{cfg.d}-b{cfg.depth}-h{cfg.heads}-{tail}"
 
 
@@ -62,6 +67,34 @@ def deterministic(device: torch.device):
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
+def lipschitz_surrogate(net: ViT) -> Tensor:
+    """A differentiable stand-in for the features' Lipschitz constant over the image, for training
+    only (it certifies nothing): ``‖E‖ · pool · Π_k Lip(FFN_k) · (1 + Σ_h ‖W^V_h‖‖W^O_h‖(1 +
+    2R²‖W^Q_h W^K_hᵀ‖/√d_h))``, the attention factor being the shape of LoFAST's ζ and ‖M_l‖ terms
+    for tokens of norm ≤ R (docs/bounds.md §2)."""
+    norm = lambda W: torch.linalg.matrix_norm(W, ord=2)
+    R = net.cfg.R
+    L = norm(net.embed.weight) * net.pool_lipschitz
+    for block in net.blocks:
+        a = block.attn
+        logits = norm(a.W_q @ a.W_k.transpose(-1, -2)) / math.sqrt(a.W_q.shape[-1])
+        L = L * (1 + (norm(a.W_v) * norm(a.W_o) * (1 + 2 * R * R * logits)).sum())
+        L = L * (1 + norm(block.ffn.up.weight) * norm(block.ffn.down.weight))
+    return L
+
+
+def margin_loss(net: ViT, X: Tensor, y: Tensor, margin_eps: float) -> Tensor:
+    """Cross-entropy on Lipschitz-margin logits (Tsuzuku et al. 2018, pairwise form): every wrong
+    logit j is raised by ``margin_eps · L · ‖w_y − w_j‖``, what it could gain in an ℓ2 ball of
+    radius margin_eps if the features were L-Lipschitz (docs/bounds.md §5's pairwise test)."""
+    logits = net(X)
+    if margin_eps == 0:
+        return F.cross_entropy(logits, y)
+    W = net.head.weight
+    gaps = torch.linalg.vector_norm(W[y][:, None, :] - W[None], dim=-1)  # [B, C], 0 at j = y
+    return F.cross_entropy(logits + margin_eps * lipschitz_surrogate(net) * gaps, y)
+
+
 @torch.no_grad()
 def accuracy(net: ViT, X: Tensor, y: Tensor, batch: int = 2048) -> float:
     net.eval()
@@ -72,8 +105,8 @@ def accuracy(net: ViT, X: Tensor, y: Tensor, batch: int = 2048) -> float:
 
 
 def train(cfg: ViTConfig, dataset: str, *, seed: int = 0, epochs: int = 30, batch_size: int = BATCH_SIZE,
-          lr: float = LR, head_lr_scale: float = HEAD_LR_SCALE, device: str = "cpu",
-          progress: bool = True) -> tuple[ViT, dict]:
+          lr: float = LR, head_lr_scale: float = HEAD_LR_SCALE, margin_eps: float = 0.0,
+          device: str = "cpu", progress: bool = True) -> tuple[ViT, dict]:
     """Adam with a cosine schedule on the cross-entropy, in float64 (the weights certified later are
     exactly the trained ones; these networks are small enough that float64 costs little). Returns the
     network (eval mode) and its card (without the file fields that ``save_vit`` adds)."""
@@ -83,6 +116,11 @@ def train(cfg: ViTConfig, dataset: str, *, seed: int = 0, epochs: int = 30, batc
     for name, v in (("lr", lr), ("head lr scale", head_lr_scale)):
         if not (math.isfinite(v) and v > 0):
             raise InputError(f"{name} must be finite and > 0, got {v}")
+    if not (math.isfinite(margin_eps) and margin_eps >= 0):
+        raise InputError(f"margin eps must be finite and >= 0, got {margin_eps}")
+    if margin_eps and cfg.variant != "lofast":
+        raise InputError("Lipschitz-margin training needs the lofast variant (its Lipschitz constant "
+                         "is what the margin is measured against)")
     dev = resolve_device(device)
     X_tr, y_tr, X_te, y_te = load_dataset(dataset)
     if X_tr.shape[1:] != (cfg.image, cfg.image) or int(y_tr.max()) >= cfg.classes:
@@ -98,7 +136,8 @@ def train(cfg: ViTConfig, dataset: str, *, seed: int = 0, epochs: int = 30, batc
         rest = [p for n, p in net.named_parameters() if not n.startswith("head.")]
         opt = torch.optim.Adam([{"params": rest}, {"params": head, "lr": lr * head_lr_scale}], lr=lr)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * steps)
-        bar = tqdm(range(epochs), desc=model_name(dataset, cfg), file=sys.stderr, disable=not progress)
+        bar = tqdm(range(epochs), desc=model_name(dataset, cfg, margin_eps), file=sys.stderr,
+                   disable=not progress)
         start = time.perf_counter()
         for _ in bar:
             net.train()
@@ -106,7 +145,7 @@ def train(cfg: ViTConfig, dataset: str, *, seed: int = 0, epochs: int = 30, batc
             total = 0.0
             for i in range(0, len(X_tr), batch_size):
                 idx = perm[i:i + batch_size]
-                loss = F.cross_entropy(net(X_tr[idx]), y_tr[idx])
+                loss = margin_loss(net, X_tr[idx], y_tr[idx], margin_eps)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -119,9 +158,12 @@ def train(cfg: ViTConfig, dataset: str, *, seed: int = 0, epochs: int = 30, batc
         test_acc, train_acc = accuracy(net, X_te, y_te), accuracy(net, X_tr, y_tr)
     commit, dirty = git_state()
     card = {"dataset": dataset, "variant": cfg.variant, "constraint": cfg.constraint,
-            "ffn_constraint": cfg.ffn_constraint, "seed": seed, "epochs": epochs, "batch_size": batch_size,
+            "ffn_constraint": cfg.ffn_constraint, "qk_constraint": cfg.qk_constraint,
+            "margin_eps": margin_eps, "seed": seed, "epochs": epochs, "batch_size": batch_size,
             "lr": lr, "head_lr_scale": head_lr_scale, "dtype": "float64",
-            "optimizer": "Adam (the head's lr times head_lr_scale), cosine schedule per step, cross-entropy",
+            "optimizer": "Adam (the head's lr times head_lr_scale), cosine schedule per step, "
+                         + ("cross-entropy" if not margin_eps else
+                            "cross-entropy on Lipschitz-margin logits (bench/train.py: margin_loss)"),
             "test_accuracy": test_acc, "train_accuracy": train_acc, "n_test": len(X_te),
             "train_seconds": round(seconds, 3), "device": dev.type, "device_name": device_name(dev),
             "threads": torch.get_num_threads(), "suite_version": __version__,
@@ -141,6 +183,8 @@ def command(cfg: ViTConfig, card: dict, out: str | Path) -> str:
              "--d", a["d"], "--depth", a["depth"], "--heads", a["heads"], "--patch", a["patch"],
              "--ffn", a["ffn"],
              "--constraint", cap(a["constraint"]), "--ffn-constraint", cap(a["ffn_constraint"]),
+             *(["--qk-constraint", cap(a["qk_constraint"])] if a["qk_constraint"] is not None else []),
+             *(["--margin-eps", repr(card["margin_eps"])] if card.get("margin_eps") else []),
              "--epochs", card["epochs"], "--batch-size", card["batch_size"], "--lr", repr(card["lr"]),
              "--head-lr-scale", repr(card["head_lr_scale"]),
              "--seed", card["seed"], "--device", "cpu", "--threads", card["threads"], "--out", out]
@@ -153,7 +197,7 @@ def train_from_card(card: dict, device: str = "cpu", progress: bool = False) -> 
     cfg = ViTConfig.from_dict(card["architecture"])
     return train(cfg, card["dataset"], seed=card["seed"], epochs=card["epochs"],
                  batch_size=card["batch_size"], lr=card["lr"], head_lr_scale=card["head_lr_scale"],
-                 device=device, progress=progress)
+                 margin_eps=card.get("margin_eps", 0.0), device=device, progress=progress)
 
 
 def parse_cap(s: str | None, variant: str, default: float) -> float | None:
@@ -176,7 +220,8 @@ def config_from_args(args: argparse.Namespace) -> ViTConfig:
                      patch=args.patch or DEFAULTS[args.dataset]["patch"], ffn=args.ffn or 2 * args.d,
                      variant=args.variant,
                      constraint=parse_cap(args.constraint, args.variant, 0.5),
-                     ffn_constraint=parse_cap(args.ffn_constraint, args.variant, 1.0))
+                     ffn_constraint=parse_cap(args.ffn_constraint, args.variant, 1.0),
+                     qk_constraint=parse_cap(args.qk_constraint or "none", args.variant, 1.0))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -192,6 +237,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help="cap on every per-head ‖W^V_l‖₂, ‖W^O_l‖₂ (default 0.5; none for vanilla)")
     tr.add_argument("--ffn-constraint", default=None, metavar="C|none",
                     help="cap on the FFN's ‖W₁‖₂, ‖W₂‖₂ (default 1; none for vanilla)")
+    tr.add_argument("--qk-constraint", default=None, metavar="C|none",
+                    help="cap on every per-head ‖W^Q_l‖₂, ‖W^K_l‖₂ (default none, as LoFAST)")
+    tr.add_argument("--margin-eps", type=float, default=0.0, metavar="EPS",
+                    help="Lipschitz-margin training at this image radius (default 0: plain cross-entropy)")
     tr.add_argument("--epochs", type=int, default=None, help="default: digits 60, fashion-mnist 10")
     tr.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     tr.add_argument("--lr", type=float, default=LR)
@@ -219,12 +268,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"zoo: {train_zoo(Path(args.out) if args.out else ROOT / 'zoo', args.device)}")
         return 0
     cfg = config_from_args(args)
-    out = Path(args.out) if args.out else ROOT / "zoo" / f"{model_name(args.dataset, cfg)}.safetensors"
+    name = model_name(args.dataset, cfg, args.margin_eps)
+    out = Path(args.out) if args.out else ROOT / "zoo" / f"{name}.safetensors"
     if out.suffix != ".safetensors":
         raise InputError(f"--out must end in .safetensors (the card goes beside it), got {out}")
     epochs = args.epochs if args.epochs is not None else DEFAULTS[args.dataset]["epochs"]
     net, card = train(cfg, args.dataset, seed=args.seed, epochs=epochs, batch_size=args.batch_size,
-                      lr=args.lr, head_lr_scale=args.head_lr_scale, device=args.device)
+                      lr=args.lr, head_lr_scale=args.head_lr_scale, margin_eps=args.margin_eps,
+                      device=args.device)
     card = save_vit(out, net, {**card, "command": command(cfg, card, out)})
     print(f"model: {out} (test accuracy {card['test_accuracy']:.4f}, {card['train_seconds']:.1f} s on "
           f"{card['device_name']})")

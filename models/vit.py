@@ -51,6 +51,9 @@ class ViTConfig:
     variant: str = "lofast"
     constraint: float | None = 0.5  # cap on every per-head ‖W^V_l‖₂, ‖W^O_l‖₂ (None: unconstrained)
     ffn_constraint: float | None = 1.0  # cap on ‖W₁‖₂, ‖W₂‖₂, so Lip(FFN) ≤ 1 + cap²
+    # cap on every per-head ‖W^Q_l‖₂, ‖W^K_l‖₂ (None: uncapped, as LoFAST). Uncapped logits let
+    # training sharpen attention until ‖W^Q_l W^K_lᵀ‖ ~ 100 and no bound certifies anything at ε ≥ 1e-3.
+    qk_constraint: float | None = None
     R: float = 1.0  # LayerProject radius (lofast variant only)
 
     def __post_init__(self):
@@ -67,10 +70,12 @@ class ViTConfig:
             raise InputError(f"unknown variant {self.variant!r}; expected one of {', '.join(VARIANTS)}")
         _cap(self.constraint, "constraint")
         _cap(self.ffn_constraint, "ffn_constraint")
+        _cap(self.qk_constraint, "qk_constraint")
         _cap(self.R, "R")
-        if self.variant == "vanilla" and (self.constraint, self.ffn_constraint) != (None, None):
-            raise InputError("the vanilla variant is unconstrained: constraint and ffn_constraint "
-                             "must be none")
+        if self.variant == "vanilla" and (self.constraint, self.ffn_constraint, self.qk_constraint) != (
+                None, None, None):
+            raise InputError("the vanilla variant is unconstrained: constraint, ffn_constraint and "
+                             "qk_constraint must be none")
 
     @property
     def n_tokens(self) -> int:
@@ -186,7 +191,8 @@ class ViT(nn.Module):
         self.head = nn.Linear(cfg.d, cfg.classes)
         if constrained:
             for block in self.blocks:
-                for name, c in (("W_v", cfg.constraint), ("W_o", cfg.constraint)):
+                for name, c in (("W_v", cfg.constraint), ("W_o", cfg.constraint),
+                                ("W_q", cfg.qk_constraint), ("W_k", cfg.qk_constraint)):
                     if c is not None:
                         parametrize.register_parametrization(block.attn, name, SpectralCap(c))
                 for lin in (block.ffn.up, block.ffn.down):

@@ -339,7 +339,7 @@ def test_model_cells_round_trip_and_other_ids_are_unchanged():
         assert Cell.from_id(cell.id) == cell and f"model={cell.model}" in cell.id
     assert Cell().id == "dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]"
     cells = [c for _, c in load_profile("paper").cells() if c.model]
-    assert {c.task for c in cells} == {"certify", "cauchy_model"}
+    assert {c.task for c in cells} == {"certify", "cauchy_model", "bounds", "lofast"}
     assert all(Cell.from_id(c.id) == c for c in cells)
 
 
@@ -353,6 +353,10 @@ def test_model_cells_round_trip_and_other_ids_are_unchanged():
     ({"task": "certify", "model": "digits-d32-b2-h2-c0.5", "dataset": "fashion-mnist"}, "trained on"),
     ({"task": "certify", "model": "digits-d32-b2-h2-c0.5", "dataset": "mnist"}, "dataset must be"),
     ({"dataset": "fashion-mnist"}, "read only by"),
+    ({"x": "data"}, "need a model"),
+    ({"x": "data", "task": "scaling", "model": "digits-d32-b2-h2-c0.5"}, "is for the tasks"),
+    ({"x": "data", "model": "digits-d32-b2-h2-c0.5"}, "first attention layer is kind = dot, n = 16, d = 32"),
+    ({"x": "data", "model": "digits-d16-b2-h1-vanilla", "n": 16, "d": 16, "h": 1}, "a lofast model"),
 ])
 def test_model_cells_reject_bad_parameters(kw, words):
     with pytest.raises(InputError, match=words):
@@ -377,3 +381,40 @@ def test_a_certified_sample_pgd_breaks_is_a_counted_violation(tmp_path, monkeypa
     err = capsys.readouterr().err
     assert err.count("SOUNDNESS VIOLATION: lofast_M certifies a sample PGD breaks") == 2
     assert "specformer" not in err
+
+
+CENTRE = ZOO / "digits-d32-b2-h2-c0.5-q1-m0.003.safetensors"
+
+
+def test_a_committed_model_is_certified_at_eps_0_02_by_lofast_with_no_violation():
+    """Issue #8's bar: ≥ 90% clean accuracy and a non-vacuous LoFAST-certified accuracy at ε = 0.02,
+    every certified sample surviving PGD (the first 48 test images, to stay quick)."""
+    net, card = load_model(CENTRE)
+    assert card["test_accuracy"] >= 0.9
+    images, labels = first_test_images("digits", net, 48)
+    res = run_certify(net, images, labels, [0.02], ["lofast_M", "lofast_M_half"], steps=30, restarts=2)
+    for b in ("lofast_M", "lofast_M_half"):
+        certified = res.pairwise[(b, 0.02)]
+        assert certified.double().mean() > 0.2, b
+        assert not (certified & res.pgd_broken[0.02]).any()
+        assert (res.delta[(b, 0.02)] >= res.pgd_features[0.02] * (1 - 1e-9)).all()
+
+
+def test_a_data_cell_is_the_models_first_layer_at_its_projected_test_tokens():
+    cell = Cell(model="digits-d32-b2-h2-c0.5", x="data", n=16, d=32, h=2, samples=3, x_norm=2.0)
+    assert Cell.from_id(cell.id) == cell
+    layer, X = cell.build()
+    w = load_file(str(D32))
+    # independently: 2×2 patches row-major, E, positions, then rows scaled to norm ≤ 1
+    imgs = first_test_images("digits", load_model(D32)[0], 3)[0].numpy()
+    patches = imgs.reshape(3, 4, 2, 4, 2).transpose(0, 1, 3, 2, 4).reshape(3, 16, 4)
+    T = patches @ w["embed.weight"].T + w["pos"]
+    T = T * np.minimum(1.0, 1.0 / np.linalg.norm(T, axis=-1, keepdims=True))
+    np.testing.assert_allclose(np_(X), 2.0 * T, rtol=1e-12, atol=1e-14)
+    for name, key in (("W_q", "W_q"), ("W_k", "W_k"), ("W_v", "W_v"), ("W_o", "W_o")):
+        np.testing.assert_array_equal(np_(getattr(layer, name)), w[f"blocks.0.attn.{key}"])
+    perturbed, _ = Cell(model="digits-d32-b2-h2-c0.5", x="data", n=16, d=32, h=2, perturb="W_k",
+                        noise=0.5).build()
+    delta = np_(perturbed.W_k) - w["blocks.0.attn.W_k"]
+    assert [np.linalg.norm(delta[i], 2) for i in range(2)] == pytest.approx([0.5, 0.5], rel=1e-9)
+    np.testing.assert_array_equal(np_(perturbed.W_q), w["blocks.0.attn.W_q"])

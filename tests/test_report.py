@@ -19,6 +19,7 @@ import bounds
 from bench import report as report_mod
 from bench import report_select, report_taylor, store
 from bench.report import build
+from bench.report_data import label as report_label
 from bench.report_draw import draw, theme
 from bench.report_select import FIGURES
 from bench.report_tables import TABLES, p_text, summary
@@ -135,6 +136,44 @@ n = 4
 d = 8
 h = 2
 samples = 3
+
+[[sweep]]
+name = "certify"
+task = "certify"
+model = ["digits-d32-b1-h2-c0.5-q1-m0.003", "digits-d32-b2-h2-c0.5-q1-m0.003"]
+eps = [0.02, 0.1]
+samples = 2
+
+[[sweep]]
+name = "cauchy_models"
+task = "cauchy_model"
+model = ["digits-d16-b2-h1-vanilla", "digits-d32-b2-h2-c0.5-q1-m0.003"]
+eps = 0.1
+samples = 2
+
+[[sweep]]
+name = "eps_trained"
+kind = "dot"
+model = "tiny-digits-d16-b1-h1-c0.5"
+x = "data"
+n = 16
+d = 16
+h = 1
+x_norm = [0.5, 1.0]
+eps = [0.01, 0.1]
+
+[[sweep]]
+name = "ablation_trained"
+task = "lofast"
+kind = "dot"
+model = "tiny-digits-d16-b1-h1-c0.5"
+x = "data"
+n = 16
+d = 16
+h = 1
+perturb = ["W_q", "X"]
+noise = [0.0, 0.5]
+eps = 0.1
 """
 
 
@@ -486,3 +525,19 @@ def test_cli_report_into_a_file_exits_2(run_dir: Path, tmp_path: Path):
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and "error" in p.stderr, p.stderr
+
+
+def test_trained_model_figures_and_tables_read_the_stored_rows(table: pd.DataFrame):
+    """LoFAST Fig. 2 / Table 1 and the Cauchy Table 1 recount the stored rows: certified accuracy
+    is the mean of the pairwise verdicts, per model and ε; captions name the models and commit."""
+    tab, caption = TABLES["table1_certified"](table)
+    cert = table[(table["sweep"] == "certify") & (table["role"] == "certify")]
+    for (model, bound, eps), g in cert.groupby(["model", "bound", "eps"]):
+        row = tab[(tab["model"] == model) & (tab["bound"] == report_label(bound))]
+        assert float(row[f"ε={eps:g}"].iloc[0]) == pytest.approx(g["certified_pairwise"].mean(), abs=5e-4)
+    assert "commit" in caption and "digits" in caption
+    plot = FIGURES["fig2_certified_accuracy"](table)
+    assert "depth" in plot.panels[0].xlabel and plot.panels[0].traces[0].x == [1.0, 2.0]
+    ctab, _ = TABLES["cauchy_table1_models"](table)
+    assert set(ctab["model"]) == {"digits-d16-b2-h1-vanilla", "digits-d32-b2-h2-c0.5-q1-m0.003"}
+    assert "zoo/tiny-digits-d16-b1-h1-c0.5" in FIGURES["fig4_trained_layer"](table).caption

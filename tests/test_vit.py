@@ -13,7 +13,7 @@ from helpers import ROOT, main_inprocess
 
 import models
 import models.data
-from bench.train import accuracy, train_from_card
+from bench.train import accuracy, lipschitz_surrogate, margin_loss, model_name, train_from_card
 from bench.zoo import TINY, ZOO
 from models import InputError
 from models.data import load_dataset, read_idx
@@ -186,20 +186,56 @@ def test_zoo_cards_weights_and_readme_agree():
     readme = (ZOO_DIR / "README.md").read_text()
     _, _, X_te, y_te = load_dataset("digits")
     assert "python -m bench train --zoo" in readme
-    for arch, epochs, _ in ZOO:
-        matches = [p for p in ZOO_DIR.glob("*.json")
-                   if all(load_card(p)["architecture"][k] == v for k, v in arch.items())
-                   and (epochs is None or load_card(p)["epochs"] == epochs)]
-        assert len(matches) == 1, arch
-        net, card = load_vit(matches[0].with_suffix(".safetensors"))
-        assert f"`{matches[0].stem}`" in readme and card["command"] in readme
-        c = card["architecture"]["constraint"]
-        if c is not None:
-            for L in net.attention_layers():
-                assert torch.linalg.matrix_norm(torch.cat([L.W_v, L.W_o.mT]), ord=2).max() <= c + 1e-9
+    norm = lambda W: torch.linalg.matrix_norm(W, ord=2)
+    for arch, epochs, name, margin_eps in ZOO:
+        cfg = ViTConfig(image=8, classes=10, patch=2, **arch)
+        stem = name or model_name("digits", cfg, margin_eps)
+        net, card = load_vit(ZOO_DIR / f"{stem}.safetensors")
+        assert ViTConfig.from_dict(card["architecture"]) == cfg, stem
+        assert card.get("margin_eps", 0.0) == margin_eps and card["epochs"] == (epochs or 60), stem
+        assert f"`{stem}`" in readme and card["command"] in readme
+        for L in net.attention_layers():
+            for cap, Ws in ((cfg.constraint, (L.W_v, L.W_o)), (cfg.qk_constraint, (L.W_q, L.W_k))):
+                if cap is not None:
+                    assert max(float(norm(W).max()) for W in Ws) <= cap + 1e-9, stem
         assert accuracy(net, X_te, y_te) == card["test_accuracy"]  # the stored bits are the evaluated ones
-        if epochs is None:  # every full model reaches the 90% on the digits test split
-            assert card["test_accuracy"] >= 0.9, (matches[0].stem, card["test_accuracy"])
+        if epochs != 2:  # every full model is accurate; plain cross-entropy ones reach the 90%
+            assert card["test_accuracy"] >= (0.85 if margin_eps else 0.9), (stem, card["test_accuracy"])
+
+
+def test_margin_loss_is_cross_entropy_at_0_and_raises_every_wrong_logit_above():
+    net = small_net(qk_constraint=1.0)
+    x, y = torch.rand(16, 8, 8, **F64), torch.arange(16) % 10
+    logits = net(x)
+    assert margin_loss(net, x, y, 0.0) == torch.nn.functional.cross_entropy(logits, y)
+    L = lipschitz_surrogate(net)
+    assert L > 0 and L.requires_grad  # it is trained against
+    # the offset of wrong logit j is eps·L·‖w_y − w_j‖, computed here from the head directly
+    W = net.head.weight
+    off = torch.stack([torch.stack([(W[y[i]] - W[j]).norm() for j in range(10)]) for i in range(16)])
+    want = torch.nn.functional.cross_entropy(logits + 0.01 * L * off, y)
+    assert float(margin_loss(net, x, y, 0.01)) == pytest.approx(float(want), rel=1e-12)
+    assert margin_loss(net, x, y, 0.01) > margin_loss(net, x, y, 0.0)
+
+
+def test_qk_cap_holds_after_training_steps():
+    net = small_net(qk_constraint=0.4)
+    opt = torch.optim.Adam(net.parameters(), lr=0.5)
+    x, y = torch.rand(32, 8, 8, **F64), torch.arange(32) % 10
+    for _ in range(10):
+        loss = margin_loss(net, x, y, 0.01)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    norm = lambda W: torch.linalg.matrix_norm(W, ord=2)
+    for L in net.attention_layers():
+        assert norm(L.W_q).max() <= 0.4 + 1e-9 and norm(L.W_k).max() <= 0.4 + 1e-9
+        assert norm(L.A()).max() <= 0.16 + 1e-9  # so ‖W^Q W^Kᵀ‖ ≤ 0.4²
+    with pytest.raises(InputError, match="qk_constraint must be a finite number > 0"):
+        ViTConfig(image=8, classes=10, d=8, heads=2, qk_constraint=0.0)
+    with pytest.raises(InputError, match="vanilla variant is unconstrained"):
+        ViTConfig(image=8, classes=10, d=8, heads=2, variant="vanilla", constraint=None, ffn_constraint=None,
+                  qk_constraint=1.0)
 
 
 @pytest.mark.parametrize("args, words", [
@@ -213,6 +249,9 @@ def test_zoo_cards_weights_and_readme_agree():
     (("--variant", "vanilla", "--constraint", "0.5"), "vanilla variant is unconstrained"),
     (("--epochs", "0"), "epochs must be at least 1"),
     (("--depth", "two"), "invalid int value"),
+    (("--qk-constraint", "-1"), "qk_constraint must be a finite number > 0"),
+    (("--margin-eps", "-0.1"), "margin eps must be finite and >= 0"),
+    (("--variant", "vanilla", "--margin-eps", "0.01"), "needs the lofast variant"),
 ])
 def test_cli_train_bad_input_is_one_error_line(args, words, tmp_path, capsys):
     code, out, err = main_inprocess(capsys, "train", *args, "--out", tmp_path / "m.safetensors")
@@ -237,3 +276,15 @@ def test_cli_trains_a_model_and_its_card_retrains_it(tmp_path, capsys):
     assert str(out) in card["command"]
     assert 0.0 <= card["test_accuracy"] <= 1.0 and card["train_seconds"] > 0
     assert card["suite_version"] and card["git_commit"]
+
+
+def test_cli_margin_training_records_its_recipe_and_retrains_bit_for_bit(tmp_path, capsys):
+    out = tmp_path / "m.safetensors"
+    code, _, _ = main_inprocess(capsys, "train", "--d", "8", "--depth", "1", "--heads", "1", "--epochs", "1",
+                                "--qk-constraint", "0.5", "--margin-eps", "0.01", "--out", out)
+    assert code == 0
+    net, card = load_vit(out)
+    assert card["architecture"]["qk_constraint"] == 0.5 and card["margin_eps"] == 0.01
+    assert "--qk-constraint 0.5 --margin-eps 0.01" in card["command"]
+    again, _ = train_from_card(card)
+    assert all(torch.equal(v, again.weights()[k]) for k, v in net.weights().items())
