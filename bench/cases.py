@@ -55,7 +55,7 @@ class Cell:
     at ε with both certification tests, and PGD on the margin) and ``cauchy_model`` (per-block
     Jacobian σ_max, clean and PGD-20 robust accuracy at ε).
 
-    The pretrained study (``task = "pretrained"``, docs/bounds.md §6) reads attention sub-layer
+    The pretrained study (``task = "pretrained"``, docs/bounds.md §1.6) reads attention sub-layer
     ``layer_index`` (1..6) of all-MiniLM-L6-v2 at its real input for sentence ``sentence`` (an index
     into models/sentences.py) and ignores the layer and input fields; there ``eps`` is relative: the
     radius is ``eps`` × the median token norm ‖x_i‖ of that input.

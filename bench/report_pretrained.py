@@ -1,4 +1,4 @@
-"""The pretrained study (task ``pretrained``, docs/bounds.md §6): per layer of all-MiniLM-L6-v2, each
+"""The pretrained study (task ``pretrained``, docs/bounds.md §1.6): per layer of all-MiniLM-L6-v2, each
 end-to-end bound's value / PGD beside the layer's ‖X‖_F, ζ(X) and mean attention entropy, as a
 figure (:func:`figure`) and a table (:func:`table`). Rows are those of task ``pretrained`` whatever
 their sweep's name; means are over the sentences of a (layer, ε). Imports only :mod:`bench.report_data`.
@@ -74,7 +74,7 @@ def figure(df: pd.DataFrame) -> Plot:
             trace = Trace(text, [float(v) for v in g.index], [float(v) for v in g.values], "reference")
             bottom.append(Panel(f"(b) {text}", LAYER, "", [trace], yscale="linear"))
     return Plot([top, bottom] if bottom else [top],
-                f"Pretrained attention (docs/bounds.md §6), task `pretrained`: {_setting(sub)}. (a) "
+                f"Pretrained attention (docs/bounds.md §1.6), task `pretrained`: {_setting(sub)}. (a) "
                 f"each end-to-end bound's value / PGD lower bound of the output per layer (mean "
                 f"over sentences; estimates dashed, dotted at 1; a ratio above {CAP:g} drawn as ▲ "
                 f"with its value); (b) per layer ‖X‖_F, ζ(X) (certified: see the table) and the "
@@ -100,7 +100,7 @@ def table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         row.update({text: f"{float(q[layer]):.4g}" if layer in q.index else "–" for text, q in qs.items()})
         out.append(row)
     return pd.DataFrame(out), (
-        f"Pretrained attention (docs/bounds.md §6), task `pretrained`: {_setting(sub)}. Per layer "
+        f"Pretrained attention (docs/bounds.md §1.6), task `pretrained`: {_setting(sub)}. Per layer "
         f"and ε: each end-to-end bound's value / PGD lower bound of the output (mean over "
         f"sentences; σ_max(J)·ε is an estimate, the others certified), and the layer's ‖X‖_F, "
         f"ζ(X) (certificate: {certs}) and mean attention entropy (nats), mean over sentences.")

@@ -11,7 +11,7 @@ Every row names its ``role``, so no module parses names to know what a row is:
   the margin attack's worst γ (attained, so a lower bound of the true δ_features), and the columns
   of :data:`CERTIFY_COLUMNS`; ``violation`` also when a finding-free bound certifies a sample the
   attack breaks;
-* ``block`` also holds the per-layer quantities of the pretrained study (docs/bounds.md §6), ``block``
+* ``block`` also holds the per-layer quantities of the pretrained study (docs/bounds.md §1.6), ``block``
   = layer index − 1: ``x_fro`` (‖X‖_F), ``median_token_norm`` and ``attention_entropy`` (the mean over
   heads and query tokens of −Σ_j p_ij ln p_ij, in nats); every row of that study (bound, pgd, block)
   also carries the columns of :data:`PRETRAINED_COLUMNS`;
@@ -54,7 +54,7 @@ CERTIFY_COLUMNS = {"label": "the image's class", "correct": "classified correctl
                    "pgd_margin": "the smallest margin PGD found in the ball",
                    "pgd_broken": "PGD found a point of the ball not classified as the label",
                    "attack_steps": "PGD steps of an accuracy row"}
-# the extra columns of the pretrained study's rows (docs/bounds.md §6); absent from other rows
+# the extra columns of the pretrained study's rows (docs/bounds.md §1.6); absent from other rows
 PRETRAINED_COLUMNS = {"model_version": "version of the model package (models/pretrained.py)",
                       "tokens": "n, the sentence's tokens with [CLS] and [SEP]",
                       "radius": "the absolute ε: the cell's relative eps × the median token norm"}

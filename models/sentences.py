@@ -1,4 +1,4 @@
-"""The sentences of the pretrained study (docs/bounds.md §6), shipped as a constant so that the
+"""The sentences of the pretrained study (docs/bounds.md §1.6), shipped as a constant so that the
 study needs no data file. Written for this suite: everyday English of varied length and topic, the
 shortest first (a 5-token input, [CLS] and [SEP] included, keeps n·d ≤ DENSE_LIMIT at d = 384, so its
 norms are exact SVDs; the longer ones take the probabilistic certificate). A cell names a sentence

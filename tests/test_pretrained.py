@@ -1,4 +1,4 @@
-"""The pretrained study (docs/bounds.md §6): every attention sub-layer of all-MiniLM-L6-v2 exported to
+"""The pretrained study (docs/bounds.md §1.6): every attention sub-layer of all-MiniLM-L6-v2 exported to
 DotMHA, checked against transformers' own computation, and the soundness audit on those real layers.
 
 The reference is transformers' module itself, never the export's tensors: a forward hook on

@@ -1,4 +1,4 @@
-"""The pretrained study's cells and task (docs/bounds.md §6) as the runner sees them: ids, refusals,
+"""The pretrained study's cells and task (docs/bounds.md §1.6) as the runner sees them: ids, refusals,
 the one-line error without the extras (these need no extras), and the rows of one real cell (these do).
 """
 

