@@ -23,16 +23,18 @@ from models import (
 )
 from models.build import with_spectral_norm
 from models.data import DATASETS
+from models.sentences import SENTENCES
 
 from .env import ROOT
 
 KINDS = ("dot", "l2", "olsa")
 INPUTS = ("gauss", "fro", "proj", "data")
 PERTURB = ("none", "W_q", "W_k", "W_v", "W_o", "X")
-TASKS = ("bounds", "lofast", "totals", "scaling", "cauchy", "certify", "cauchy_model")
+TASKS = ("bounds", "lofast", "totals", "scaling", "cauchy", "certify", "cauchy_model", "pretrained")
 MODEL_TASKS = ("certify", "cauchy_model")  # the whole-network tasks: they need ``model`` and ``dataset``
 # the layer tasks that also run on a trained model's first attention layer at real inputs (x = data)
 LAYER_TASKS = ("bounds", "lofast", "totals")
+PRETRAINED_LAYERS = 6  # all-MiniLM-L6-v2 (models/pretrained.py, which needs the extras to import)
 ZOO = ROOT / "zoo"
 
 
@@ -56,6 +58,11 @@ class Cell:
     its first ``samples`` test images, and ignore the layer fields: ``certify`` (every network bound
     at ε with both certification tests, and PGD on the margin) and ``cauchy_model`` (per-block
     Jacobian σ_max, clean and PGD-20 robust accuracy at ε).
+
+    The pretrained study (``task = "pretrained"``, docs/bounds.md §1.6) reads attention sub-layer
+    ``layer_index`` (1..6) of all-MiniLM-L6-v2 at its real input for sentence ``sentence`` (an index
+    into models/sentences.py) and ignores the layer and input fields; there ``eps`` is relative: the
+    radius is ``eps`` × the median token norm ‖x_i‖ of that input.
     """
 
     kind: str = "dot"
@@ -77,6 +84,8 @@ class Cell:
     task: str = "bounds"
     model: str = ""
     dataset: str = "digits"
+    layer_index: int = 0  # 0: not a pretrained cell
+    sentence: int = 0
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -99,6 +108,22 @@ class Cell:
         if not math.isfinite(self.noise) or self.noise < 0:
             raise InputError(f"noise must be finite and >= 0, got {self.noise}")
         self._check_model()
+        self._check_pretrained()
+
+    def _check_pretrained(self) -> None:
+        """Only a pretrained cell names a layer and a sentence, and it must name valid ones; checked
+        from the shipped sentences alone, so a profile is refused before the extras are needed."""
+        if self.task != "pretrained":
+            if self.layer_index or self.sentence:
+                raise InputError(f"layer_index and sentence are read only by task 'pretrained' "
+                                 f"(task {self.task!r})")
+            return
+        if not 1 <= self.layer_index <= PRETRAINED_LAYERS:
+            raise InputError(f"task pretrained needs layer_index in 1..{PRETRAINED_LAYERS}, "
+                             f"got {self.layer_index}")
+        if not 0 <= self.sentence < len(SENTENCES):
+            raise InputError(f"sentence must be 0..{len(SENTENCES) - 1} (models/sentences.py), "
+                             f"got {self.sentence}")
 
     def _check_model(self) -> None:
         """A model cell names a zoo file with its card, trained on the cell's dataset, with at least
@@ -150,7 +175,8 @@ class Cell:
     @property
     def id(self) -> str:
         """``dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]``, plus the
-        non-default extras (perturbation, samples, task, model, dataset)."""
+        non-default extras (perturbation, samples, task, model, dataset; a pretrained cell's layer
+        and sentence)."""
         parts = [f"n={self.n}", f"d={self.d}", f"h={self.h}", f"H={'I' if self.residual else '0'}",
                  f"wqk={_num(self.w_qk)}", f"wvo={_num(self.w_vo)}", f"x={self.x}:{_num(self.x_norm)}",
                  f"depth={self.depth}"]
@@ -167,6 +193,8 @@ class Cell:
             parts.append(f"model={self.model}")
         if self.dataset != "digits":
             parts.append(f"dataset={self.dataset}")
+        if self.task == "pretrained":
+            parts += [f"layer={self.layer_index}", f"sentence={self.sentence}"]
         return f"{self.kind}[{','.join(parts)}]"
 
     @classmethod
@@ -191,6 +219,8 @@ class Cell:
             for key in ("task", "model", "dataset"):
                 if key in items:
                     kw[key] = items.pop(key)
+            if "layer" in items:
+                kw.update(layer_index=int(items.pop("layer")), sentence=int(items.pop("sentence")))
         except (ValueError, KeyError):
             raise InputError(f"not a cell id: {cell_id!r}") from None
         if items:
@@ -208,7 +238,13 @@ class Cell:
         return (net, card, *first_test_images(self.dataset, net, self.samples))
 
     def build(self):
-        """(layer or stack, X [samples, n, d]) in float64 on the CPU, the same bits on every call."""
+        """(layer or stack, X [samples, n, d]) in float64 on the CPU, the same bits on every call;
+        for a pretrained cell the model's layer and its input [1, n, d] (needs the extras)."""
+        if self.task == "pretrained":
+            from models import pretrained  # imports transformers: only pretrained cells need it
+
+            layer, X = pretrained.case(self.layer_index, self.sentence)
+            return layer, X[None]
         if self.x == "data":
             return self._trained()
         c = self.x_norm  # sets OLSA's default alpha2; its bound re-takes c = ‖X‖_F + ε per input

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from . import report_pretrained as pretrained
 from . import report_taylor as taylor
 from . import report_trained as trained
 from .report_data import (
@@ -272,4 +273,5 @@ FIGURES: dict[str, Callable[[pd.DataFrame], Plot]] = {
     "tightness_eps": lambda df: fig_tight(df, "eps"),
     "tightness_taylor": taylor.figure,
     "scaling": fig_scaling,
+    "pretrained": pretrained.figure,
 }

@@ -11,6 +11,10 @@ Every row names its ``role``, so no module parses names to know what a row is:
   the margin attack's worst γ (attained, so a lower bound of the true δ_features), and the columns
   of :data:`CERTIFY_COLUMNS`; ``violation`` also when a finding-free bound certifies a sample the
   attack breaks;
+* ``block`` also holds the per-layer quantities of the pretrained study (docs/bounds.md §1.6), ``block``
+  = layer index − 1: ``x_fro`` (‖X‖_F), ``median_token_norm`` and ``attention_entropy`` (the mean over
+  heads and query tokens of −Σ_j p_ij ln p_ij, in nats); every row of that study (bound, pgd, block)
+  also carries the columns of :data:`PRETRAINED_COLUMNS`;
 * ``accuracy``: a network's clean (``bound`` = ``clean``) or PGD robust (``pgd_margin``) accuracy
   over the cell's test images, ``sample`` = −1.
 
@@ -50,6 +54,11 @@ CERTIFY_COLUMNS = {"label": "the image's class", "correct": "classified correctl
                    "pgd_margin": "the smallest margin PGD found in the ball",
                    "pgd_broken": "PGD found a point of the ball not classified as the label",
                    "attack_steps": "PGD steps of an accuracy row"}
+# the extra columns of the pretrained study's rows (docs/bounds.md §1.6); absent from other rows
+PRETRAINED_COLUMNS = {"model_version": "version of the model package (models/pretrained.py)",
+                      "tokens": "n, the sentence's tokens with [CLS] and [SEP]",
+                      "radius": "the absolute ε: the cell's relative eps × the median token norm"}
+EXTRA_COLUMNS = CERTIFY_COLUMNS | PRETRAINED_COLUMNS
 
 
 def _entries(values: Tensor) -> Iterator[tuple[int, int, float]]:
@@ -69,11 +78,11 @@ def row(role: str, name: str, sample: int, value: float, *, head: int = -1, bloc
     ``finding`` marks a bound whose published statement this suite found unsound: its violations
     are findings, shown apart from ``violation`` (the suite's own bounds must never have one).
     ``refuted``: an attack contradicts the value in another way (a certificate it breaks).
-    ``extra``: columns of :data:`CERTIFY_COLUMNS`.
+    ``extra``: columns of :data:`EXTRA_COLUMNS`.
     """
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
-    unknown = set(extra or {}) - set(CERTIFY_COLUMNS)
+    unknown = set(extra or {}) - set(EXTRA_COLUMNS)
     if unknown:
         raise ValueError(f"unknown extra columns {sorted(unknown)}")
     cert = certificate if isinstance(certificate, Certificate) else None
@@ -167,3 +176,16 @@ def accuracy_rows(correct: Tensor, broken: Tensor, steps: int | None) -> list[di
     return [row("accuracy", "clean", -1, float(correct.double().mean()), certificate="exact", extra=extra),
             row("accuracy", "pgd_margin", -1, float((~broken).double().mean()), certificate="attained",
                 objective="margin", extra=extra)]
+
+
+def pretrained_rows(ev: Evaluation, layer_index: int, quantities: dict[str, float],
+                    columns: dict) -> list[dict]:
+    """The pretrained study's rows of one (layer, sentence, ε): every bound and PGD value of ``ev``,
+    and one ``block`` row per exact per-layer quantity, each row with ``columns``
+    (:data:`PRETRAINED_COLUMNS`)."""
+    unknown = set(columns) - set(PRETRAINED_COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown pretrained columns {sorted(unknown)}")
+    block = [row("block", name, 0, v, block=layer_index - 1, certificate="exact")
+             for name, v in quantities.items()]
+    return [r | columns for r in unroll(ev) + block]

@@ -95,6 +95,10 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
         run["dtype"] = dtype_arg
     dtype = resolve_dtype(run["dtype"])
     want = _manifest(profile, run, overrides)
+    if any(c.task == "pretrained" for _, c in profile.cells()):
+        from models.pretrained import require  # the study's extras, before anything is written
+
+        require()
     # the cluster first: a missing Dask or an unreachable scheduler then leaves nothing written
     with _cluster(workers, scheduler) if dask else contextlib.nullcontext() as cluster:
         writable_dir(out, "--out")

