@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from models import DotMHA
-from models.operators import jacobian_matrix, jacobian_operator
+from models.operators import JACOBIAN_LIMIT, jacobian_matrix, jacobian_operator
 from models.spectral import spectral
 
 from .base import radius
@@ -36,7 +36,7 @@ def sigma_J(layer: DotMHA, X: Tensor, *, probabilistic: bool = False) -> Tensor:
     return certified_norm(("jacobian", layer.kind, layer.residual, names), (*tensors, X),
                           lambda: jacobian_matrix(layer.forward, X),
                           lambda: jacobian_operator(layer.forward, X), (B,), (n, d), X,
-                          probabilistic=probabilistic)
+                          probabilistic=probabilistic, limit=JACOBIAN_LIMIT)
 
 
 def taylor(layer: DotMHA, X: Tensor, eps) -> Tensor:

@@ -25,6 +25,15 @@ if TYPE_CHECKING:
     from .layers import DotMHA
 
 DENSE_LIMIT = 2048  # n·d above which the (nd)×(nd) Jacobian is refused and bench skips dense solvers
+# the side of the structured Gram (models.structured) above which the certified ζ and ‖M_l‖ take
+# the probabilistic certificate instead of the exact one (measured: bench/scaling, README "Scale")
+# the side of the structured Gram (models.structured) or the dense Jacobian's Gram above which the
+# certified ζ, ‖M_l‖ and σ̄_J take the probabilistic certificate instead of the exact one: the largest
+# measured size where exact cost at most ~2× the probabilistic (one thread, README "Scale"). Exact
+# is kept up to there because it is tighter (no δ) and has p = 0
+ZETA_GRAM_LIMIT = 1024  # nd = 1024: exact 0.10–0.14 s, probabilistic 0.07 s; 1536: 0.29 vs 0.09
+M_GRAM_LIMIT = 768  # min(n², n·r) = 512: exact 0.01–0.10 s vs 0.08–0.20; 1024: up to 3× slower
+JACOBIAN_LIMIT = 1024  # nd = 1024: exact 0.22–0.29 s vs 0.17; 1536: 0.55 vs 0.20
 
 
 @dataclass(frozen=True)

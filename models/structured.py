@@ -1,0 +1,97 @@
+"""Cheaper exact forms of the two LoFAST norms, from the structure of their operators
+(docs/bounds.md §2.1): the Gram matrix of ζ's Kronecker sum without the (nd)³ product, and ‖M_l‖
+on the 2·d_h-dimensional subspace that its logit map actually sees.
+
+* ζ: ``K = H⊗I_d + Σ_l P_l⊗C_lᵀ`` (row-major vec), so
+  ``KᵀK = H²I + H(K + Kᵀ) + Σ_{l,m} (P_lᵀP_m)⊗(C_l C_mᵀ)``: one product of inner size h² instead
+  of a product of inner size nd.
+* ‖M_l‖: ``T(Γ) = Γ Uᵀ + V Γᵀ`` with ``U = K_l W^Q_lᵀ`` and ``V = Q_l W^K_lᵀ`` depends on Γ only
+  through ``Γ [W^Q_l, W^K_l]``. With Q an orthonormal basis (d×r, r ≤ 2d_h) of that span,
+  ``T(Γ) = T(Γ QQᵀ)`` and ``Γ ↦ ΓQ`` is an isometry of the subspace, so ‖T‖ = ‖T̃‖ for
+  ``T̃(Y) = Y Ũᵀ + Ṽ Yᵀ`` on n×r matrices, ``Ũ = UQ``, ``Ṽ = VQ``. Q is computed, so it is
+  orthonormal and spans the range only up to rounding: :func:`reduced_logit` returns the
+  ``slack`` that makes ``‖T‖ ≤ ‖T̃‖·√(1 + η) + ρ`` rigorous (η = ‖QᵀQ − I‖_F,
+  ρ = ‖U − UQQᵀ‖_F + ‖V − VQQᵀ‖_F).
+* The Gram of M̃_l in the n²-dimensional output space needs only the n×n products ŨŨᵀ, ṼṼᵀ, ŨṼᵀ:
+  ``(MMᵀ)[(i,j),(i',j')] = δ_ii'(ŨŨᵀ)_jj' + δ_ij'(ŨṼᵀ)_ji' + δ_ji'(ṼŨᵀ)_ij' + δ_jj'(ṼṼᵀ)_ii'``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from .operators import LinearOperator
+
+if TYPE_CHECKING:
+    from .layers import DotMHA
+
+
+def zeta_gram(layer: DotMHA, X: Tensor) -> Tensor:
+    """KᵀK for ζ's K = H⊗I_d + Σ_l P_l⊗C_lᵀ, as [B, nd, nd] (row-major vec, index (k, a))."""
+    B, n, d = X.shape
+    P, C, H = layer.attention(X), layer.C(), layer.H_norm
+    PP = torch.einsum("bhik,bgiq->bkqhg", P, P).reshape(B, n * n, -1)  # (P_hᵀ P_g)[k, q]
+    CC = torch.einsum("hac,gec->hgae", C, C).reshape(-1, d * d)  # (C_h C_gᵀ)[a, e]
+    G = (PP @ CC).reshape(B, n, n, d, d).transpose(2, 3).reshape(B, n * d, n * d)
+    if H:
+        K = torch.einsum("bhik,hac->bicka", P, C).reshape(B, n * d, n * d)  # K[(i,c),(k,a)]
+        G = G + H * (K + K.mT) + H * H * torch.eye(n * d, dtype=X.dtype, device=X.device)
+    return G
+
+
+@dataclass(frozen=True)
+class ReducedLogit:
+    U: Tensor  # [B, h, n, r], Ũ = U Q
+    V: Tensor  # [B, h, n, r], Ṽ = V Q
+    scale: Tensor  # [h], √(1 + η) ≥ ‖Q‖
+    slack: Tensor  # [B, h], ρ: what T does off the computed subspace
+
+    @property
+    def operator(self) -> LinearOperator:
+        U, V = self.U, self.V
+        return LinearOperator(lambda G: G @ U.mT + V @ G.mT, lambda Z: Z @ U + Z.mT @ V)
+
+    def bound(self, reduced_norm: Tensor) -> Tensor:
+        """An upper bound of ‖M_l‖ from an upper bound of ‖T̃‖ (module docstring)."""
+        return reduced_norm * self.scale + self.slack
+
+
+def reduced_logit(layer: DotMHA, X: Tensor) -> ReducedLogit:
+    """The logit map of every head on the span of [W^Q_l, W^K_l] (module docstring); r = min(d, 2d_h)."""
+    op = layer.logit_operator(X)
+    d = layer.d
+    if 2 * layer.d_h >= d:  # no smaller subspace: Q = I exactly, nothing to account for
+        zero = torch.zeros(op.U.shape[:2], dtype=X.dtype, device=X.device)
+        return ReducedLogit(op.U, op.V, torch.ones(layer.h, dtype=X.dtype, device=X.device), zero)
+    Q = torch.linalg.qr(torch.cat([layer.W_q, layer.W_k], dim=-1)).Q  # [h, d, 2d_h]
+    eye = torch.eye(Q.shape[-1], dtype=X.dtype, device=X.device)
+    eta = torch.linalg.matrix_norm(Q.mT @ Q - eye)
+    U, V = op.U @ Q, op.V @ Q  # [B, h, n, r]
+    QQ = Q @ Q.mT
+    rho = torch.linalg.matrix_norm(op.U - op.U @ QQ) + torch.linalg.matrix_norm(op.V - op.V @ QQ)
+    # the slack's own rounding is of the order of ρ's ulps: doubling it covers that
+    return ReducedLogit(U, V, (1 + eta).sqrt(), 2 * rho)
+
+
+def logit_gram(red: ReducedLogit) -> Tensor:
+    """M̃_l M̃_lᵀ as [B, h, n², n²] (module docstring), index (i, j) = row i, column j of T̃(Y)."""
+    U, V = red.U, red.V
+    n = U.shape[-2]
+    eye = torch.eye(n, dtype=U.dtype, device=U.device)
+    UU, VV, UV = U @ U.mT, V @ V.mT, U @ V.mT
+    G = (torch.einsum("ip,bhjq->bhijpq", eye, UU) + torch.einsum("jq,bhip->bhijpq", eye, VV)
+         + torch.einsum("iq,bhjp->bhijpq", eye, UV) + torch.einsum("jp,bhqi->bhijpq", eye, UV))
+    return G.reshape(*U.shape[:2], n * n, n * n)
+
+
+def reduced_logit_matrix(red: ReducedLogit) -> Tensor:
+    """M̃_l as [B, h, n², n·r] (row (i,j): δ_ik Ũ_ja + δ_jk Ṽ_ia), for n > r where M̃ᵀM̃ is the smaller Gram."""
+    U, V = red.U, red.V
+    B, h, n, r = U.shape
+    eye = torch.eye(n, dtype=U.dtype, device=U.device)
+    M = torch.einsum("ik,bhja->bhijka", eye, U) + torch.einsum("jk,bhia->bhijka", eye, V)
+    return M.reshape(B, h, n * n, n * r)
