@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from . import report_cost as cost
 from . import report_taylor as taylor
 from .report_data import (
     PGD_LABEL,
@@ -251,4 +252,5 @@ FIGURES: dict[str, Callable[[pd.DataFrame], Plot]] = {
     "tightness_eps": lambda df: fig_tight(df, "eps"),
     "tightness_taylor": taylor.figure,
     "scaling": fig_scaling,
+    "cost": cost.figure,
 }

@@ -13,6 +13,7 @@ import pandas as pd
 
 import bounds
 
+from . import report_cost as cost
 from . import report_taylor as taylor
 from .report_data import Skip, label, nearest, registry_order, sweep
 
@@ -217,4 +218,4 @@ def olsa_kim(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 
 TABLES = {"summary": summary, "table3_lofast": table3, "cauchy": cauchy, "olsa_vs_kim": olsa_kim,
-          "taylor_eps": taylor.table}
+          "taylor_eps": taylor.table, "cost": cost.table}

@@ -29,7 +29,7 @@ BOOLEAN = ["certified", "finding", "sound", "violation"]
 REQUIRED = [*KEY, "schema_version", "certificate", *BOOLEAN, *NUMERIC]
 # the network rows' columns (bench/rows.py CERTIFY_COLUMNS), checked where a table has them; other
 # rows leave them empty, so their booleans are nullable
-OPTIONAL_NUMERIC = ["label", "margin", "pgd_margin", "attack_steps"]
+OPTIONAL_NUMERIC = ["label", "margin", "pgd_margin", "attack_steps", "peak_mib"]
 OPTIONAL_BOOLEAN = ["correct", "certified_prop1", "certified_pairwise", "pgd_broken"]
 LOCK = ".lock"
 # what this suite writes for a missing number; pandas' longer default list would read a stray

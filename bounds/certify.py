@@ -165,8 +165,8 @@ def lanczos_upper(A: Callable[[Tensor], Tensor], batch: tuple[int, ...], N: int,
     Bt = math.prod(batch)
     gen = torch.Generator().manual_seed(seed)
     v = _unit_rows(torch.randn(Bt, N, generator=gen, dtype=torch.float64)).to(like.device)
-    Q = torch.empty(k, Bt, N, dtype=torch.float64, device=like.device)
-    Q[0] = v
+    Q = torch.empty(Bt, k, N, dtype=torch.float64, device=like.device)  # basis vectors as rows
+    Q[:, 0] = v
     alpha = torch.zeros(k, Bt, dtype=torch.float64, device=like.device)
     beta = torch.zeros(k, Bt, dtype=torch.float64, device=like.device)
     alive = torch.ones(Bt, dtype=torch.bool, device=like.device)
@@ -175,12 +175,18 @@ def lanczos_upper(A: Callable[[Tensor], Tensor], batch: tuple[int, ...], N: int,
     steps = 0
     with torch.no_grad():
         for j in range(k):
-            w = A(Q[j])
-            for rep in range(2):  # full reorthogonalisation, twice (Kahan's "twice is enough")
-                c = torch.einsum("kbn,bn->kb", Q[: j + 1], w)
-                w = w - torch.einsum("kb,kbn->bn", c, Q[: j + 1])
-                if rep == 0:
-                    alpha[j] = c[j]
+            q = Q[:, j]
+            w = A(q)
+            # orthogonalised twice (Kahan's "twice is enough"): first by the three-term recurrence
+            # against q_j and q_{j−1}, then by one full Gram–Schmidt pass against the whole basis.
+            # Both passes of the full pass are one matrix–vector product over [Bt, j+1, N]: the
+            # basis is read twice per step, the memory traffic that bounds this loop at large N
+            alpha[j] = (q * w).sum(-1)
+            w = w - alpha[j][:, None] * q
+            if j > 0:
+                w = w - beta[j - 1][:, None] * Q[:, j - 1]
+            basis = Q[:, : j + 1]
+            w = w - torch.bmm(torch.bmm(basis, w[:, :, None]).mT, basis)[:, 0]
             steps = j + 1
             scale = torch.maximum(scale, alpha[j].abs())
             b = w.norm(dim=-1)
@@ -193,7 +199,7 @@ def lanczos_upper(A: Callable[[Tensor], Tensor], batch: tuple[int, ...], N: int,
             if j == k - 1 or (j % SYNC_EVERY == SYNC_EVERY - 1 and not bool(alive.any())):
                 break
             beta[j] = torch.where(alive, b, torch.zeros_like(b))
-            Q[j + 1] = torch.where(alive[:, None], w / b.clamp_min(1e-300)[:, None], torch.zeros_like(w))
+            Q[:, j + 1] = torch.where(alive[:, None], w / b.clamp_min(1e-300)[:, None], torch.zeros_like(w))
         Tm = torch.diag_embed(alpha[:steps].T)
         if steps > 1:
             off = torch.diag_embed(beta[: steps - 1].T, offset=1)
