@@ -31,15 +31,23 @@ if TYPE_CHECKING:
 
 
 def zeta_gram(layer: DotMHA, X: Tensor) -> Tensor:
-    """KᵀK for ζ's K = H⊗I_d + Σ_l P_l⊗C_lᵀ, as [B, nd, nd] (row-major vec, index (k, a))."""
+    """KᵀK for ζ's K = H⊗I_d + Σ_l P_l⊗C_lᵀ, as [B, nd, nd] (row-major vec, index (k, a)).
+
+    Every term is a sum of products f[k, q]·g[a, e] at entry ((k,a),(q,e)): (P_hᵀP_g)⊗(C_hC_gᵀ), and
+    for H ≠ 0 also H·K (P_l[k,q]·C_l[e,a]) and H·Kᵀ (P_l[q,k]·C_l[a,e]). So the whole Gram is one
+    product of inner size h² + 2h and one reordering, then H² on the diagonal."""
     B, n, d = X.shape
     P, C, H = layer.attention(X), layer.C(), layer.H_norm
-    PP = torch.einsum("bhik,bgiq->bkqhg", P, P).reshape(B, n * n, -1)  # (P_hᵀ P_g)[k, q]
-    CC = torch.einsum("hac,gec->hgae", C, C).reshape(-1, d * d)  # (C_h C_gᵀ)[a, e]
-    G = (PP @ CC).reshape(B, n, n, d, d).transpose(2, 3).reshape(B, n * d, n * d)
+    left = [torch.einsum("bhik,bgiq->bkqhg", P, P).reshape(B, n * n, -1)]  # (P_hᵀ P_g)[k, q]
+    right = [torch.einsum("hac,gec->hgae", C, C).reshape(-1, d * d)]  # (C_h C_gᵀ)[a, e]
     if H:
-        K = torch.einsum("bhik,hac->bicka", P, C).reshape(B, n * d, n * d)  # K[(i,c),(k,a)]
-        G = G + H * (K + K.mT) + H * H * torch.eye(n * d, dtype=X.dtype, device=X.device)
+        left += [H * P.permute(0, 2, 3, 1).reshape(B, n * n, -1),
+                 H * P.permute(0, 3, 2, 1).reshape(B, n * n, -1)]
+        right += [C.transpose(-1, -2).reshape(-1, d * d), C.reshape(-1, d * d)]
+    G = (torch.cat(left, -1) @ torch.cat(right, 0)).reshape(B, n, n, d, d)
+    G = G.transpose(2, 3).reshape(B, n * d, n * d)
+    if H:
+        G.diagonal(dim1=-2, dim2=-1).add_(H * H)
     return G
 
 
