@@ -103,3 +103,31 @@ def reduced_logit_matrix(red: ReducedLogit) -> Tensor:
     eye = torch.eye(n, dtype=U.dtype, device=U.device)
     M = torch.einsum("ik,bhja->bhijka", eye, U) + torch.einsum("jk,bhia->bhijka", eye, V)
     return M.reshape(B, h, n * n, n * r)
+
+
+def dot_jacobian(layer: DotMHA, X: Tensor) -> Tensor:
+    """The Jacobian J_F(X) of a dot layer as [B, nd, nd] (rows: output entries, row-major), in closed
+    form instead of nd backward passes (docs/bounds.md §2.3: J[Γ] = HΓ + Σ_l (P_l Γ + dP_l[Γ] X) C_l).
+
+    With Z_l = X C_l (b_v W^O_l is a constant row, which dP_l's zero row sums cancel), the softmax
+    Jacobian diag(p) − ppᵀ of row i, and ∂S_l[i,m]/∂X[k,a] = (δ_ik U_l[m,a] + δ_mk V_l[i,a])/√d_h
+    (U, V of the logit operator, §1.5):
+
+        J[(i,c),(k,a)] = H δ_ik δ_ac + Σ_l P_l[i,k] C_l[a,c]
+                         + Σ_l (δ_ik (R_l[i] U_l)[c,a] + R_l[i,c,k] V_l[i,a]) / √d_h,
+        R_l[i,c,m] = P_l[i,m] (Z_l[m,c] − (P_l Z_l)[i,c]).
+    """
+    B, n, d = X.shape
+    P, C = layer.attention(X), layer.C()
+    op = layer.logit_operator(X)
+    Z = torch.einsum("bnd,hde->bhne", X, C)
+    R = P[:, :, :, None, :] * (Z.transpose(-1, -2)[:, :, None] - (P @ Z)[..., None])  # [B,h,i,c,m]
+    scale = 1 / layer.d_h**0.5
+    diag = torch.einsum("bhicm,bhma->bica", R, op.U) * scale  # the δ_ik part, [B, i, c, a]
+    J = torch.einsum("bhick,bhia->bicka", R, op.V) * scale
+    J = J + torch.einsum("bhik,hac->bicka", P, C)
+    J.diagonal(dim1=1, dim2=3).add_(diag.permute(0, 2, 3, 1))  # i = k
+    J = J.reshape(B, n * d, n * d)
+    if layer.H_norm:
+        J.diagonal(dim1=-2, dim2=-1).add_(layer.H_norm)
+    return J

@@ -85,3 +85,14 @@ def test_reduced_logit_lifts_a_rank_deficient_span():
     truth = np.array([np.linalg.svd(m, compute_uv=False)[0] for m in ref_M(layer, np_(X[0]))])
     got = np_(m_norms(layer, X)[0])
     assert np.all(got >= truth) and np.all(got <= truth * (1 + 1e-10))
+
+
+@pytest.mark.parametrize("n,d,h,residual,bias", CASES)
+def test_dot_jacobian_against_autograd(n, d, h, residual, bias):
+    from models.operators import jacobian_matrix
+    from models.structured import dot_jacobian
+
+    layer = models.random_dot(d, h, seed=n + h, residual=residual, bias_norm=bias, q_norm=1.5)
+    X = models.random_input(n, d, norm=2.0, seed=d, batch=2)
+    np.testing.assert_allclose(np_(dot_jacobian(layer, X)), np_(jacobian_matrix(layer.forward, X)),
+                               rtol=1e-10, atol=1e-12)
