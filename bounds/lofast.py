@@ -23,7 +23,7 @@ from models.operators import (
     zeta_lanczos,
 )
 from models.spectral import spectral
-from models.structured import logit_gram, reduced_logit, reduced_logit_matrix, zeta_gram
+from models.structured import logit_gram, logit_gram_cols, reduced_logit, zeta_gram
 
 from .base import radius
 from .certify import certified_norm
@@ -86,11 +86,11 @@ def m_norms(layer: DotMHA, X: Tensor, *, method: str = "certified") -> Tensor:
     # certified on the r = min(d, 2d_h) columns the map sees (models.structured), then lifted back
     red = reduced_logit(layer, X)
     r = red.U.shape[-1]
-    small = n <= r  # the n²-side Gram is the smaller one
+    # the smaller of the two Grams, each formed from n×n or r×r products (models.structured)
     norm = certified_norm(("M", names), (*tensors, X),
-                          lambda: logit_gram(red) if small else reduced_logit_matrix(red),
+                          lambda: logit_gram(red) if n <= r else logit_gram_cols(red),
                           lambda: red.operator, (B, layer.h), (n, r), X,
-                          probabilistic=method == "probabilistic", gram=small,
+                          probabilistic=method == "probabilistic", gram=True,
                           dense_dim=min(n * n, n * r), limit=M_GRAM_LIMIT)
     return red.bound(norm)
 

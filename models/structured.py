@@ -96,6 +96,17 @@ def logit_gram(red: ReducedLogit) -> Tensor:
     return G.reshape(*U.shape[:2], n * n, n * n)
 
 
+def logit_gram_cols(red: ReducedLogit) -> Tensor:
+    """M̃_lᵀM̃_l as [B, h, nr, nr], for n > r where it is the smaller Gram: index (k, a),
+    ``(M̃ᵀM̃)[(k,a),(q,e)] = δ_kq(ŨᵀŨ + ṼᵀṼ)_ae + Ũ_qa Ṽ_ke + Ṽ_qa Ũ_ke``."""
+    U, V = red.U, red.V
+    B, h, n, r = U.shape
+    eye = torch.eye(n, dtype=U.dtype, device=U.device)
+    G = torch.einsum("kq,bhae->bhkaqe", eye, U.mT @ U + V.mT @ V)
+    G = G + torch.einsum("bhqa,bhke->bhkaqe", U, V) + torch.einsum("bhqa,bhke->bhkaqe", V, U)
+    return G.reshape(B, h, n * r, n * r)
+
+
 def reduced_logit_matrix(red: ReducedLogit) -> Tensor:
     """M̃_l as [B, h, n², n·r] (row (i,j): δ_ik Ũ_ja + δ_jk Ṽ_ia), for n > r where M̃ᵀM̃ is the smaller Gram."""
     U, V = red.U, red.V

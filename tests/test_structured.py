@@ -9,7 +9,13 @@ import torch
 
 import models
 from bounds.lofast import m_norms, zeta
-from models.structured import logit_gram, reduced_logit, reduced_logit_matrix, zeta_gram
+from models.structured import (
+    logit_gram,
+    logit_gram_cols,
+    reduced_logit,
+    reduced_logit_matrix,
+    zeta_gram,
+)
 from tests.helpers import np_
 
 CASES = [(5, 8, 2, True, 0.0), (4, 16, 4, False, 0.0), (6, 12, 3, True, 0.5), (3, 8, 1, True, 0.3),
@@ -69,6 +75,8 @@ def test_reduced_logit_norms(n, d, h, residual, bias):
     assert float(red.slack.max()) < 1e-12 * truth.max() and float(red.scale.max() - 1) < 1e-14
     Mt = np_(reduced_logit_matrix(red)[0])
     np.testing.assert_allclose(np_(logit_gram(red)[0]), Mt @ Mt.transpose(0, 2, 1), rtol=1e-12,
+                               atol=1e-12)
+    np.testing.assert_allclose(np_(logit_gram_cols(red)[0]), Mt.transpose(0, 2, 1) @ Mt, rtol=1e-12,
                                atol=1e-12)
     for method in ("certified", "probabilistic"):
         got = np_(m_norms(layer, X, method=method)[0])
