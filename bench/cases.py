@@ -30,7 +30,8 @@ from .env import ROOT
 KINDS = ("dot", "l2", "olsa")
 INPUTS = ("gauss", "fro", "proj", "data")
 PERTURB = ("none", "W_q", "W_k", "W_v", "W_o", "X")
-TASKS = ("bounds", "lofast", "totals", "scaling", "cauchy", "certify", "cauchy_model", "pretrained")
+TASKS = ("bounds", "lofast", "totals", "scaling", "cauchy", "certify", "cauchy_model", "pretrained",
+         "cost")
 MODEL_TASKS = ("certify", "cauchy_model")  # the whole-network tasks: they need ``model`` and ``dataset``
 # the layer tasks that also run on a trained model's first attention layer at real inputs (x = data)
 LAYER_TASKS = ("bounds", "lofast", "totals")
@@ -52,7 +53,9 @@ class Cell:
     norm ``noise`` to one weight family (or X), drawn with ``seed`` (LoFAST Fig. 3). ``task``:
     ``bounds`` (every bound and PGD), ``lofast`` (LoFAST and naive only), ``totals`` (the certified end-to-end
     bounds: LoFAST, its halves, naive, Taylor and best), ``scaling`` (timings of the matrix-free,
-    certified and dense solvers) or ``cauchy`` (per-block Jacobian norms of a stack).
+    certified and dense solvers), ``cost`` (seconds and peak memory of the certified bounds and their
+    PGD, with the machine's matmul rate: bench/cost.py) or ``cauchy`` (per-block Jacobian norms of a
+    stack).
 
     The whole-network tasks read a trained ``model`` (a file stem under zoo/), its ``dataset`` and
     its first ``samples`` test images, and ignore the layer fields: ``certify`` (every network bound

@@ -12,6 +12,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,6 +33,11 @@ if TYPE_CHECKING:
 # how long a --scheduler address may take to answer: an unreachable one is a typo or a cluster that
 # is not up yet, and either should be said within seconds, not after distributed's 30 s default
 CONNECT_TIMEOUT_S = 10.0
+# how long a run waits while the cluster has no worker at all (a scheduler started without workers,
+# or every worker gone): SLURM jobs may queue a while, so minutes, but never silently forever
+WORKER_TIMEOUT_S = 120.0
+TIMEOUT_ENV = "BENCH_DASK_WORKER_TIMEOUT"
+POLL_S = 2.0  # seconds between the checks for a worker while no task finishes
 INSTALL = "pip install 'attnbounds[dask]'"
 
 
@@ -55,21 +63,67 @@ class Cluster:
         A task's exception (an InputError, say) is raised here, after the cells finished before it
         were yielded; the cells still queued are cancelled.
         """
-        from distributed import as_completed
+        from distributed import wait
 
         # pure=False: two sweeps may hold the same cell id, and each needs its own future
         futures = {self.client.submit(compute, cell.id, run, device_arg, threads, pure=False):
                    (i, sweep, cell) for i, sweep, cell in todo}
+        pending, idle_since = set(futures), None
         try:
-            for future in as_completed(futures):
-                rows, env = future.result()
-                theirs = env.pop("git_commit")
-                if "unknown" not in (theirs, commit) and theirs != commit:
-                    raise InputError(f"a Dask worker runs commit {theirs[:12]}, this checkout "
-                                     f"{commit[:12]}: give every worker a checkout of the same commit")
-                yield (*futures[future], rows, env)
+            while pending:
+                try:
+                    done, pending = wait(pending, timeout=POLL_S, return_when="FIRST_COMPLETED")
+                except TimeoutError:  # nothing finished: fine while some worker is there to run it
+                    idle_since = self._check_workers(idle_since)
+                    continue
+                idle_since = None
+                for future in done:
+                    rows, env = _result(future, futures[future][2])
+                    theirs = env.pop("git_commit")
+                    if "unknown" not in (theirs, commit) and theirs != commit:
+                        raise InputError(f"a Dask worker runs commit {theirs[:12]}, this checkout "
+                                         f"{commit[:12]}: give every worker a checkout of the same commit")
+                    yield (*futures[future], rows, env)
         finally:
             self.client.cancel(list(futures))
+
+    def _check_workers(self, idle_since: float | None) -> float | None:
+        """None while the cluster has a worker; else since when it has none, until that has lasted
+        :func:`worker_timeout` seconds: then an InputError (queued tasks would wait forever)."""
+        if self.client.nthreads():
+            return None
+        now = time.monotonic()
+        if idle_since is None:
+            print(f"waiting for a Dask worker at {self.where} (up to {worker_timeout():g} s, "
+                  f"${TIMEOUT_ENV})", file=sys.stderr)
+            return now
+        if now - idle_since > worker_timeout():
+            raise InputError(f"{self.where}: no Dask worker for {worker_timeout():g} s, and cells are "
+                             f"still queued; start workers (`dask worker ADDRESS`) or raise ${TIMEOUT_ENV}")
+        return idle_since
+
+
+def _result(future, cell: Cell):
+    """A finished task's value; its failure as one InputError: a worker killed while running it
+    (distributed's KilledWorker), or any exception of the task that is not an InputError."""
+    try:
+        return future.result()
+    except InputError:
+        raise
+    except Exception as e:
+        raise InputError(f"cell {cell.id} failed on a Dask worker: {type(e).__name__}: {e}") from None
+
+
+def worker_timeout() -> float:
+    """Seconds a run waits while its cluster has no worker (${TIMEOUT_ENV}, default 120)."""
+    text = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        value = float(text) if text else WORKER_TIMEOUT_S
+    except ValueError:
+        raise InputError(f"${TIMEOUT_ENV} must be a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise InputError(f"${TIMEOUT_ENV} must be > 0 seconds, got {text!r}")
+    return value
 
 
 @contextlib.contextmanager

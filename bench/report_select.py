@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from . import report_cost as cost
 from . import report_pretrained as pretrained
 from . import report_taylor as taylor
 from . import report_trained as trained
@@ -274,4 +275,5 @@ FIGURES: dict[str, Callable[[pd.DataFrame], Plot]] = {
     "tightness_taylor": taylor.figure,
     "scaling": fig_scaling,
     "pretrained": pretrained.figure,
+    "cost": cost.figure,
 }

@@ -13,6 +13,7 @@ import pandas as pd
 
 import bounds
 
+from . import report_cost as cost
 from . import report_pretrained as pretrained
 from . import report_taylor as taylor
 from . import report_trained as trained
@@ -220,4 +221,4 @@ def olsa_kim(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 TABLES = {"summary": summary, "table3_lofast": table3, "cauchy": cauchy, "olsa_vs_kim": olsa_kim,
           "taylor_eps": taylor.table, "table1_certified": trained.table_certify,
-          "cauchy_table1_models": trained.table_cauchy, "pretrained": pretrained.table}
+          "cauchy_table1_models": trained.table_cauchy, "pretrained": pretrained.table, "cost": cost.table}

@@ -53,7 +53,8 @@ CERTIFY_COLUMNS = {"label": "the image's class", "correct": "classified correctl
                    "certified_pairwise": "certified by the pairwise-head test (ours)",
                    "pgd_margin": "the smallest margin PGD found in the ball",
                    "pgd_broken": "PGD found a point of the ball not classified as the label",
-                   "attack_steps": "PGD steps of an accuracy row"}
+                   "attack_steps": "PGD steps of an accuracy row",
+                   "peak_mib": "peak memory of a timed computation of the cost task, MiB above its start"}
 # the extra columns of the pretrained study's rows (docs/bounds.md §1.6); absent from other rows
 PRETRAINED_COLUMNS = {"model_version": "version of the model package (models/pretrained.py)",
                       "tokens": "n, the sentence's tokens with [CLS] and [SEP]",

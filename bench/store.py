@@ -30,8 +30,9 @@ REQUIRED = [*KEY, "schema_version", "certificate", *BOOLEAN, *NUMERIC]
 # the network rows' columns (bench/rows.py CERTIFY_COLUMNS) and the pretrained study's
 # (PRETRAINED_COLUMNS; model_version is text), checked where a table has them; other
 # rows leave them empty, so their booleans are nullable
-OPTIONAL_NUMERIC = ["label", "margin", "pgd_margin", "attack_steps", "tokens", "radius", "vit_depth",
-                    "vit_heads", "vit_d", "vit_c", "vit_qk", "vit_margin_eps", "vit_test_accuracy"]
+OPTIONAL_NUMERIC = ["label", "margin", "pgd_margin", "attack_steps", "tokens", "radius", "peak_mib",
+                    "vit_depth", "vit_heads", "vit_d", "vit_c", "vit_qk", "vit_margin_eps",
+                    "vit_test_accuracy"]
 OPTIONAL_BOOLEAN = ["correct", "certified_prop1", "certified_pairwise", "pgd_broken"]
 LOCK = ".lock"
 # what this suite writes for a missing number; pandas' longer default list would read a stray

@@ -17,6 +17,7 @@ from models.spectral import spectral
 
 from .accuracy import block_sigmas, run_certify
 from .cases import Cell
+from .cost import cost_task
 from .env import timed
 from .evaluate import evaluate
 from .rows import accuracy_rows, measured, network_rows, pretrained_rows, unroll, with_model
@@ -159,4 +160,5 @@ def pretrained_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dt
 
 TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "totals": totals_task,
                           "scaling": scaling_task, "cauchy": cauchy_task, "certify": certify_task,
-                          "cauchy_model": cauchy_model_task, "pretrained": pretrained_task}
+                          "cauchy_model": cauchy_model_task, "pretrained": pretrained_task,
+                          "cost": cost_task}

@@ -35,6 +35,7 @@ KINDS = ("exact", "deterministic", "probabilistic", "estimate")  # strongest fir
 DEFAULT_P = 1e-9  # failure probability of one probabilistic norm
 DEFAULT_DELTA = 2e-3  # relative slack of θ: the norm's bound is at most ~1e-3 above the truth
 KW_CONSTANT = 1.648
+SYNC_EVERY = 8  # Lanczos steps between the checks whether every batch element has stopped
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,11 @@ def reuse() -> Iterator[None]:
         _REUSE.reset(token)
 
 
+def reusing() -> bool:
+    """Whether a :func:`reuse` block is open."""
+    return _REUSE.get() is not None
+
+
 def _record(entry: Entry) -> None:
     book = _LEDGER.get()
     if book is not None:
@@ -159,8 +165,8 @@ def lanczos_upper(A: Callable[[Tensor], Tensor], batch: tuple[int, ...], N: int,
     Bt = math.prod(batch)
     gen = torch.Generator().manual_seed(seed)
     v = _unit_rows(torch.randn(Bt, N, generator=gen, dtype=torch.float64)).to(like.device)
-    Q = torch.empty(k, Bt, N, dtype=torch.float64, device=like.device)
-    Q[0] = v
+    Q = torch.empty(Bt, k, N, dtype=torch.float64, device=like.device)  # basis vectors as rows
+    Q[:, 0] = v
     alpha = torch.zeros(k, Bt, dtype=torch.float64, device=like.device)
     beta = torch.zeros(k, Bt, dtype=torch.float64, device=like.device)
     alive = torch.ones(Bt, dtype=torch.bool, device=like.device)
@@ -169,22 +175,31 @@ def lanczos_upper(A: Callable[[Tensor], Tensor], batch: tuple[int, ...], N: int,
     steps = 0
     with torch.no_grad():
         for j in range(k):
-            w = A(Q[j])
-            for rep in range(2):  # full reorthogonalisation, twice (Kahan's "twice is enough")
-                c = torch.einsum("kbn,bn->kb", Q[: j + 1], w)
-                w = w - torch.einsum("kb,kbn->bn", c, Q[: j + 1])
-                if rep == 0:
-                    alpha[j] = c[j]
+            q = Q[:, j]
+            w = A(q)
+            # orthogonalised twice (Kahan's "twice is enough"): first by the three-term recurrence
+            # against q_j and q_{j−1}, then by one full Gram–Schmidt pass against the whole basis.
+            # Both passes of the full pass are one matrix–vector product over [Bt, j+1, N]: the
+            # basis is read twice per step, the memory traffic that bounds this loop at large N
+            alpha[j] = (q * w).sum(-1)
+            w = w - alpha[j][:, None] * q
+            if j > 0:
+                w = w - beta[j - 1][:, None] * Q[:, j - 1]
+            basis = Q[:, : j + 1]
+            w = w - torch.bmm(torch.bmm(basis, w[:, :, None]).mT, basis)[:, 0]
             steps = j + 1
             scale = torch.maximum(scale, alpha[j].abs())
             b = w.norm(dim=-1)
             # an element whose Krylov space is invariant stops: its θ is then the same for every
             # later k, and continuing would build the basis from rounding noise
             alive = alive & (b > 100 * eps * scale)
-            if j == k - 1 or not bool(alive.any()):
+            # asked every SYNC_EVERY steps only: on a GPU each ask is a host sync. Meanwhile a
+            # stopped element carries zero vectors, which append zero rows to its tridiagonal
+            # matrix and leave its top Ritz value alone (T*T is PSD)
+            if j == k - 1 or (j % SYNC_EVERY == SYNC_EVERY - 1 and not bool(alive.any())):
                 break
             beta[j] = torch.where(alive, b, torch.zeros_like(b))
-            Q[j + 1] = torch.where(alive[:, None], w / b.clamp_min(1e-300)[:, None], torch.zeros_like(w))
+            Q[:, j + 1] = torch.where(alive[:, None], w / b.clamp_min(1e-300)[:, None], torch.zeros_like(w))
         Tm = torch.diag_embed(alpha[:steps].T)
         if steps > 1:
             off = torch.diag_embed(beta[: steps - 1].T, offset=1)
@@ -208,7 +223,13 @@ def exact_norm(M: Tensor) -> Tensor:
     """The spectral norm of each trailing matrix, exactly: the top eigenvalue of MᵀM in float64
     (faster than an SVD and as accurate for the top singular value), plus a rounding margin."""
     M = M.to(torch.float64)
-    G = M.mT @ M if M.shape[-2] >= M.shape[-1] else M @ M.mT
+    return gram_norm(M.mT @ M if M.shape[-2] >= M.shape[-1] else M @ M.mT)
+
+
+def gram_norm(G: Tensor) -> Tensor:
+    """√λ_max of each trailing PSD Gram matrix G = MᵀM (or MMᵀ) in float64, plus a rounding margin:
+    ‖M‖ exactly when G was formed from M's structure rather than from M (models.structured)."""
+    G = G.to(torch.float64)
     lam = torch.linalg.eigvalsh(G)[..., -1].clamp_min(0)
     return (lam * (1 + 4 * G.shape[-1] * torch.finfo(torch.float64).eps)).sqrt()
 
@@ -224,13 +245,17 @@ def _sync(t: Tensor) -> None:
 
 def certified_norm(key: tuple, tensors: tuple[Tensor, ...], dense: Callable[[], Tensor],
                    operator: Callable[[], LinearOperator], batch: tuple[int, ...],
-                   shape: tuple[int, ...], like: Tensor, probabilistic: bool = False) -> Tensor:
+                   shape: tuple[int, ...], like: Tensor, probabilistic: bool = False, *,
+                   gram: bool = False, dense_dim: int | None = None,
+                   limit: int = DENSE_LIMIT) -> Tensor:
     """An upper bound of ‖T‖ for each batch element, certified as docs/bounds.md §2.4 allows.
 
-    ``dense()`` builds the matrices [*batch, m, N] (used when N = ∏shape ≤ DENSE_LIMIT: exact);
-    ``operator()`` gives T and its adjoint on [*batch, *shape] (used above: probabilistic). ``key``
-    and ``tensors`` name the operator for reuse within a :func:`reuse` block. ``probabilistic``
-    takes the Lanczos certificate even where the dense one fits (to measure and test it).
+    ``dense()`` builds the matrices [*batch, m, N] (or, with ``gram``, their Gram matrices
+    [*batch, D, D] formed from structure), used when ``dense_dim`` (the side D of the Gram that
+    is eigendecomposed; default N = ∏shape) is at most ``limit``: exact. ``operator()`` gives T
+    and its adjoint on [*batch, *shape] (used above: probabilistic). ``key`` and ``tensors`` name
+    the operator for reuse within a :func:`reuse` block. ``probabilistic`` takes the Lanczos
+    certificate even where the dense one fits (to measure and test it).
     """
     cache = _REUSE.get()
     full_key = (key, probabilistic, *(id(t) for t in tensors))
@@ -241,8 +266,8 @@ def certified_norm(key: tuple, tensors: tuple[Tensor, ...], dense: Callable[[], 
     _sync(like)
     start = time.perf_counter()
     N = math.prod(shape)
-    if N <= DENSE_LIMIT and not probabilistic:
-        value, cert = exact_norm(dense()), Certificate("exact")
+    if (N if dense_dim is None else dense_dim) <= limit and not probabilistic:
+        value, cert = (gram_norm if gram else exact_norm)(dense()), Certificate("exact")
     else:
         nb = lanczos_upper(_gram(operator(), batch, shape), batch, N, like)
         value, cert = nb.value, nb.certificate

@@ -14,8 +14,16 @@ import torch
 from torch import Tensor
 
 from models import DotMHA
-from models.operators import delta1_matrix, logit_matrix, m_norms_lanczos, zeta_lanczos
+from models.operators import (
+    M_GRAM_LIMIT,
+    ZETA_GRAM_LIMIT,
+    delta1_matrix,
+    logit_matrix,
+    m_norms_lanczos,
+    zeta_lanczos,
+)
 from models.spectral import spectral
+from models.structured import logit_gram, logit_gram_cols, reduced_logit, zeta_gram
 
 from .base import radius
 from .certify import certified_norm
@@ -58,9 +66,11 @@ def zeta(layer: DotMHA, X: Tensor, eps=None, *, method: str = "certified") -> Te
         return zeta_lanczos(layer, X).sigma
     B, n, d = X.shape
     names, tensors = _keyed(layer)
+    # the exact path eigendecomposes KᵀK formed from its Kronecker structure (models.structured)
     return certified_norm(("zeta", layer.residual, names), (*tensors, X),
-                          lambda: delta1_matrix(layer, X), lambda: layer.delta1_operator(X),
-                          (B,), (n, d), X, probabilistic=method == "probabilistic")
+                          lambda: zeta_gram(layer, X), lambda: layer.delta1_operator(X),
+                          (B,), (n, d), X, probabilistic=method == "probabilistic", gram=True,
+                          limit=ZETA_GRAM_LIMIT)
 
 
 def m_norms(layer: DotMHA, X: Tensor, *, method: str = "certified") -> Tensor:
@@ -71,11 +81,18 @@ def m_norms(layer: DotMHA, X: Tensor, *, method: str = "certified") -> Tensor:
         return spectral(logit_matrix(layer, X))
     if method == "lanczos":
         return m_norms_lanczos(layer, X).sigma
-    B, n, d = X.shape
+    B, n, _ = X.shape
     names, tensors = _keyed(layer, ("W_q", "W_k", "b_q", "b_k"))  # what U and V depend on
-    return certified_norm(("M", names), (*tensors, X), lambda: logit_matrix(layer, X),
-                          lambda: layer.logit_operator(X), (B, layer.h), (n, d), X,
-                          probabilistic=method == "probabilistic")
+    # certified on the r = min(d, 2d_h) columns the map sees (models.structured), then lifted back
+    red = reduced_logit(layer, X)
+    r = red.U.shape[-1]
+    # the smaller of the two Grams, each formed from n×n or r×r products (models.structured)
+    norm = certified_norm(("M", names), (*tensors, X),
+                          lambda: logit_gram(red) if n <= r else logit_gram_cols(red),
+                          lambda: red.operator, (B, layer.h), (n, r), X,
+                          probabilistic=method == "probabilistic", gram=True,
+                          dense_dim=min(n * n, n * r), limit=M_GRAM_LIMIT)
+    return red.bound(norm)
 
 
 def xi(layer: DotMHA, X: Tensor) -> Tensor:

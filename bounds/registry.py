@@ -3,6 +3,7 @@ or a stack (docs/bounds.md §1.4: block k is bounded at its projected input X_k 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +18,7 @@ from . import olsa as olsa_
 from . import specformer as sf
 from . import taylor as tay
 from .base import Bound
-from .certify import Certificate, ledger
+from .certify import Certificate, ledger, reuse, reusing
 
 DOT, L2, OLSA_KIND = frozenset({"dot"}), frozenset({"l2"}), frozenset({"olsa"})
 ALL = frozenset({"dot", "l2", "olsa"})
@@ -95,8 +96,14 @@ def best_ingredients(layer) -> list[Bound]:
 def best(layer, X: Tensor, eps) -> Tensor:
     """The smallest of :func:`best_ingredients` at each input: a minimum of upper bounds is one.
     On a stack it is taken at every block, so each block starts from the smallest radius."""
-    values = [b.fn(layer, X, eps) for b in best_ingredients(layer)]
+    with _reusing():  # the ingredients share ζ, ‖M_l‖ and σ̄_J: each is computed once
+        values = [b.fn(layer, X, eps) for b in best_ingredients(layer)]
     return torch.stack(values).amin(0)
+
+
+def _reusing():
+    """A :func:`bounds.certify.reuse` block, unless one is open already (then its cache serves)."""
+    return contextlib.nullcontext() if reusing() else reuse()
 
 
 def get(name: str) -> Bound:

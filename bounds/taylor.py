@@ -21,8 +21,9 @@ import torch
 from torch import Tensor
 
 from models import DotMHA
-from models.operators import jacobian_matrix, jacobian_operator
+from models.operators import JACOBIAN_LIMIT, jacobian_matrix, jacobian_operator
 from models.spectral import spectral
+from models.structured import dot_jacobian
 
 from .base import radius
 from .certify import certified_norm
@@ -34,9 +35,14 @@ def sigma_J(layer: DotMHA, X: Tensor, *, probabilistic: bool = False) -> Tensor:
     B, n, d = X.shape
     names, tensors = _keyed(layer)
     return certified_norm(("jacobian", layer.kind, layer.residual, names), (*tensors, X),
-                          lambda: jacobian_matrix(layer.forward, X),
+                          lambda: dense_jacobian(layer, X),
                           lambda: jacobian_operator(layer.forward, X), (B,), (n, d), X,
-                          probabilistic=probabilistic)
+                          probabilistic=probabilistic, limit=JACOBIAN_LIMIT)
+
+
+def dense_jacobian(layer, X: Tensor) -> Tensor:
+    """[B, nd, nd]: in closed form for a dot layer (models.structured), else by autograd."""
+    return dot_jacobian(layer, X) if layer.kind == "dot" else jacobian_matrix(layer.forward, X)
 
 
 def taylor(layer: DotMHA, X: Tensor, eps) -> Tensor:

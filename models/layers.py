@@ -130,15 +130,30 @@ class DotMHA(_Tensors):
         With biases (§1.5) only P_l changes: b_v and b_o cancel from F(X') − F(X).
         Γ is [..., B, n, d]: extra leading dimensions (attack restarts) broadcast against X's batch.
         """
-        P, C, H = self.attention(X), self.C(), self.H_norm
+        P, H = self.attention(X), self.H_norm
+        if self.h > 1:
+            # through the factors C_l = W^V_l W^O_l: 4nd² + 2n²d flops per product instead of
+            # h(nd² + n²d) with the d×d C_l (6.7× fewer at ViT-B's n=197, d=768, h=12)
+            Wv, Wo, Pt = self.W_v, self.W_o, P.transpose(-1, -2)
 
-        def T(G: Tensor) -> Tensor:
+            def T(G: Tensor) -> Tensor:
+                GV = torch.einsum("...nd,hde->...hne", G, Wv)
+                return H * G + torch.einsum("...hne,hef->...nf", P @ GV, Wo)
+
+            def Tt(Y: Tensor) -> Tensor:
+                YO = torch.einsum("...nf,hef->...hne", Y, Wo)
+                return H * Y + torch.einsum("...hne,hde->...nd", Pt @ YO, Wv)
+
+            return LinearOperator(T, Tt)
+        C = self.C()
+
+        def T1(G: Tensor) -> Tensor:
             return H * G + torch.einsum("...hne,hef->...nf", P @ G.unsqueeze(-3), C)
 
-        def Tt(Y: Tensor) -> Tensor:
+        def Tt1(Y: Tensor) -> Tensor:
             return H * Y + torch.einsum("...hne,hfe->...nf", P.transpose(-1, -2) @ Y.unsqueeze(-3), C)
 
-        return LinearOperator(T, Tt)
+        return LinearOperator(T1, Tt1)
 
     def logit_operator(self, X: Tensor) -> LogitOperator:
         """The part of each head's logit change linear in Γ (LoFAST eq. 25, Lemma 2; docs/bounds.md

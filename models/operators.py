@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from torch.func import jacrev
+from torch.func import jacrev, vmap
 
 from .errors import InputError
 from .spectral import LanczosResult, lanczos_norm, random_start
@@ -25,6 +25,15 @@ if TYPE_CHECKING:
     from .layers import DotMHA
 
 DENSE_LIMIT = 2048  # n·d above which the (nd)×(nd) Jacobian is refused and bench skips dense solvers
+# the side of the structured Gram (models.structured) above which the certified ζ and ‖M_l‖ take
+# the probabilistic certificate instead of the exact one (measured: bench/scaling, README "Scale")
+# the side of the structured Gram (models.structured) or the dense Jacobian's Gram above which the
+# certified ζ, ‖M_l‖ and σ̄_J take the probabilistic certificate instead of the exact one: the largest
+# measured size where exact cost at most ~2× the probabilistic (one thread, README "Scale"). Exact
+# is kept up to there because it is tighter (no δ) and has p = 0
+ZETA_GRAM_LIMIT = 1024  # nd = 1024: exact 0.10–0.14 s, probabilistic 0.07 s; 1536: 0.29 vs 0.09
+M_GRAM_LIMIT = 768  # min(n², n·r) = 512: exact 0.01–0.10 s vs 0.08–0.20; 1024: up to 3× slower
+JACOBIAN_LIMIT = 1024  # nd = 1024: exact 0.22–0.29 s vs 0.17; 1536: 0.55 vs 0.20
 
 
 @dataclass(frozen=True)
@@ -109,5 +118,5 @@ def jacobian_matrix(F: Callable[[Tensor], Tensor], X: Tensor) -> Tensor:
     B, n, d = X.shape
     if n * d > DENSE_LIMIT:
         raise InputError(f"the dense Jacobian needs n*d <= {DENSE_LIMIT}, got n*d = {n * d}")
-    return torch.stack([jacrev(lambda x: F(x[None])[0])(X[b]).reshape(n * d, n * d)
-                        for b in range(B)])
+    # vmapped over the batch: one batched backward per basis vector for all inputs, not a loop
+    return vmap(jacrev(lambda x: F(x[None])[0]))(X).reshape(B, n * d, n * d)

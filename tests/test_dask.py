@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -102,9 +103,7 @@ def test_task_error_keeps_the_finished_cells(profile, tmp_path, capsys, monkeypa
             raise InputError("planted failure")
         return bounds(cell, *args)
 
-    # threads, so that the planted task is the one the workers run
-    local = distributed.LocalCluster
-    monkeypatch.setattr(distributed, "LocalCluster", lambda **kw: local(**(kw | {"processes": False})))
+    _threads(monkeypatch)
     monkeypatch.setitem(tasks.TASKS, "bounds", failing)
     out = tmp_path / "r"
     code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", out, "--workers", "1")
@@ -114,6 +113,50 @@ def test_task_error_keeps_the_finished_cells(profile, tmp_path, capsys, monkeypa
     code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", out, "--workers", "1")
     assert code == 0, err
     assert load(out)["cell_id"].nunique() == 2
+
+
+def _threads(monkeypatch):
+    """Local workers as threads, so that a task planted in this process is the one they run."""
+    local = distributed.LocalCluster
+    monkeypatch.setattr(distributed, "LocalCluster", lambda **kw: local(**(kw | {"processes": False})))
+
+
+@pytest.mark.parametrize("error,words", [
+    (lambda: RuntimeError("planted crash"), "RuntimeError: planted crash"),
+    (lambda: distributed.KilledWorker("compute-1", SimpleNamespace(address="tcp://127.0.0.1:1"), 3),
+     "KilledWorker"),
+])
+def test_worker_failure_is_one_line(error, words, profile, tmp_path, capsys, monkeypatch):
+    """Any failure of a task on a worker (an exception of the task, a worker killed under it:
+    KilledWorker) ends the run with one error line naming the cell, and exit code 2."""
+    def failing(cell, *args):
+        raise error()
+
+    _threads(monkeypatch)
+    monkeypatch.setitem(tasks.TASKS, "bounds", failing)
+    code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", tmp_path / "r",
+                                  "--workers", "1")
+    one_error(code, err, "failed on a Dask worker")
+    assert words in err
+
+
+def test_scheduler_without_workers_times_out(profile, tmp_path, capsys, monkeypatch):
+    """A scheduler with no worker: said at once on stderr, then one error line after the timeout."""
+    monkeypatch.setenv(bd.TIMEOUT_ENV, "1")
+    monkeypatch.setattr(bd, "POLL_S", 0.2)
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address="127.0.0.1:0",
+                                  silence_logs=logging.CRITICAL) as empty:
+        code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", tmp_path / "r",
+                                      "--scheduler", empty.scheduler_address)
+    one_error(code, err, "no Dask worker for 1 s")
+    assert "waiting for a Dask worker" in err
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-3"])
+def test_bad_worker_timeout(value, monkeypatch):
+    monkeypatch.setenv(bd.TIMEOUT_ENV, value)
+    with pytest.raises(InputError, match=bd.TIMEOUT_ENV):
+        bd.worker_timeout()
 
 
 @pytest.mark.parametrize("args,words", [

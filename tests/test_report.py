@@ -119,6 +119,13 @@ h = 2
 depth = [2, 3]
 
 [[sweep]]
+name = "cost"
+task = "cost"
+n = [4, 8]
+d = 8
+h = 2
+
+[[sweep]]
 name = "taylor_eps"
 task = "totals"
 kind = "dot"
