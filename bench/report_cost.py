@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+import bounds
+
 from .report_data import PGD_LABEL, Panel, Plot, Skip, Trace, colour, label, style
 
 PARTS = {"zeta": "ζ(X)", "M": "‖M_l‖ (all heads)", "xi": "ξ_l (all heads)"}
@@ -31,6 +33,13 @@ def _name(code: str) -> tuple[str, str, str | None]:
     return label(x), style(x), colour(x)
 
 
+def _rank(code: str) -> tuple:
+    """ζ, ‖M_l‖, ξ_l first, then the bounds in registry order."""
+    x = code.removeprefix("cost_")
+    order = [*PARTS, *bounds.REGISTRY]
+    return (order.index(x) if x in order else len(order), x)
+
+
 def _where(sub: pd.DataFrame) -> str:
     names = sorted({str(v) for v in sub.get("device_name", pd.Series(["?"])).dropna()})
     return ", ".join(names) or "?"
@@ -47,7 +56,7 @@ def _trace(sub: pd.DataFrame, code: str, col: str) -> Trace | None:
 def figure(df: pd.DataFrame) -> Plot:
     sub = _rows(df)
     codes = sorted({b for b in sub["bound"] if b.startswith("cost_")},
-                   key=lambda b: (b == "cost_pgd", b.removeprefix("cost_") not in PARTS, b))
+                   key=lambda b: (b == "cost_pgd", _rank(b)))
     secs = [t for t in (_trace(sub, c, "seconds") for c in codes) if t]
     est = _trace(sub, BOUND, "seconds")
     if est:
@@ -75,8 +84,10 @@ def table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         sec = g.groupby("bound")["seconds"].median()
         pgd = sec.get("cost_pgd", float("nan"))
         row = {"n": str(n), "d": str(d), "h": str(h), "PGD s": f"{pgd:.3g}"}
-        for code in sorted(c for c in sec.index if c.startswith("cost_") and c != "cost_pgd"):
-            row[_name(code)[0]] = f"{sec[code]:.3g} ({pgd / sec[code]:.0f}×)"
+        for code in sorted((c for c in sec.index if c.startswith("cost_") and c != "cost_pgd"), key=_rank):
+            ratio = pgd / sec[code]
+            row[_name(code)[0]] = f"{sec[code]:.3g} ({ratio:.0f}×)" if ratio >= 10 else \
+                f"{sec[code]:.3g} ({ratio:.2g}×)"
         zm = sec.get("cost_zeta", float("nan")) + sec.get("cost_M", float("nan"))
         est = sec.get(BOUND, float("nan"))
         row["ζ+‖M‖ / matmul bound"] = f"{zm / est:.2g}"
