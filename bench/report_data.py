@@ -109,6 +109,13 @@ def sweep(df: pd.DataFrame, name: str, **eq) -> pd.DataFrame:
     return sub
 
 
+def commits(sub: pd.DataFrame) -> str:
+    """The short commits the rows were computed at, for a caption ("?" when the table has none)."""
+    if "git_commit" not in sub:
+        return "?"
+    return "/".join(sorted({str(c)[:10] for c in sub["git_commit"]}))
+
+
 def nearest(sub: pd.DataFrame, col: str, want: float) -> float:
     """The value of ``col`` closest to ``want`` (a user profile may not hold ``want`` itself)."""
     vals = np.sort(sub[col].unique())

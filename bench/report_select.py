@@ -22,6 +22,7 @@ from .report_data import (
     Skip,
     Trace,
     bound_trace,
+    commits,
     nearest,
     pgd_trace,
     present,
@@ -82,12 +83,11 @@ def trained_layer(sub: pd.DataFrame) -> str:
     """The trained layer and inputs of an ``x = data`` sweep, in words (empty for random layers)."""
     if "model" not in sub or not (sub["x"] == "data").any():
         return ""
-    models = "/".join(sorted(set(sub["model"])))
-    commit = "/".join(sorted({str(c)[:10] for c in sub["git_commit"]})) if "git_commit" in sub else "?"
+    models, data = "/".join(sorted(set(sub["model"]))), "/".join(sorted(set(sub["dataset"])))
     return (f" Trained layer: the first attention layer of zoo/{models} (its own weights, n="
             f"{int(sub['n'].iloc[0])}, d={int(sub['d'].iloc[0])}, h={int(sub['h'].iloc[0])}) at the tokens "
             f"it sees (after LayerProject) on the first {int(sub['samples'].max())} "
-            f"{'/'.join(sorted(set(sub['dataset'])))} test images, times the input scale; commit {commit}.")
+            f"{data} test images, times the input scale; commit {commits(sub)}.")
 
 
 def fig4(df: pd.DataFrame, name: str = "eps") -> Plot:

@@ -10,7 +10,7 @@ import math
 
 import pandas as pd
 
-from .report_data import Panel, Plot, Skip, Trace, colour, label, registry_order, style, sweep
+from .report_data import Panel, Plot, Skip, Trace, colour, commits, label, registry_order, style, sweep
 
 CERTIFY, CAUCHY = "certify", "cauchy_models"
 WIDE = 7.0
@@ -24,8 +24,7 @@ def _provenance(sub: pd.DataFrame) -> str:
     data = "/".join(sorted(set(sub["dataset"])))
     n = int(sub.loc[sub["role"] == "certify", "sample"].max() + 1) if (sub["role"] == "certify").any() \
         else int(sub["samples"].max())
-    commit = "/".join(sorted({str(c)[:10] for c in sub["git_commit"]})) if "git_commit" in sub else "?"
-    return f"{data} test set, first {n} images; commit {commit}"
+    return f"{data} test set, first {n} images; commit {commits(sub)}"
 
 
 def _recipe(m: pd.Series) -> str:
