@@ -4,7 +4,9 @@ matmul-bound estimate of ζ and δ₂, all as rows, so the report rebuilds from 
 
 The matmul-bound estimate of ζ + ‖M_l‖ is (operator products) × (flops per product) ÷ (the measured
 matmul rate): on the probabilistic path k = kw_steps(N) products with T*T (docs/bounds.md §2.4), on
-the exact path the structured Gram and the eigendecomposition of its side D (≈ 4/3·D³ flops).
+the dense path the structured Gram and the decomposition of its side D: on the CPU from VERIFY_MIN
+on the Cholesky check (D³/3 flops, plus ≈ 20 products of the guess), below it or on a GPU the
+eigendecomposition (≈ 4/3·D³).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import bounds
 from attacks import attack
 from bounds import lofast as lf
 from bounds.certify import Certificate, kw_steps, ledger
-from models.operators import M_GRAM_LIMIT, ZETA_GRAM_LIMIT
+from models.operators import M_GRAM_LIMIT, VERIFY_MIN, ZETA_GRAM_LIMIT
 
 from .cases import Cell
 from .rows import row
@@ -48,21 +50,26 @@ def matmul_rate(device: torch.device, repeats: int = 3) -> tuple[float, float]:
     return 2 * side**3 / best, best
 
 
-def zeta_flops(n: int, d: int, h: int) -> float:
+def decomposition_flops(D: int, cuda: bool = False) -> float:
+    """Flops of certifying the top eigenvalue of a formed D×D Gram (module docstring)."""
+    return 4 / 3 * D**3 if cuda or D < VERIFY_MIN else D**3 / 3 + 40 * D * D
+
+
+def zeta_flops(n: int, d: int, h: int, cuda: bool = False) -> float:
     """Flops of the certified ζ on the path certified_norm takes (module docstring)."""
     N = n * d
     if N <= ZETA_GRAM_LIMIT:
-        return 2 * n * n * d * d * h * h + 4 / 3 * N**3
+        return 2 * n * n * d * d * h * h + decomposition_flops(N, cuda)
     per = 8 * n * d * d + 4 * n * n * d if h > 1 else 4 * n * n * d + 4 * n * d * d
     return kw_steps(N) * per
 
 
-def m_flops(n: int, d: int, h: int) -> float:
+def m_flops(n: int, d: int, h: int, cuda: bool = False) -> float:
     """Flops of the certified ‖M_l‖ of all heads (on the 2d_h-dimensional span, models.structured)."""
     r = min(d, 2 * d // h)
     D = min(n * n, n * r)
     if D <= M_GRAM_LIMIT:
-        return h * (4 / 3 * D**3 + 2 * D * D * (r if D == n * r else 1))
+        return h * (decomposition_flops(D, cuda) + 2 * D * D * (r if D == n * r else 1))
     return kw_steps(n * r) * h * 8 * n * n * r
 
 
@@ -132,7 +139,8 @@ def cost_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -
     rows: list[dict] = []
     rate, mm_s = matmul_rate(device)
     rows.append(row("timing", "matmul", -1, rate / 1e9, certificate="estimate", seconds=mm_s))
-    flops = zeta_flops(cell.n, cell.d, cell.h) + m_flops(cell.n, cell.d, cell.h)
+    cuda = device.type == "cuda"
+    flops = zeta_flops(cell.n, cell.d, cell.h, cuda) + m_flops(cell.n, cell.d, cell.h, cuda)
     rows.append(row("timing", "matmul_bound", -1, flops / rate, seconds=flops / rate))
 
     def add(name: str, fn: Callable) -> None:

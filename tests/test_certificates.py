@@ -11,9 +11,21 @@ import torch
 
 import bounds
 import models
-from bounds.certify import Certificate, kw_delta, kw_steps, lanczos_upper, ledger, reuse
+from bounds import certify
+from bounds.certify import (
+    Certificate,
+    cholesky_check,
+    gram_norm,
+    kw_delta,
+    kw_steps,
+    lanczos_upper,
+    ledger,
+    reuse,
+    verified_gram_norm,
+)
 from bounds.lofast import m_norms, zeta
 from bounds.taylor import sigma_J
+from models.operators import delta1_matrix
 from models.spectral import random_start
 
 
@@ -140,3 +152,77 @@ def test_float32_inputs_are_certified_in_float64():
         lower = bounds.evaluate(name, layer, X, 0.05)
         assert torch.all(got >= lower * (1 - 1e-6)), name
     assert float(bounds.evaluate("zeta", layer, X.float(), 0.05)) >= float(truth) * (1 - 1e-9)
+
+
+def exact_gram(eigs: np.ndarray) -> torch.Tensor:
+    """H diag(eigs) Hᵀ / D with H a Sylvester–Hadamard matrix (D = 4^k) and integer eigenvalues: every
+    entry is an integer sum divided by a power of two, so the float64 matrix is exactly the one
+    whose eigenvalues are ``eigs``."""
+    from scipy.linalg import hadamard
+
+    H = hadamard(len(eigs)).astype(np.float64)
+    return torch.from_numpy((H * eigs) @ H.T / len(eigs))
+
+
+@pytest.mark.parametrize("D", [256, 1024])
+def test_cholesky_check_proves_only_true_upper_bounds(D):
+    rng = np.random.default_rng(0)
+    top = 2.0**20
+    eigs = np.concatenate([[top, top - 1], rng.integers(0, 2**19, D - 2)]).astype(np.float64)
+    G = exact_gram(rng.permutation(eigs))[None]
+    confirmed = {}
+    for t in (-1e-6, -1e-9, -1e-12, -1e-14, 0.0, 1e-14, 1e-12, 1e-10, 1e-9):
+        ok, lam = cholesky_check(G.clone(), torch.tensor([top * (1 + t)], dtype=torch.float64))
+        confirmed[t] = bool(ok)
+        if ok:  # a confirmation is a proof: its bound is above the true top eigenvalue
+            assert float(lam) >= top, t
+    assert not confirmed[-1e-6] and not confirmed[-1e-9]
+    assert confirmed[1e-9]  # and it confirms a guess 1e-9 above the truth, so it is tight
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_verified_gram_norm_is_just_above_the_exact_norm(seed):
+    g = torch.Generator().manual_seed(seed)
+    D = 256 + 37 * seed
+    M = torch.randn(2, D + 3, D, generator=g, dtype=torch.float64)
+    low_rank = torch.randn(1, 40, D, generator=g, dtype=torch.float64)  # rank 40 < D
+    Q = torch.linalg.qr(torch.randn(D, D, generator=g, dtype=torch.float64)).Q
+    s = torch.rand(D, generator=g, dtype=torch.float64)
+    s[:2] = torch.tensor([3.0, 3.0 * (1 - 1e-13)])  # a near-tie at the top
+    clustered = (Q * s) @ Q.T
+    for G in (M.mT @ M, low_rank.mT @ low_rank, clustered[None]):
+        value, all_exact = verified_gram_norm(G)
+        truth = np.sqrt(np.linalg.eigvalsh(G.numpy())[:, -1].clip(0))
+        assert not all_exact
+        assert (value.numpy() >= truth).all()
+        np.testing.assert_array_less(value.numpy(), truth * (1 + 2e-9))
+
+
+@pytest.mark.parametrize("guess", ["second", "nan"])
+def test_a_wrong_guess_falls_back_to_the_eigendecomposition(monkeypatch, guess):
+    """The guess is not trusted: one below the top eigenvalue (a Krylov space that missed the top
+    direction) or none at all makes the Cholesky check fail, and the exact path answers."""
+    g = torch.Generator().manual_seed(5)
+    M = torch.randn(3, 300, 280, generator=g, dtype=torch.float64)
+    G = M.mT @ M
+    eigs = torch.linalg.eigvalsh(G)
+    wrong = eigs[:, -2] if guess == "second" else torch.full((3,), float("nan"), dtype=torch.float64)
+    monkeypatch.setattr(certify, "_top_estimate", lambda G: wrong)
+    value, all_exact = verified_gram_norm(G)
+    assert all_exact
+    torch.testing.assert_close(value, gram_norm(G), rtol=0, atol=0)
+    assert (value >= eigs[:, -1].sqrt()).all()
+
+
+def test_large_grams_are_checked_by_cholesky_and_say_deterministic():
+    layer = models.random_dot(32, 2, seed=0)
+    X = models.random_input(8, 32, seed=1)  # n·d = 256 = VERIFY_MIN
+    with ledger() as book:
+        value = zeta(layer, X)
+    assert book.certificate.kind == "deterministic" and book.certificate.p == 0
+    truth = np.linalg.svd(delta1_matrix(layer, X).numpy(), compute_uv=False)[:, 0]
+    assert (value.numpy() >= truth).all()
+    np.testing.assert_array_less(value.numpy(), truth * (1 + 2e-9))
+    with ledger() as book:
+        zeta(layer, X[:, :4])  # n·d = 128: the eigendecomposition, exact
+    assert book.certificate.kind == "exact"

@@ -38,8 +38,11 @@ def test_cost_rows_and_report():
 
 
 def test_flop_counts_follow_the_path():
-    # exact path: Gram formation + the eigendecomposition; probabilistic: k products with T*T
+    # dense path: Gram formation + the eigendecomposition (small, or on a GPU) or the Cholesky check
+    # and its guess (CPU, from VERIFY_MIN on); probabilistic: k products with T*T
     assert zeta_flops(4, 8, 2) == 2 * 16 * 64 * 4 + 4 / 3 * 32**3
+    assert zeta_flops(16, 32, 2) == 2 * 256 * 1024 * 4 + 512**3 / 3 + 40 * 512**2
+    assert zeta_flops(16, 32, 2, cuda=True) == 2 * 256 * 1024 * 4 + 4 / 3 * 512**3
     n, d, h = 197, 768, 12
     assert n * d > ZETA_GRAM_LIMIT
     assert 2e11 < zeta_flops(n, d, h) < 5e11 and 5e10 < m_flops(n, d, h) < 3e11
