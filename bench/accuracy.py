@@ -98,9 +98,11 @@ def _cat(parts: list[Tensor]) -> Tensor:
 
 def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], names: list[str] | None = None,
                 *, steps: int = 100, restarts: int = 8, seed: int = 0,
-                device: torch.device | str = "cpu") -> CertifyRun:
+                device: torch.device | str = "cpu", memo: dict | None = None) -> CertifyRun:
     """Every bound (``names``, default all of :func:`bounds.network.network_bounds`) and PGD on the
-    margin at every ε, in chunks of :func:`chunk_size` samples."""
+    margin at every ε, in chunks of :func:`chunk_size` samples. ``memo`` (a dict, filled by the
+    first call) keeps each chunk's trace and certified norms for a later call on the same network
+    and images at other ε: the norms do not depend on ε."""
     bounds_ = [network_bound(n) for n in names] if names else network_bounds()
     eps = [check_eps(e) for e in eps]
     net = net.to(device)
@@ -111,9 +113,13 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     clean, chunk = [], chunk_size(device)
     for i in range(0, len(images), chunk):
         x, y = images[i:i + chunk], labels[i:i + chunk]
-        cert = Certifier(net, x, y)
+        if memo is None or i not in memo:
+            held = (Certifier(net, x, y), {})
+            if memo is not None:
+                memo[i] = held
+        cert, norms = memo[i] if memo is not None else held
         clean.append(cert.logits)
-        with reuse():  # one chunk's norms, shared by every bound and ε (they do not depend on ε)
+        with reuse(norms):  # one chunk's norms, shared by every bound and ε (they do not depend on ε)
             for e in eps:
                 for b in bounds_:
                     c = cert.certify(b, e)

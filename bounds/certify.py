@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from scipy.sparse.linalg import ArpackError, ArpackNoConvergence, eigsh
 from torch import Tensor
@@ -110,11 +111,12 @@ def ledger() -> Iterator[Ledger]:
 
 
 @contextlib.contextmanager
-def reuse() -> Iterator[None]:
+def reuse(cache: dict | None = None) -> Iterator[None]:
     """Inside the block, a certified norm of the same operator at the same tensors is computed once
     (several bounds of one evaluation share ζ, ‖M_l‖ and σ̄_J). The cache holds its key tensors, so
-    no id is recycled while it lives."""
-    token = _REUSE.set({})
+    no id is recycled while it lives. Pass the ``cache`` of an earlier block (an empty dict to start
+    one) to go on sharing with it."""
+    token = _REUSE.set({} if cache is None else cache)
     try:
         yield
     finally:
@@ -258,9 +260,12 @@ def _top_estimate(G: Tensor) -> Tensor:
     implicitly restarted Lanczos (scipy), NaN where it does not converge. Only a guess for
     :func:`verified_gram_norm` to check; nothing certified rests on it."""
     out = torch.full(G.shape[:1], float("nan"), dtype=torch.float64)
+    # a fixed start, so that a value is the same bits on every run (ARPACK's own start moves from
+    # call to call); a start blind to the top direction only sends that element to the fallback
+    v0 = np.random.default_rng(0).standard_normal(G.shape[-1])
     for i, g in enumerate(G.numpy()):
         try:
-            out[i] = float(eigsh(g, k=1, which="LA", tol=0, return_eigenvectors=False)[0])
+            out[i] = float(eigsh(g, k=1, which="LA", tol=0, v0=v0, return_eigenvectors=False)[0])
         except (ArpackNoConvergence, ArpackError):
             pass
     return out

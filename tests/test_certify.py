@@ -115,6 +115,28 @@ def load_vit_checked(path):
     return net, card
 
 
+def test_a_memo_shares_the_norms_across_eps_and_changes_nothing(monkeypatch):
+    """The certify sweep's cells at other ε reuse the first cell's norms (bench.tasks); the result
+    must be the one a fresh run gives, each bound's seconds still counting what it cost."""
+    import bounds.certify
+
+    calls = []
+    dense = bounds.certify.dense_certified_norm
+    monkeypatch.setattr(bounds.certify, "dense_certified_norm", lambda G: calls.append(1) or dense(G))
+    net, _ = load_model(D32)
+    X, y = first_test_images("digits", net, 6)
+    memo: dict = {}
+    run_certify(net, X, y, [0.01], ["lofast_M", "taylor"], steps=3, restarts=1, memo=memo)
+    first = len(calls)
+    again = run_certify(net, X, y, [0.05], ["lofast_M", "taylor"], steps=3, restarts=1, memo=memo)
+    assert first > 0 and len(calls) == first  # no norm computed twice
+    fresh = run_certify(net, X, y, [0.05], ["lofast_M", "taylor"], steps=3, restarts=1)
+    for key in fresh.delta:
+        assert torch.equal(again.delta[key], fresh.delta[key]) and again.seconds[key] > 0
+        assert torch.equal(again.pairwise[key], fresh.pairwise[key])
+    assert torch.equal(again.pgd_margin[0.05], fresh.pgd_margin[0.05])
+
+
 def test_proposition_1_never_certifies_more_than_the_pairwise_test():
     """‖w_y − w_j‖ ≤ √2‖W‖, so Proposition 1's test implies the pairwise one, on any logits."""
     g = torch.Generator().manual_seed(0)
