@@ -37,7 +37,9 @@ OPTIONAL_BOOLEAN = ["correct", "certified_prop1", "certified_pairwise", "pgd_bro
 LOCK = ".lock"
 # what this suite writes for a missing number; pandas' longer default list would read a stray
 # "n/a" or "NULL" in a value column as a number and let it pass
-READ = {"keep_default_na": False, "na_values": ["", "nan", "NaN"]}
+# low_memory=False: types are inferred over the whole file, not per chunk, so a mostly empty text
+# column (model_version) does not come back as mixed types with a DtypeWarning
+READ = {"keep_default_na": False, "na_values": ["", "nan", "NaN"], "low_memory": False}
 
 
 def cell_file(out: Path, sweep: str, cell_id: str) -> Path:
