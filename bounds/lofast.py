@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import Tensor
 
 from models import DotMHA
@@ -97,14 +96,15 @@ def m_norms(layer: DotMHA, X: Tensor, *, method: str = "certified") -> Tensor:
 
 def xi(layer: DotMHA, X: Tensor) -> Tensor:
     """ξ_l(X) = ‖A_l Xᵀ‖ + ‖X A_l‖ ≥ ‖M_l(X)‖, LoFAST eq. 26; with biases ‖U‖ + ‖V‖ for the U, V of
-    :func:`m_norms` (docs/bounds.md §1.5). [B, h]."""
-    op = layer.logit_operator(X)
-    return spectral(op.U) + spectral(op.V)
+    :func:`m_norms` (docs/bounds.md §1.5). Each through its thin factors, ‖U‖ = ‖K_l W^Q_lᵀ‖ and
+    ‖V‖ = ‖Q_l W^K_lᵀ‖ (``DotMHA.logit_factor_norms``, docs/bounds.md §2.1). [B, h]."""
+    U, V = layer.logit_factor_norms(X)
+    return U + V
 
 
 def _delta21(layer: DotMHA, X: Tensor, eps, core: Tensor) -> Tensor:
     e = radius(eps, X)[:, None]
-    return e / math.sqrt(layer.d_h) * (core + e * spectral(layer.A()))
+    return e / math.sqrt(layer.d_h) * (core + e * layer.A_norm())
 
 
 def delta21_M(layer: DotMHA, X: Tensor, eps) -> Tensor:
@@ -119,18 +119,17 @@ def delta21_xi(layer: DotMHA, X: Tensor, eps) -> Tensor:
 
 def delta22_tight(layer: DotMHA, X: Tensor, eps) -> Tensor:
     """δ_{2,2,l}^(1) = ‖X C_l‖ + ε‖C_l‖ ≥ ‖X' C_l‖, LoFAST eq. 18. [B, h]."""
-    C = layer.C()
-    return spectral(torch.einsum("bnd,hde->bhne", X, C)) + radius(eps, X)[:, None] * spectral(C)
+    return layer.XC_norm(X) + radius(eps, X)[:, None] * layer.C_norm()
 
 
 def delta22_naive(layer: DotMHA, X: Tensor, eps) -> Tensor:
     """δ_{2,2,l}^(2) = ‖C_l‖(‖X‖ + ε), LoFAST §5.1. [B, h]."""
-    return spectral(layer.C()) * (spectral(X) + radius(eps, X))[:, None]
+    return layer.C_norm() * (spectral(X) + radius(eps, X))[:, None]
 
 
 def naive_delta1(layer: DotMHA, X: Tensor, eps) -> Tensor:
     """(‖H‖ + Σ_l ‖C_l‖‖P_l(X)‖)ε, LoFAST eq. 12 (appendix B.2 drops the ε on ‖H‖: a typo)."""
-    s = (spectral(layer.C()) * spectral(layer.attention(X))).sum(-1)
+    s = (layer.C_norm() * spectral(layer.attention(X))).sum(-1)
     return (layer.H_norm + s) * radius(eps, X)
 
 

@@ -27,7 +27,7 @@ def specformer(layer: DotMHA, X: Tensor, eps) -> Tensor:
     """
     e = radius(eps, X)
     N = X.shape[1]
-    C = spectral(layer.C())
+    C = layer.C_norm()
     per_head = C * spectral(layer.W_q) * spectral(layer.W_k) + C  # [h]
     radius_sq = (X.flatten(1).norm(dim=-1) + e) ** 2  # [B]
     return e * (layer.H_norm + N * (N + 1) * radius_sq * per_head.sum())

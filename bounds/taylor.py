@@ -22,7 +22,6 @@ from torch import Tensor
 
 from models import DotMHA
 from models.operators import JACOBIAN_LIMIT, jacobian_matrix, jacobian_operator
-from models.spectral import spectral
 from models.structured import dot_jacobian
 
 from .base import radius
@@ -52,9 +51,8 @@ def taylor(layer: DotMHA, X: Tensor, eps) -> Tensor:
     """
     e = radius(eps, X)[:, None]  # [B, 1]
     rd = math.sqrt(layer.d_h)
-    a = spectral(layer.A())  # [h]
-    C = layer.C()
+    a = layer.A_norm()  # [h]
     m = e * (torch.minimum(m_norms(layer, X), xi(layer, X)) + e * a) / rd  # [B, h]
-    XC = spectral(torch.einsum("bnd,hde->bhne", X, C))  # [B, h]
-    rest = ((0.5 * m**2 + 0.5 * e**2 * a / rd) * XC + 0.5 * m * e * spectral(C)).sum(-1)
+    XC = layer.XC_norm(X)  # [B, h]
+    rest = ((0.5 * m**2 + 0.5 * e**2 * a / rd) * XC + 0.5 * m * e * layer.C_norm()).sum(-1)
     return sigma_J(layer, X) * e[:, 0] + rest

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .operators import LinearOperator, LogitOperator
+from .spectral import product_norm
 
 ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}  # 1-Lipschitz, as OLSA's Theorem 4.1 assumes
 
@@ -101,15 +102,47 @@ class DotMHA(_Tensors):
         """``C_l = W^V_l W^O_l``, shape [h, d, d]."""
         return self.W_v @ self.W_o
 
-    def attention(self, X: Tensor) -> Tensor:
-        """``P_l(X) = softmax_rows(Q_l K_lᵀ / √d_h)``, ``Q_l = X W^Q_l (+ 1 b_{q,l}ᵀ)``, ``K_l = X W^K_l
-        (+ 1 b_{k,l}ᵀ)`` (docs/bounds.md §1.1, §1.5); shape [..., h, n, n]."""
+    # The norms of the rank-≤d_h products A_l, C_l, X C_l, U and V through their d_h-wide factors
+    # (models.spectral.product_norm: ‖L R‖ = ‖R_L R_Rᵀ‖ from the QRs of L and Rᵀ), never forming the
+    # d×d or n×d product. Not cached: they are recomputed from the weights on each call (a cache on a
+    # frozen layer that .to() copies between devices and dtypes would go stale or be lost), and at
+    # d_h ≪ d they cost less than a millisecond.
+
+    def A_norm(self) -> Tensor:
+        """``‖A_l‖ = ‖W^Q_l W^K_lᵀ‖`` per head, shape [h]."""
+        return product_norm(self.W_q, self.W_k.mT)
+
+    def C_norm(self) -> Tensor:
+        """``‖C_l‖ = ‖W^V_l W^O_l‖`` per head, shape [h]."""
+        return product_norm(self.W_v, self.W_o)
+
+    def XC_norm(self, X: Tensor) -> Tensor:
+        """``‖X C_l‖ = ‖(X W^V_l) W^O_l‖`` per input and head, shape [..., h] for X [..., n, d]."""
+        return product_norm(torch.einsum("...nd,hde->...hne", X, self.W_v), self.W_o)
+
+    def queries_keys(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """``(Q_l, K_l)`` with ``Q_l = X W^Q_l (+ 1 b_{q,l}ᵀ)``, ``K_l = X W^K_l (+ 1 b_{k,l}ᵀ)``
+        (docs/bounds.md §1.5), each shape [..., h, n, d_h]; a bias is added to the bias-free product,
+        so a zero bias changes no bit (class docstring)."""
         Q = torch.einsum("...nd,hde->...hne", X, self.W_q)
         K = torch.einsum("...nd,hde->...hne", X, self.W_k)
         if self.b_q is not None:
             Q = Q + self.b_q[:, None, :]
         if self.b_k is not None:
             K = K + self.b_k[:, None, :]
+        return Q, K
+
+    def logit_factor_norms(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """``(‖U‖, ‖V‖)`` for the factors of :meth:`logit_operator`, ``U = K_l W^Q_lᵀ`` and
+        ``V = Q_l W^K_lᵀ`` (X A_lᵀ and X A_l without biases), through their n×d_h and d_h×d factors;
+        each shape [..., h] for X [..., n, d]. Their sum is ξ_l (LoFAST eq. 26)."""
+        Q, K = self.queries_keys(X)
+        return product_norm(K, self.W_q.mT), product_norm(Q, self.W_k.mT)
+
+    def attention(self, X: Tensor) -> Tensor:
+        """``P_l(X) = softmax_rows(Q_l K_lᵀ / √d_h)``, ``Q_l = X W^Q_l (+ 1 b_{q,l}ᵀ)``, ``K_l = X W^K_l
+        (+ 1 b_{k,l}ᵀ)`` (docs/bounds.md §1.1, §1.5); shape [..., h, n, n]."""
+        Q, K = self.queries_keys(X)
         return torch.softmax(Q @ K.transpose(-1, -2) / math.sqrt(self.d_h), dim=-1)
 
     def forward(self, X: Tensor) -> Tensor:

@@ -5,6 +5,9 @@ power iteration needs thousands of steps here (a residual layer's singular value
 Lanczos needs tens. Like power iteration it converges from below: a Ritz value never exceeds the
 top eigenvalue, so the result is an estimate, not a certificate (docs/bounds.md §2.4); the dense
 paths are exact. Both the bounds and the PGD warm starts use it, so it lives with the layers.
+
+Also the exact norms of small matrices: ``spectral`` (an SVD) and ``product_norm``, the norm of a
+product of thin factors from their QRs, without forming it.
 """
 
 from __future__ import annotations
@@ -118,5 +121,31 @@ def random_start(shape: tuple[int, ...], like: Tensor, seed: int = 0) -> Tensor:
 
 
 def spectral(M: Tensor) -> Tensor:
-    """Exact spectral norm of each trailing matrix (SVD); for the small d×d, n×d and n×n factors."""
+    """Exact spectral norm of each trailing matrix (SVD); for the small d×d, n×d and n×n factors.
+    For a product of thin factors use :func:`product_norm`."""
     return torch.linalg.matrix_norm(M, ord=2)
+
+
+def product_norm(L: Tensor, R: Tensor) -> Tensor:
+    """Exact ‖L R‖₂ for each trailing pair L [..., m, r], R [..., r, p] (leading dimensions
+    broadcast as in ``L @ R``), without forming the m×p product (docs/bounds.md §2.1).
+
+    With the QR factorisations ``L = Q_L R_L`` and ``Rᵀ = Q_R R_R`` (Q_L, Q_R with orthonormal
+    columns), ``L R = Q_L (R_L R_Rᵀ) Q_Rᵀ``, so ``‖L R‖ = ‖R_L R_Rᵀ‖``: two QRs of the thin factors and
+    the SVD of an r×r matrix instead of the SVD of an m×p one. Householder QR is backward stable, so
+    the value is as accurate as the SVD of the formed product (relative error O(u·poly(size))).
+    Used only where the factors are thin, ``2r ≤ min(m, p)`` (2× to 150× faster than the SVD of the
+    product at the suite's sizes; near r = min(m, p) the two QRs cost more than the SVD they save):
+    otherwise ``spectral(L @ R)``. Differentiable through the reduced QR when an input requires
+    grad (the R-only QR has no derivative).
+    """
+    m, r = L.shape[-2:]
+    p = R.shape[-1]
+    if R.shape[-2] != r:
+        raise ValueError(f"product_norm: inner sizes differ, L is [..., {m}, {r}], R is {tuple(R.shape)}")
+    if 2 * r > min(m, p):
+        return spectral(L @ R)
+    mode = "reduced" if torch.is_grad_enabled() and (L.requires_grad or R.requires_grad) else "r"
+    RL = torch.linalg.qr(L, mode=mode).R  # [..., r, r]
+    RR = torch.linalg.qr(R.mT, mode=mode).R  # [..., r, r]
+    return spectral(RL @ RR.mT)
