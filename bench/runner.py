@@ -108,7 +108,7 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
             remove_stale_temps(out)
             _check_resume(out, want)
             table = _run_cells(profile, out, run, want, device, dtype, cluster, device_arg)
-    return table, int(pd.read_csv(table)["violation"].sum())
+    return table, int(pd.read_csv(table, usecols=["violation"])["violation"].sum())
 
 
 def _cluster(workers: int | None, scheduler: str | None):
