@@ -315,8 +315,9 @@ def verified_gram_norm(G: Tensor) -> tuple[Tensor, bool]:
     ok = ok & guessed
     # G's own formation, as in gram_norm
     value = (lam * (1 + 4 * D * _EPS)).sqrt()
-    if not bool(ok.all()):
-        value = torch.where(ok, value, gram_norm(Gf))
+    failed = ~ok
+    if bool(failed.any()):  # only those elements pay for the eigendecomposition
+        value[failed] = gram_norm(Gf[failed])
     return value.reshape(batch), not bool(ok.any())
 
 
