@@ -113,11 +113,13 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     clean, chunk = [], chunk_size(device)
     for i in range(0, len(images), chunk):
         x, y = images[i:i + chunk], labels[i:i + chunk]
-        if memo is None or i not in memo:
+        # without a memo each chunk's norms are dropped after it, not held to the end of the run
+        held = memo.get(i) if memo is not None else None
+        if held is None:
             held = (Certifier(net, x, y), {})
             if memo is not None:
                 memo[i] = held
-        cert, norms = memo[i] if memo is not None else held
+        cert, norms = held
         clean.append(cert.logits)
         with reuse(norms):  # one chunk's norms, shared by every bound and ε (they do not depend on ε)
             for e in eps:
