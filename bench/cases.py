@@ -36,6 +36,13 @@ MODEL_TASKS = ("certify", "cauchy_model")  # the whole-network tasks: they need 
 # the layer tasks that also run on a trained model's first attention layer at real inputs (x = data)
 LAYER_TASKS = ("bounds", "lofast", "totals")
 PRETRAINED_LAYERS = 6  # all-MiniLM-L6-v2 (models/pretrained.py, which needs the extras to import)
+# its width and heads, for the rows of a pretrained cell (tests/test_pretrained_cells.py checks them
+# against the loaded model); n is the sentence's token count, stored in the ``tokens`` column
+PRETRAINED_SHAPE = {"d": 384, "h": 12}
+# a pretrained cell reads its layer and input from the model: these fields are not read, so a profile
+# may not set them, its id does not carry them and its rows leave them empty (or say the model's d, h)
+PRETRAINED_UNREAD = ("kind", "n", "d", "h", "residual", "w_qk", "w_vo", "x", "x_norm", "depth", "R",
+                     "perturb", "noise", "samples", "model", "dataset")
 ZOO = ROOT / "zoo"
 
 
@@ -121,6 +128,11 @@ class Cell:
                 raise InputError(f"layer_index and sentence are read only by task 'pretrained' "
                                  f"(task {self.task!r})")
             return
+        fixed = [f"{f.name} = {getattr(self, f.name)!r}" for f in fields(self)
+                 if f.name in PRETRAINED_UNREAD and getattr(self, f.name) != f.default]
+        if fixed:
+            raise InputError(f"task pretrained reads its layer and input from all-MiniLM-L6-v2 and "
+                             f"does not read {', '.join(fixed)}")
         if not 1 <= self.layer_index <= PRETRAINED_LAYERS:
             raise InputError(f"task pretrained needs layer_index in 1..{PRETRAINED_LAYERS}, "
                              f"got {self.layer_index}")
@@ -178,8 +190,11 @@ class Cell:
     @property
     def id(self) -> str:
         """``dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]``, plus the
-        non-default extras (perturbation, samples, task, model, dataset; a pretrained cell's layer
-        and sentence)."""
+        non-default extras (perturbation, samples, task, model, dataset). A pretrained cell's id
+        names only what it reads: ``minilm[layer=1,sentence=0,eps=0.01,seed=0]``."""
+        if self.task == "pretrained":
+            return (f"minilm[layer={self.layer_index},sentence={self.sentence},eps={_num(self.eps)},"
+                    f"seed={self.seed}]")
         parts = [f"n={self.n}", f"d={self.d}", f"h={self.h}", f"H={'I' if self.residual else '0'}",
                  f"wqk={_num(self.w_qk)}", f"wvo={_num(self.w_vo)}", f"x={self.x}:{_num(self.x_norm)}",
                  f"depth={self.depth}"]
@@ -196,8 +211,6 @@ class Cell:
             parts.append(f"model={self.model}")
         if self.dataset != "digits":
             parts.append(f"dataset={self.dataset}")
-        if self.task == "pretrained":
-            parts += [f"layer={self.layer_index}", f"sentence={self.sentence}"]
         return f"{self.kind}[{','.join(parts)}]"
 
     @classmethod
@@ -206,24 +219,12 @@ class Cell:
         try:
             kind, rest = cell_id.split("[", 1)
             items = dict(p.split("=", 1) for p in rest.rstrip("]").split(","))
-            x, x_norm = items.pop("x").split(":")
-            kw = {"kind": kind, "n": int(items.pop("n")), "d": int(items.pop("d")),
-                  "h": int(items.pop("h")), "residual": items.pop("H") == "I",
-                  "w_qk": float(items.pop("wqk")), "w_vo": float(items.pop("wvo")), "x": x,
-                  "x_norm": float(x_norm), "depth": int(items.pop("depth")),
-                  "eps": float(items.pop("eps")), "seed": int(items.pop("seed"))}
-            if "R" in items:
-                kw["R"] = float(items.pop("R"))
-            if "perturb" in items:
-                target, noise = items.pop("perturb").split(":")
-                kw.update(perturb=target, noise=float(noise))
-            if "samples" in items:
-                kw["samples"] = int(items.pop("samples"))
-            for key in ("task", "model", "dataset"):
-                if key in items:
-                    kw[key] = items.pop(key)
-            if "layer" in items:
-                kw.update(layer_index=int(items.pop("layer")), sentence=int(items.pop("sentence")))
+            kw = {"eps": float(items.pop("eps")), "seed": int(items.pop("seed"))}
+            if kind == "minilm":
+                kw.update(task="pretrained", layer_index=int(items.pop("layer")),
+                          sentence=int(items.pop("sentence")))
+            else:
+                kw.update(_layer_fields(kind, items))
         except (ValueError, KeyError):
             raise InputError(f"not a cell id: {cell_id!r}") from None
         if items:
@@ -231,7 +232,13 @@ class Cell:
         return cls(**kw)
 
     def params(self) -> dict:
-        return asdict(self)
+        """The cell's fields as row columns; a pretrained cell's unread layer fields are left empty,
+        but for the model's kind, d and h (its n varies by sentence: the ``tokens`` column)."""
+        p = asdict(self)
+        if self.task == "pretrained":
+            p.update(dict.fromkeys(("n", "w_qk", "w_vo", "x", "x_norm", "R", "dataset")),
+                     **PRETRAINED_SHAPE)
+        return p
 
     def network(self):
         """(ViT, card, the first ``samples`` test images [B, H, W], their labels) of a model cell."""
@@ -283,6 +290,26 @@ class Cell:
             layer = replace(layer, **{self.perturb: W})
         return layer, X
 
+
+
+def _layer_fields(kind: str, items: dict[str, str]) -> dict:
+    """The fields of a layer or model cell's id, popped from ``items`` (what is left is unknown)."""
+    x, x_norm = items.pop("x").split(":")
+    kw = {"kind": kind, "n": int(items.pop("n")), "d": int(items.pop("d")), "h": int(items.pop("h")),
+          "residual": items.pop("H") == "I", "w_qk": float(items.pop("wqk")),
+          "w_vo": float(items.pop("wvo")), "x": x, "x_norm": float(x_norm),
+          "depth": int(items.pop("depth"))}
+    if "R" in items:
+        kw["R"] = float(items.pop("R"))
+    if "perturb" in items:
+        target, noise = items.pop("perturb").split(":")
+        kw.update(perturb=target, noise=float(noise))
+    if "samples" in items:
+        kw["samples"] = int(items.pop("samples"))
+    for key in ("task", "model", "dataset"):
+        if key in items:
+            kw[key] = items.pop(key)
+    return kw
 
 def _num(v: float) -> str:
     """The shortest text that reads back as the same float (0.05, 1, 1e-05)."""

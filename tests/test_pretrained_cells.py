@@ -33,9 +33,22 @@ eps = 0.01
 
 def test_pretrained_cell_ids_round_trip():
     cell = Cell(task="pretrained", layer_index=6, sentence=29, eps=1e-3)
-    assert "layer=6" in cell.id and "sentence=29" in cell.id
+    assert cell.id == "minilm[layer=6,sentence=29,eps=0.001,seed=0]"
     assert Cell.from_id(cell.id) == cell
     assert "layer=" not in Cell().id
+
+
+def test_a_pretrained_cell_names_no_layer_shape_it_does_not_have():
+    """MiniLM has no n = 16, d = 64, h = 4: neither the id nor the rows' columns may say so."""
+    cell = Cell(task="pretrained", layer_index=1, sentence=0, eps=1e-2)
+    keys = {item.split("=")[0] for item in cell.id.split("[")[1].rstrip("]").split(",")}
+    assert keys == {"layer", "sentence", "eps", "seed"}
+    p = cell.params()
+    assert (p["d"], p["h"], p["n"], p["x_norm"], p["dataset"]) == (384, 12, None, None, None)
+    with pytest.raises(InputError, match="does not read n = 32"):
+        Cell(task="pretrained", layer_index=1, n=32)
+    with pytest.raises(InputError, match="unknown keys"):
+        Cell.from_id("minilm[layer=1,sentence=0,eps=0.01,seed=0,n=16]")
 
 
 @pytest.mark.parametrize(("bad", "words"), [
@@ -82,6 +95,7 @@ def test_a_pretrained_run_writes_its_rows(tmp_path, capsys):
     assert set(df["role"]) == {"bound", "pgd", "block"}
     assert (df["model_version"] == pretrained.model_version()).all() and (df["tokens"] == 5).all()
     layer, X = pretrained.case(2, 0)
+    assert (df["d"] == X.shape[1]).all() and (df["h"] == layer.h).all() and df["n"].isna().all()
     radius = 0.01 * float(X.norm(dim=-1).median())
     assert df["radius"].to_numpy() == pytest.approx(radius, rel=1e-12)
     block = df[df["role"] == "block"].set_index("bound")["value"]
