@@ -6,12 +6,14 @@ compute through :func:`run_certify`; the Cauchy task's per-block Jacobian norms 
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from attacks.margin import attack_margin, margin
 from bounds.certify import Certificate, exact_norm, reuse
@@ -98,11 +100,13 @@ def _cat(parts: list[Tensor]) -> Tensor:
 
 def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], names: list[str] | None = None,
                 *, steps: int = 100, restarts: int = 8, seed: int = 0,
-                device: torch.device | str = "cpu", memo: dict | None = None) -> CertifyRun:
+                device: torch.device | str = "cpu", memo: dict | None = None,
+                progress: bool = False) -> CertifyRun:
     """Every bound (``names``, default all of :func:`bounds.network.network_bounds`) and PGD on the
     margin at every ε, in chunks of :func:`chunk_size` samples. ``memo`` (a dict, filled by the
     first call) keeps each chunk's trace and certified norms for a later call on the same network
-    and images at other ε: the norms do not depend on ε."""
+    and images at other ε: the norms do not depend on ε. ``progress``: a bar over the images on
+    stderr (450 images are minutes of work)."""
     bounds_ = [network_bound(n) for n in names] if names else network_bounds()
     eps = [check_eps(e) for e in eps]
     net = net.to(device)
@@ -111,6 +115,8 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     parts: dict = {k: {"delta": [], "prop1": [], "pairwise": [], "cert": [], "s": 0.0} for k in keys}
     attack: dict = {e: {"margin": [], "broken": [], "features": [], "s": 0.0} for e in eps}
     clean, chunk = [], chunk_size(device)
+    bar = tqdm(total=len(images), desc="certify", unit="image", file=sys.stderr, disable=not progress,
+               mininterval=2)
     for i in range(0, len(images), chunk):
         x, y = images[i:i + chunk], labels[i:i + chunk]
         # without a memo each chunk's norms are dropped after it, not held to the end of the run
@@ -142,6 +148,8 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
             attack[e]["broken"].append(a.broken)
             attack[e]["features"].append(moved)
             attack[e]["s"] += time.perf_counter() - start
+        bar.update(len(x))
+    bar.close()
     logits = torch.cat(clean)
     out = CertifyRun(labels.cpu(), margin(logits, labels).cpu(), (logits.argmax(-1) == labels).cpu(),
                      eps, [b.name for b in bounds_])

@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     check_certifiable(net)
     images, labels = first_test_images(args.dataset, net, args.limit)
     res = run_certify(net, images, labels, eps, names, steps=args.pgd_steps, restarts=args.pgd_restarts,
-                      seed=args.seed, device=device)
+                      seed=args.seed, device=device, progress=True)
     s = summary(res)
     cfg = net.cfg
     s["meta"] = {"model": str(args.model), "card": {k: card.get(k) for k in (
