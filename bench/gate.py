@@ -194,7 +194,7 @@ def _check_network(df: pd.DataFrame, d: pd.DataFrame, where: Path | str) -> None
     sample = df[certify | attack]
     cols = [c for c in PER_SAMPLE if c in df.columns]
     if len(sample) and cols:
-        n = sample.groupby(["sweep", "cell_id", "sample"])[cols].transform(lambda s: s.nunique(dropna=False))
+        n = sample.groupby(["sweep", "cell_id", "sample"])[cols].transform("nunique", dropna=False)
         mask = pd.Series(False, index=df.index)
         mask[sample.index] = (n > 1).any(axis=1)
         _refuse(df, mask, where, f"whose per-sample columns ({', '.join(cols)}) differ from another "
@@ -204,10 +204,10 @@ def _check_network(df: pd.DataFrame, d: pd.DataFrame, where: Path | str) -> None
 def _check_flags(df: pd.DataFrame, d: pd.DataFrame, where: Path | str) -> None:
     """The stored flags, certificate and ratio against :func:`derive`."""
     role, cert = df["role"], df["certificate"]
-    for col, source in (("violation", "value, pgd and the registry"), ("sound", "value and pgd"),
-                        ("certified", "bounds/registry.py"), ("finding", "bounds/registry.py")):
+    # the columns that excuse a value below PGD first: a flipped one is named as what it is
+    for col in ("certified", "finding"):
         wrong = df[col].to_numpy(dtype=bool) != d[col].to_numpy(dtype=bool)
-        _refuse(df, wrong, where, f"whose stored {col} contradicts {source}", show=col)
+        _refuse(df, wrong, where, f"whose stored {col} contradicts bounds/registry.py", show=col)
     _refuse(df, d["certified"] & ~cert.isin(CERTIFIED_KINDS), where,
             f"of a certified bound with a certificate not in {', '.join(CERTIFIED_KINDS)}",
             show="certificate")
@@ -216,6 +216,9 @@ def _check_flags(df: pd.DataFrame, d: pd.DataFrame, where: Path | str) -> None:
     _refuse(df, (role == "pgd") & (cert != "attained"), where, "of PGD whose certificate is not 'attained'",
             show="certificate")
     _refuse(df, ~cert.isin(KINDS), where, f"with a certificate not in {', '.join(KINDS)}", show="certificate")
+    for col, source in (("violation", "value, pgd and the registry"), ("sound", "value and pgd")):
+        wrong = df[col].to_numpy(dtype=bool) != d[col].to_numpy(dtype=bool)
+        _refuse(df, wrong, where, f"whose stored {col} contradicts {source}", show=col)
     stored = df["ratio"].to_numpy(dtype=float)
     close = np.isclose(stored, d["ratio"], rtol=RATIO_RTOL, atol=0, equal_nan=True)
     _refuse(df, ~close, where, "whose stored ratio is not value/pgd", show="ratio")
