@@ -191,6 +191,7 @@ def _check_network(df: pd.DataFrame, d: pd.DataFrame, where: Path | str) -> None
         drop = df["margin"] - df["pgd_margin"]
         _refuse(df, attack & ~np.isclose(df["value"], drop, rtol=RATIO_RTOL, atol=0), where,
                 "of the margin attack whose value is not margin − pgd_margin")
+    _check_accuracy(df, attack, where)
     sample = df[certify | attack]
     cols = [c for c in PER_SAMPLE if c in df.columns]
     if len(sample) and cols:
@@ -199,6 +200,23 @@ def _check_network(df: pd.DataFrame, d: pd.DataFrame, where: Path | str) -> None
         mask[sample.index] = (n > 1).any(axis=1)
         _refuse(df, mask, where, f"whose per-sample columns ({', '.join(cols)}) differ from another "
                                  "row of the same image")
+
+
+def _check_accuracy(df: pd.DataFrame, attack: pd.Series, where: Path | str) -> None:
+    """A network cell's accuracy rows against its images: clean = the share classified correctly,
+    pgd_margin = the share PGD did not break (pgd_margin > 0), over the cell's margin-attack rows."""
+    per = df[attack].assign(_robust=df["pgd_margin"] > 0, _correct=df["correct"].astype("boolean"))
+    shares = per.groupby(["sweep", "cell_id"])[["_correct", "_robust"]].mean().astype(float)
+    shares.columns = ["clean", "pgd_margin"]
+    acc = df[(df["role"] == "accuracy") & df["cell_id"].isin(shares.index.get_level_values("cell_id"))]
+    if acc.empty:
+        return
+    expected = [shares.loc[(r.sweep, r.cell_id), r.bound] if (r.sweep, r.cell_id) in shares.index
+                and r.bound in shares.columns else np.nan for r in acc.itertuples()]
+    mask = pd.Series(False, index=df.index)
+    mask[acc.index] = ~np.isclose(acc["value"].to_numpy(dtype=float), expected, rtol=RATIO_RTOL, atol=0)
+    _refuse(df, mask, where, "of accuracy that is not the share of the cell's images (correct, or not "
+                             "broken by PGD)")
 
 
 def _check_flags(df: pd.DataFrame, d: pd.DataFrame, where: Path | str) -> None:

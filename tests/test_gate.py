@@ -228,6 +228,18 @@ def _certified_sample(df: pd.DataFrame) -> tuple[int, pd.Series]:
     return s, (df["sweep"] == CERTIFY_SWEEP) & (df["sample"] == s) & df["role"].isin(["certify", "pgd"])
 
 
+def _break(df: pd.DataFrame) -> int:
+    """Forges, consistently, PGD breaking a certified image: pgd_margin < 0 on all its rows, the
+    margin drop of its attack row and the cell's robust accuracy to match. Returns the image."""
+    s, rows = _certified_sample(df)
+    df.loc[rows, ["pgd_margin", "pgd_broken"]] = [-0.5, True]
+    drop = rows & (df["role"] == "pgd")
+    df.loc[drop, "value"] = df.loc[drop, "margin"] + 0.5
+    robust = df[(df["role"] == "pgd") & (df["bound"] == "pgd_margin")]
+    df.loc[_row(df, "accuracy", "pgd_margin"), "value"] = float((robust["pgd_margin"] > 0).mean())
+    return s
+
+
 def test_a_certified_image_marked_broken_with_flags_untouched_is_refused(small, base, tmp_path,
                                                                           sandbox, capsys):
     df = small.copy()
@@ -241,10 +253,7 @@ def test_a_certified_image_pgd_breaks_is_a_violation(small, base, tmp_path, sand
     """The attack's columns forged consistently (pgd_margin < 0 on every row of the image, the
     margin drop to match): the stored violation=False of lofast_M's row contradicts them."""
     df = small.copy()
-    _, rows = _certified_sample(df)
-    df.loc[rows, ["pgd_margin", "pgd_broken"]] = [-0.5, True]
-    drop = rows & (df["role"] == "pgd")
-    df.loc[drop, "value"] = df.loc[drop, "margin"] + 0.5
+    _break(df)
     _refused_everywhere(capsys, base, _new(df, tmp_path), sandbox,
                         "whose stored violation contradicts value, pgd and the registry (first: certify row")
     # stated honestly it is judged: x in compare (specformer's row, a finding, is not)
@@ -260,11 +269,7 @@ def test_prop1_alone_counts_as_certified(small, base, tmp_path, capsys):
     """An image certified by Proposition 1 but (inconsistently) not by the pairwise test, then broken
     by PGD, is still a certified image broken: a violation, never excused by the other column."""
     df = small.copy()
-    s, rows = _certified_sample(df)
-    df.loc[rows, ["pgd_margin", "pgd_broken"]] = [-0.5, True]
-    drop = rows & (df["role"] == "pgd")
-    df.loc[drop, "value"] = df.loc[drop, "margin"] + 0.5
-    i = _row(df, "certify", "lofast_M", sample=s)
+    i = _row(df, "certify", "lofast_M", sample=_break(df))
     df.loc[i, ["certified_pairwise", "certified_prop1"]] = [False, True]
     assert derive(df).loc[i, "violation"]
     code, _, err = main_inprocess(capsys, "compare", base, _new(df, tmp_path))
@@ -278,3 +283,20 @@ def test_the_committed_baseline_passes_against_itself(tmp_path):
     assert sorted(BASELINE.parent.iterdir()) == before
     assert r.returncode == 0 and r.stdout.rstrip().endswith("OK") and r.stderr == "", r.stderr
     assert "`x` soundness violation: 0" in r.stdout and "`!` missing in NEW: 0" in r.stdout
+
+
+@pytest.mark.parametrize("tamper,words", [
+    ("label", "whose per-sample columns (label, correct, margin, pgd_margin, pgd_broken) differ"),
+    ("drop", "of the margin attack whose value is not margin − pgd_margin"),
+    ("accuracy", "of accuracy that is not the share of the cell's images"),
+])
+def test_network_columns_that_disagree_are_refused(tamper, words, small, base, tmp_path, sandbox, capsys):
+    df = small.copy()
+    if tamper == "label":  # one bound's row of an image names another class
+        i = _row(df, "certify", "taylor", sample=2)
+        df.loc[i, "label"] = df.loc[i, "label"] + 1
+    elif tamper == "drop":  # a stronger attack claimed than its own margins show
+        df.loc[_row(df, "pgd", "pgd_margin", sample=2), "value"] *= 2
+    else:  # robust accuracy raised without the images to show for it
+        df.loc[_row(df, "accuracy", "pgd_margin"), "value"] += 0.02
+    _refused_everywhere(capsys, base, _new(df, tmp_path), sandbox, words)
