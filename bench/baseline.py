@@ -2,8 +2,11 @@
 as a side effect of a run.
 
 The committed ``reports/`` is the report of the committed baseline and of nothing else, so both
-change together, here. A table that is not a complete results table, or that holds a soundness
-violation, never replaces the baseline.
+change together, here. A table that is not a complete results table, that the loader refuses
+(bench/gate.py: stored flags that contradict the numbers, NaN or infinite values, repeated keys),
+or that holds a soundness violation (recomputed by :func:`bench.gate.derive`, never read from the
+stored ``violation``), never replaces the baseline. ``BASELINE`` and ``REPORTS`` are read at each
+call, so a test moves them with monkeypatch and never writes the committed ones.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 from models import InputError
 
 from .env import ROOT
+from .gate import derive
 from .report import build
 from .runner import run_profile
 from .store import TABLE, atomic_write, load
@@ -32,7 +36,7 @@ def update(source: str | None = None) -> Path:
         else:
             table = Path(source) / TABLE if Path(source).is_dir() else Path(source)
         df = load(table)
-        bad = df[df["violation"]]
+        bad = df[derive(df)["violation"]]
         if len(bad):
             r = bad.iloc[0]
             raise InputError(f"{table}: {len(bad)} soundness violation(s) (first: {r['bound']} in "

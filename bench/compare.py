@@ -7,6 +7,14 @@ the attack got weaker). Markers: ``x`` soundness violation, ``+`` worse beyond t
 (e.g. exact → probabilistic; shown, not failed), ``!`` missing from NEW. Exit 1 on
 any ``x`` or ``+``, and on ``!`` unless ``--allow-missing``: a run that lost cells must not pass as
 one that kept its tightness. Either table empty, or not a results table: exit 2.
+
+Nothing judged is read from the stored flags: ratio, soundness, violation and whether a bound is
+certified are recomputed by :func:`bench.gate.derive` from value, pgd, the network columns and the
+bound's name in the registry; a table whose stored flags contradict that recomputation (or that
+holds NaN or infinite values, or a key twice) is refused by the loader (bench/gate.py says why
+refused, not judged). Network ``certify`` rows are judged for soundness (``x``: an image certified
+by a finding-free bound that PGD breaks, or a δ_features below the attained feature change) and
+for presence (``!``), not for tightness.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import pandas as pd
 
 from models import InputError
 
+from .gate import derive
 from .store import KEY, atomic_write, load
 
 MARKERS = {"x": "soundness violation", "+": "worse", "-": "better", "~": "estimate moved",
@@ -31,6 +40,8 @@ def _judge(r, tol: float) -> tuple[str, float]:
         return "!", math.nan
     if r.violation_new:
         return "x", r.ratio_new / r.ratio_base if r.ratio_base else math.nan
+    if r.role == "certify":
+        return " ", math.nan
     is_pgd = r.role == "pgd"
     base, new = (r.value_base, r.value_new) if is_pgd else (r.ratio_base, r.ratio_new)
     if not (isinstance(base, float) and math.isfinite(base) and base > 0 and math.isfinite(new)):
@@ -48,11 +59,17 @@ def _judge(r, tol: float) -> tuple[str, float]:
 
 
 def compare(base: pd.DataFrame, new: pd.DataFrame, tol: float = 0.02) -> pd.DataFrame:
-    """One row per compared key with its marker and factor."""
+    """One row per compared key with its marker and factor; ``certified``, ``ratio`` and
+    ``violation`` are :func:`bench.gate.derive`'s, whatever the tables store."""
     if not (0 <= tol < 1):
         raise InputError(f"--tol must be in [0, 1), got {tol}")
     cols = [*KEY, "certified", "certificate", "value", "pgd", "ratio", "violation"]
-    keep = lambda df: df[df["role"].isin(["bound", "pgd"])][cols]
+
+    def keep(df: pd.DataFrame) -> pd.DataFrame:
+        df = df[df["role"].isin(["bound", "pgd", "certify"])]
+        d = derive(df)
+        return df.assign(certified=d["certified"], ratio=d["ratio"], violation=d["violation"])[cols]
+
     j = keep(base).merge(keep(new), on=KEY, how="outer", suffixes=("_base", "_new"), indicator="present")
     j = j[j["present"] != "right_only"].copy()
     j["violation_new"] = j["violation_new"].fillna(False).astype(bool)

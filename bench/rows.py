@@ -38,11 +38,11 @@ from torch import Tensor
 import bounds
 from bounds.certify import Certificate
 
+from . import gate
 from .accuracy import CertifyRun
 from .evaluate import Evaluation
+from .gate import ROLES, below_pgd, ratio, violation
 
-ROLES = ("bound", "pgd", "timing", "block", "certify", "accuracy")
-SOUND_RTOL = 1e-6  # a certified value below pgd·(1 − 1e-6) is a violation, never a rounding question
 COLUMNS = ["role", "bound", "sample", "head", "block", "certified", "certificate", "certificate_p",
            "certificate_seeds", "finding", "objective", "value", "pgd", "ratio", "sound", "violation",
            "seconds", "pgd_seconds"]
@@ -87,14 +87,14 @@ def row(role: str, name: str, sample: int, value: float, *, head: int = -1, bloc
     if unknown:
         raise ValueError(f"unknown extra columns {sorted(unknown)}")
     cert = certificate if isinstance(certificate, Certificate) else None
-    ratio = value / pgd if pgd and math.isfinite(pgd) else math.nan
-    sound = not (pgd > 0 and value < pgd * (1 - SOUND_RTOL)) and not refuted
+    sound = not below_pgd(value, pgd) and not refuted
     return {"role": role, "bound": name, "sample": sample, "head": head, "block": block,
             "certified": certified, "certificate": cert.kind if cert else certificate,
             "certificate_p": cert.p if cert else math.nan,
             "certificate_seeds": ";".join(map(str, cert.seeds)) if cert else "",
             "finding": finding, "objective": objective or "", "value": value, "pgd": pgd,
-            "ratio": ratio, "sound": sound, "violation": certified and not sound and not finding,
+            "ratio": float(ratio(value, pgd)), "sound": sound,
+            "violation": bool(violation(certified, sound, finding)),
             "seconds": seconds, "pgd_seconds": pgd_seconds, **(extra or {})}
 
 
@@ -143,10 +143,11 @@ def network_rows(res: CertifyRun) -> list[dict]:
         b, key = bounds.get(name), (name, eps)
         for i in range(n):
             pairwise, prop1 = bool(res.pairwise[key][i]), bool(res.prop1[key][i])
+            attacked = bool(gate.refuted(pairwise, prop1, per[i]["pgd_broken"]))
             rows.append(row("certify", name, i, float(res.delta[key][i]), certified=b.certified,
                             certificate=res.certificates[key], finding=bool(b.finding), objective="margin",
                             pgd=float(res.pgd_features[eps][i]), seconds=res.seconds[key] / n,
-                            pgd_seconds=pgd_s, refuted=pairwise and per[i]["pgd_broken"],
+                            pgd_seconds=pgd_s, refuted=attacked,
                             extra=per[i] | {"certified_prop1": prop1, "certified_pairwise": pairwise}))
     rows += [row("pgd", "pgd_margin", i, per[i]["margin"] - per[i]["pgd_margin"], certificate="attained",
                  objective="margin", seconds=pgd_s, extra=per[i]) for i in range(n)]

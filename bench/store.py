@@ -17,6 +17,8 @@ import pandas as pd
 
 from models import InputError
 
+from . import gate
+
 # 2: rows carry ``role`` (bound, pgd, timing, block), ``certificate`` (how a value is known) and
 # ``finding`` (a published statement found unsound), and ``schema_version``; solver names say
 # Lanczos; run.json lists every cell; roles certify and accuracy, whose rows (and pgd_margin's) carry
@@ -171,7 +173,9 @@ def load(path: str | Path) -> pd.DataFrame:
     """A results table from a CSV file, or from a run directory (its results.csv, else its cells).
 
     Refuses (InputError) a table with no rows, missing columns, values that are not numbers or
-    booleans, or another schema version.
+    booleans, another schema version, a key (:data:`KEY`) held by more than one row, or whatever
+    :func:`bench.gate.check` refuses (stored flags that contradict the numbers, NaN and infinite
+    values): every reader judges only tables whose stored columns say what their numbers say.
     """
     path = Path(path)
     try:
@@ -201,4 +205,9 @@ def load(path: str | Path) -> pd.DataFrame:
     for col in OPTIONAL_BOOLEAN:
         if col in df.columns:
             _as_bool(df, col, path, nullable=True)
+    repeated = df.duplicated(KEY)
+    if repeated.any():
+        raise InputError(f"{path}: {int(repeated.sum())} row(s) repeat the key of an earlier row "
+                         f"(first: {gate.describe(df[repeated].iloc[0])})")
+    gate.check(df, path)
     return df

@@ -305,11 +305,15 @@ def test_baseline_update_refuses_empty_garbage_and_violations(finished, header_o
                                                               sandbox_baseline, capsys):
     (tmp_path / "garbage.csv").write_bytes(b"\x00\xffnot,a\ntable")
     df = pd.read_csv(finished / "results.csv")
-    i = df.index[df["role"] == "bound"][0]
-    df.loc[i, ["violation", "sound"]] = [True, False]
+    i = df.index[(df["role"] == "bound") & df["certified"] & ~df["finding"]][0]
+    # a violation stated honestly (value below PGD, flags as rows.py sets them), and flags alone
+    df.loc[i, ["value", "ratio", "violation", "sound"]] = [df.loc[i, "pgd"] / 2, 0.5, True, False]
     df.to_csv(tmp_path / "violation.csv", index=False)
+    df.loc[i, ["value", "ratio"]] = [df.loc[i, "pgd"] * 2, 2.0]
+    df.to_csv(tmp_path / "flags.csv", index=False)
     for source, words in ((header_only, "has no rows"), (tmp_path / "garbage.csv", ""),
-                          (tmp_path / "violation.csv", "1 soundness violation(s)")):
+                          (tmp_path / "violation.csv", "1 soundness violation(s)"),
+                          (tmp_path / "flags.csv", "1 row(s) whose stored violation contradicts")):
         code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", source)
         one_error(code, err, words)
         assert not sandbox_baseline.exists()

@@ -244,11 +244,7 @@ def test_missing_sweeps_are_skipped_and_named(run_dir: Path, tmp_path: Path):
 def test_violation_is_reported_at_the_top(run_dir: Path, tmp_path: Path):
     df = store.load(run_dir)
     df = df[df["sweep"] == "eps"].copy()  # only the README's header matters here
-    i = df.index[df["bound"] == "lofast_M"][0]
-    df.loc[i, "violation"] = True
-    bad = tmp_path / "bad.csv"
-    df.to_csv(bad, index=False)
-    text = build(str(bad), str(tmp_path / "rep")).read_text()
+    text = build(str(_planted(df, tmp_path, "lofast_M")), str(tmp_path / "rep")).read_text()
     assert "SOUNDNESS VIOLATIONS: 1 rows" in text.split("## ")[0]
 
 

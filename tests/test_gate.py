@@ -1,0 +1,302 @@
+"""The regression gate (bench/gate.py) judges what it recomputes, never the stored flags: tables
+tampered from a few cells of the committed baseline are refused by ``compare``, ``baseline
+--update`` and ``report`` with one ``error:`` line and nothing written, or (a violation the table
+states honestly) fail ``compare`` with ``x``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import ROOT, cli, main_inprocess
+
+from bench import baseline
+from bench.gate import SOUND_RTOL, derive
+from bench.store import READ
+
+BASELINE = ROOT / "results" / "baseline" / "results.csv"
+EPS_CELL = "dot[n=16,d=64,h=1,H=I,wqk=1,wvo=0.5,x=gauss:0.5,depth=1,eps=0.01,seed=0]"
+HEADS_CELL = "dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]"
+CERTIFY_SWEEP = "certify"
+
+
+def one_error(code: int, err: str, words: str) -> None:
+    assert code == 2, err
+    lines = err.rstrip("\n").split("\n")
+    assert lines[-1].startswith("error:") and words in lines[-1], err
+    assert sum(line.startswith("error:") for line in lines) == 1 and "Traceback" not in err, err
+
+
+@pytest.fixture(scope="module")
+def small() -> pd.DataFrame:
+    """Three cells of the committed baseline: a one-head dot layer, a four-head one (per-head
+    bounds) and the first network certify cell (certify, pgd_margin and accuracy rows)."""
+    df = pd.read_csv(BASELINE, **READ)
+    certify = df.loc[df["sweep"] == CERTIFY_SWEEP, "cell_id"].iloc[0]
+    out = df[df["cell_id"].isin([EPS_CELL, HEADS_CELL, certify])].reset_index(drop=True)
+    assert set(out["role"]) == {"bound", "pgd", "certify", "accuracy"} and (out["head"] == 3).any()
+    return out
+
+
+@pytest.fixture
+def base(small, tmp_path) -> Path:
+    path = tmp_path / "base.csv"
+    small.to_csv(path, index=False)
+    return path
+
+
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch) -> Path:
+    """``baseline --update`` writes here, never into the committed results/baseline or reports/."""
+    monkeypatch.setattr(baseline, "BASELINE", tmp_path / "sandbox" / "baseline")
+    monkeypatch.setattr(baseline, "REPORTS", tmp_path / "sandbox" / "reports")
+    return tmp_path / "sandbox"
+
+
+def _honest(df: pd.DataFrame) -> pd.DataFrame:
+    """Ratio, sound and violation stored as rows.py stores them for these values."""
+    d = derive(df)
+    return df.assign(ratio=d["ratio"], sound=d["sound"], violation=d["violation"])
+
+
+def _row(df: pd.DataFrame, role: str, bound: str, **where) -> int:
+    mask = (df["role"] == role) & (df["bound"] == bound)
+    for col, v in where.items():
+        mask &= df[col] == v
+    return int(df.index[mask][0])
+
+
+def _new(df: pd.DataFrame, tmp_path: Path) -> Path:
+    """NEW as a run directory, so that a compare that went on would write compare.md into it."""
+    new = tmp_path / "new"
+    new.mkdir(parents=True)
+    df.to_csv(new / "results.csv", index=False)
+    return new
+
+
+def _refused_everywhere(capsys, base: Path, new: Path, sandbox: Path, words: str) -> None:
+    """compare, baseline --update and report each refuse NEW with one error line, writing nothing."""
+    code, out, err = main_inprocess(capsys, "compare", base, new)
+    one_error(code, err, words)
+    assert out == "" and not (new / "compare.md").exists()
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", new)
+    one_error(code, err, words)
+    assert not sandbox.exists()
+    code, _, err = main_inprocess(capsys, "report", new, "--out", new.parent / "rep")
+    one_error(code, err, words)
+    assert not (new.parent / "rep").exists()
+
+
+def test_the_untouched_subset_passes(small, base, tmp_path, sandbox, capsys):
+    new = _new(small, tmp_path)
+    code, out, err = main_inprocess(capsys, "compare", base, new)
+    assert code == 0 and out.rstrip().endswith("OK"), out + err
+    assert " 0 rows" not in out and "`x` soundness violation: 0" in out
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", new)
+    assert code == 0, err
+    assert (sandbox / "baseline" / "results.csv").read_text() == (new / "results.csv").read_text()
+
+
+def test_a_certified_value_at_half_its_pgd_with_flags_untouched_is_refused(small, base, tmp_path,
+                                                                            sandbox, capsys):
+    df = small.copy()
+    i = _row(df, "bound", "lofast_M", cell_id=EPS_CELL)
+    df.loc[i, "value"] = 0.5 * df.loc[i, "pgd"]
+    _refused_everywhere(capsys, base, _new(df, tmp_path), sandbox,
+                        "1 row(s) whose stored violation contradicts value, pgd and the registry "
+                        "(first: bound row lofast_M")
+
+
+def test_a_violation_stated_honestly_fails_compare_and_baseline(small, base, tmp_path, sandbox, capsys):
+    df = small.copy()
+    i = _row(df, "bound", "delta21_M", cell_id=HEADS_CELL, head=3)
+    df.loc[i, "value"] = df.loc[i, "pgd"] * (1 - 10 * SOUND_RTOL)  # just beyond the tolerance
+    new = _new(_honest(df), tmp_path)
+    code, out, _ = main_inprocess(capsys, "compare", base, new)
+    assert code == 1 and "`x` soundness violation: 1" in out and "| x | delta21_M |" in out, out
+    assert "FAILED: soundness violation" in out
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", new)
+    one_error(code, err, "1 soundness violation(s) (first: delta21_M")
+    assert not sandbox.exists()
+
+
+@pytest.mark.parametrize("below,code,marked", [(0.5, 0, 0), (2.0, 1, 1)])
+def test_the_tolerance_is_rows_py_s(below, code, marked, small, base, tmp_path, capsys):
+    """value = pgd·(1 − k·1e-6): within the rounding tolerance at k = ½, a violation at k = 2."""
+    df = small.copy()
+    i = _row(df, "bound", "lofast_M", cell_id=EPS_CELL)
+    df.loc[i, "value"] = df.loc[i, "pgd"] * (1 - below * SOUND_RTOL)
+    got, out, err = main_inprocess(capsys, "compare", base, _new(_honest(df), tmp_path))
+    assert got == code and f"`x` soundness violation: {marked}" in out, out + err
+
+
+@pytest.mark.parametrize("value,words", [(np.nan, "1 row(s) hold a NaN value"),
+                                         (np.inf, "1 row(s) hold an infinite value"),
+                                         (-np.inf, "1 row(s) hold an infinite value")])
+def test_a_non_finite_certified_value_is_refused(value, words, small, base, tmp_path, sandbox, capsys):
+    df = small.copy()
+    df.loc[_row(df, "bound", "taylor", cell_id=EPS_CELL), "value"] = value
+    _refused_everywhere(capsys, base, _new(_honest(df), tmp_path), sandbox, words)
+
+
+def test_nan_certify_value_and_nan_pgd_row_are_refused(small, base, tmp_path, sandbox, capsys):
+    df = small.copy()
+    df.loc[_row(df, "certify", "lofast_M", sample=3), "value"] = np.nan
+    _refused_everywhere(capsys, base, _new(df, tmp_path), sandbox, "hold a NaN value (first: certify row")
+    df = small.copy()
+    df.loc[_row(df, "pgd", "pgd_output", cell_id=EPS_CELL), "value"] = np.nan
+    code, _, err = main_inprocess(capsys, "compare", base, _new(df, tmp_path / "x"))
+    one_error(code, err, "hold a NaN value (first: pgd row pgd_output")
+
+
+def test_an_infinite_published_formula_with_a_finding_is_accepted(small, base, tmp_path, capsys):
+    df = small.copy()
+    # a published formula evaluated as written may overflow: +inf claims nothing false
+    df.loc[_row(df, "bound", "specformer", cell_id=EPS_CELL), "value"] = np.inf
+    code, out, err = main_inprocess(capsys, "compare", base, _new(_honest(df), tmp_path))
+    assert code == 0 and "OK" in out, out + err
+
+
+@pytest.mark.parametrize("pgd,words", [(np.nan, "need a PGD value > 0"), (0.0, "need a PGD value > 0"),
+                                       (-1.0, "need a PGD value > 0"), (np.inf, "need a PGD value > 0")])
+def test_a_bound_without_a_usable_pgd_is_refused(pgd, words, small, base, tmp_path, sandbox, capsys):
+    df = small.copy()
+    df.loc[_row(df, "bound", "lofast_M", cell_id=EPS_CELL), "pgd"] = pgd
+    _refused_everywhere(capsys, base, _new(_honest(df), tmp_path), sandbox, words)
+
+
+def test_value_and_pgd_lowered_together_are_refused(small, base, tmp_path, sandbox, capsys):
+    """Halving a bound's value and its PGD column keeps value ≥ pgd: the PGD row still says otherwise."""
+    df = small.copy()
+    i = _row(df, "bound", "lofast_M", cell_id=EPS_CELL)
+    df.loc[i, ["value", "pgd"]] = [df.loc[i, "pgd"] * 0.5, df.loc[i, "pgd"] * 0.4]
+    _refused_everywhere(capsys, base, _new(_honest(df), tmp_path), sandbox,
+                        "1 row(s) hold a PGD value that is not their objective's pgd_<objective> row's")
+
+
+def test_zeta_without_pgd_is_fine_but_zeta_with_one_is_not(small, base, tmp_path, sandbox, capsys):
+    df = small.copy()
+    i = _row(df, "bound", "zeta", cell_id=EPS_CELL)
+    assert np.isnan(df.loc[i, "pgd"])  # zeta has no PGD objective: compare delta1 = ζε with PGD
+    df.loc[i, "pgd"] = df.loc[i, "value"] * 3
+    _refused_everywhere(capsys, base, _new(_honest(df), tmp_path), sandbox,
+                        "hold a PGD value for a bound without a PGD objective")
+
+
+def test_duplicated_keys_are_refused(small, base, tmp_path, sandbox, capsys):
+    df = pd.concat([small, small.iloc[:100]], ignore_index=True)
+    _refused_everywhere(capsys, base, _new(df, tmp_path), sandbox,
+                        "100 row(s) repeat the key of an earlier row (first: bound row")
+
+
+@pytest.mark.parametrize("col,value,words", [
+    ("certified", False, "1 row(s) whose stored certified contradicts bounds/registry.py"),
+    ("finding", True, "1 row(s) whose stored finding contradicts bounds/registry.py"),
+    ("certificate", "estimate", "1 row(s) of a certified bound with a certificate not in"),
+])
+def test_a_flipped_registry_column_is_refused(col, value, words, small, base, tmp_path, sandbox, capsys):
+    """The flags that excuse a value below PGD (not certified, a finding, an estimate) come from the
+    registry: the row is also planted below its PGD, so that honouring the flip would hide it."""
+    df = small.copy()
+    i = _row(df, "bound", "lofast_xi", cell_id=EPS_CELL)
+    df.loc[i, "value"] = df.loc[i, "pgd"] * 0.5
+    df.loc[i, ["ratio", "sound", "violation", col]] = [0.5, False, False, value]
+    _refused_everywhere(capsys, base, _new(df, tmp_path), sandbox, words)
+
+
+def test_a_finding_flipped_on_a_certify_row_is_refused(small, base, tmp_path, sandbox, capsys):
+    df = small.copy()
+    df.loc[_row(df, "certify", "specformer", sample=0), "finding"] = False
+    _refused_everywhere(capsys, base, _new(df, tmp_path), sandbox,
+                        "whose stored finding contradicts bounds/registry.py (first: certify row specformer")
+
+
+def test_a_tampered_ratio_is_refused(small, base, tmp_path, sandbox, capsys):
+    df = small.copy()
+    df.loc[_row(df, "bound", "lofast_xi", cell_id=HEADS_CELL), "ratio"] *= 0.5
+    _refused_everywhere(capsys, base, _new(df, tmp_path), sandbox, "whose stored ratio is not value/pgd")
+
+
+def _certified_sample(df: pd.DataFrame) -> tuple[int, pd.Series]:
+    """A sample certified by lofast_M (pairwise) that PGD did not break, and the mask of its rows."""
+    flag = lambda col: df[col].astype("boolean").fillna(False)
+    rows = df[(df["role"] == "certify") & (df["bound"] == "lofast_M") & flag("certified_pairwise")
+              & ~flag("pgd_broken")]
+    s = int(rows["sample"].iloc[0])
+    return s, (df["sweep"] == CERTIFY_SWEEP) & (df["sample"] == s) & df["role"].isin(["certify", "pgd"])
+
+
+def _break(df: pd.DataFrame) -> int:
+    """Forges, consistently, PGD breaking a certified image: pgd_margin < 0 on all its rows, the
+    margin drop of its attack row and the cell's robust accuracy to match. Returns the image."""
+    s, rows = _certified_sample(df)
+    df.loc[rows, ["pgd_margin", "pgd_broken"]] = [-0.5, True]
+    drop = rows & (df["role"] == "pgd")
+    df.loc[drop, "value"] = df.loc[drop, "margin"] + 0.5
+    robust = df[(df["role"] == "pgd") & (df["bound"] == "pgd_margin")]
+    df.loc[_row(df, "accuracy", "pgd_margin"), "value"] = float((robust["pgd_margin"] > 0).mean())
+    return s
+
+
+def test_a_certified_image_marked_broken_with_flags_untouched_is_refused(small, base, tmp_path,
+                                                                          sandbox, capsys):
+    df = small.copy()
+    _, rows = _certified_sample(df)
+    df.loc[rows, "pgd_broken"] = True  # pgd_margin still > 0: the columns disagree
+    _refused_everywhere(capsys, base, _new(df, tmp_path), sandbox,
+                        "whose stored pgd_broken contradicts pgd_margin ≤ 0")
+
+
+def test_a_certified_image_pgd_breaks_is_a_violation(small, base, tmp_path, sandbox, capsys):
+    """The attack's columns forged consistently (pgd_margin < 0 on every row of the image, the
+    margin drop to match): the stored violation=False of lofast_M's row contradicts them."""
+    df = small.copy()
+    _break(df)
+    _refused_everywhere(capsys, base, _new(df, tmp_path), sandbox,
+                        "whose stored violation contradicts value, pgd and the registry (first: certify row")
+    # stated honestly it is judged: x in compare (specformer's row, a finding, is not)
+    new = _new(_honest(df), tmp_path / "honest")
+    code, out, _ = main_inprocess(capsys, "compare", base, new)
+    assert code == 1 and "| x | lofast_M |" in out and "| x | specformer |" not in out, out
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", new)
+    one_error(code, err, "soundness violation(s)")
+    assert not sandbox.exists()
+
+
+def test_prop1_alone_counts_as_certified(small, base, tmp_path, capsys):
+    """An image certified by Proposition 1 but (inconsistently) not by the pairwise test, then broken
+    by PGD, is still a certified image broken: a violation, never excused by the other column."""
+    df = small.copy()
+    i = _row(df, "certify", "lofast_M", sample=_break(df))
+    df.loc[i, ["certified_pairwise", "certified_prop1"]] = [False, True]
+    assert derive(df).loc[i, "violation"]
+    code, _, err = main_inprocess(capsys, "compare", base, _new(df, tmp_path))
+    one_error(code, err, "whose stored violation contradicts")
+
+
+def test_the_committed_baseline_passes_against_itself(tmp_path):
+    """NEW as the CSV, not the directory: compare writes compare.md into a NEW directory."""
+    before = sorted(BASELINE.parent.iterdir())
+    r = cli("compare", BASELINE.parent, BASELINE, cwd=tmp_path)
+    assert sorted(BASELINE.parent.iterdir()) == before
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("OK") and r.stderr == "", r.stderr
+    assert "`x` soundness violation: 0" in r.stdout and "`!` missing in NEW: 0" in r.stdout
+
+
+@pytest.mark.parametrize("tamper,words", [
+    ("label", "whose per-sample columns (label, correct, margin, pgd_margin, pgd_broken) differ"),
+    ("drop", "of the margin attack whose value is not margin − pgd_margin"),
+    ("accuracy", "of accuracy that is not the share of the cell's images"),
+])
+def test_network_columns_that_disagree_are_refused(tamper, words, small, base, tmp_path, sandbox, capsys):
+    df = small.copy()
+    if tamper == "label":  # one bound's row of an image names another class
+        i = _row(df, "certify", "taylor", sample=2)
+        df.loc[i, "label"] = df.loc[i, "label"] + 1
+    elif tamper == "drop":  # a stronger attack claimed than its own margins show
+        df.loc[_row(df, "pgd", "pgd_margin", sample=2), "value"] *= 2
+    else:  # robust accuracy raised without the images to show for it
+        df.loc[_row(df, "accuracy", "pgd_margin"), "value"] += 0.02
+    _refused_everywhere(capsys, base, _new(df, tmp_path), sandbox, words)
