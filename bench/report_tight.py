@@ -78,7 +78,8 @@ def fig_tight(df: pd.DataFrame, name: str) -> Plot:
         for t in ratios:
             hidden.setdefault(t.label, []).extend(y for y in t.y if y <= 1)
         top.append(Panel(f"{letter(i)} {facet} = {f}", xlabel, EXCESS if not i else "", over,
-                         xscale=xscale))
+                         xscale=xscale, note=f"no bound above PGD without a finding and below "
+                                             f"{LOOSE:g}× PGD for {facet} = {f}"))
         rest = present(*(bound_trace(sf, x, n, "ratio") for n in names if n in far))
         bottom.append(Panel(f"{letter(len(facets) + i)} {facet} = {f}", xlabel,
                             f"{RATIO}: finding or > {LOOSE:g}×" if not i else "", rest,

@@ -271,3 +271,18 @@ def test_a_run_directory_and_its_table_give_the_same_readme(base: pd.DataFrame, 
     a = build(str(run), str(tmp_path / "a")).read_text()
     b = build(str(run / "results.csv"), str(tmp_path / "a")).read_text()
     assert a == b
+
+
+def test_an_empty_panel_says_why(base: pd.DataFrame):
+    """Kind olsa with only OLSA's rows (a finding): nothing for the sound row, which says so."""
+    df = base[(base["sweep"] == "depth") & ((base["kind"] != "olsa") | (base["bound"] == "olsa"))]
+    plot = FIGURES["tightness_depth"](df)
+    empty = [p for p in plot.rows[0] if not p.traces]
+    assert len(empty) == 1 and "kind = olsa" in empty[0].note
+    fig = _drawn(plot)
+    try:
+        off = [ax for ax in fig.axes if not ax.axison]
+        assert len(off) == 1 and "kind = olsa" in off[0].texts[0].get_text()
+        assert len(_visible(fig)) == len(plot.panels) - 1
+    finally:
+        plt.close(fig)
