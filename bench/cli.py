@@ -81,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("results", nargs="?", default=str(ROOT / "results" / "baseline"),
                     help="results directory or CSV (default results/baseline)")
     rp.add_argument("--out", default=None,
-                    help="default: reports/ for the committed baseline, else RESULTS/report (for a "
-                         "CSV: report/ beside it)")
+                    help="default: RESULTS/report (for a CSV: report/ beside it), git-ignored; the "
+                         "committed reports/ is written only when named (--out reports) or by "
+                         "`baseline --update`")
 
     cp = sub.add_parser("compare", help="tightness and soundness of NEW against BASE (exit 1 if worse)")
     cp.add_argument("base")
@@ -124,13 +125,11 @@ def _run(args) -> int:
 
 
 def _report_dir(results: str) -> str:
-    """Where a report goes by default: the committed reports/ belongs to the committed baseline
-    alone; any other run's report stays beside its results (git-ignored), never over reports/."""
+    """Where a report goes by default: beside its results (git-ignored, the baseline's included), never
+    over the committed reports/, so that `python -m bench report` leaves the checkout unchanged."""
     from pathlib import Path
 
     path = Path(results).resolve()
-    if path in (ROOT / "results" / "baseline", ROOT / "results" / "baseline" / "results.csv"):
-        return str(ROOT / "reports")
     return str((path if path.is_dir() else path.parent) / "report")
 
 

@@ -21,7 +21,7 @@ from . import report_tables as tabs
 from .env import ROOT
 from .report_data import Skip, label, registry_order
 from .report_select import FIGURES
-from .store import load
+from .store import TABLE, load
 
 META = ["profile", "device_name", "dtype", "git_commit", "git_dirty", "torch_version",
         "pgd_steps", "pgd_restarts", "date"]
@@ -84,7 +84,10 @@ def _save(fig: plt.Figure, out: Path, stem: str) -> None:
 
 def shown(path: str) -> str:
     """A path as the README shows it: relative to the repository root when inside it (no absolute
-    path of this machine in a committed report), else as given."""
+    path of this machine in a committed report), else as given; a run directory as its table, so
+    that the directory and its results.csv give the same README."""
+    if Path(path).is_dir() and (Path(path) / TABLE).is_file():
+        path = str(Path(path) / TABLE)
     try:
         return Path(path).resolve().relative_to(ROOT.resolve()).as_posix()
     except ValueError:

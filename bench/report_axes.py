@@ -37,13 +37,21 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     and halves that gives three; at most ~7 (every other one beyond)."""
     decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
     ticks: list[float] = []
-    for subs in ([1], [1, 2, 5], list(range(1, 10)), [1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 9]):
+    for subs in ([1], [1, 2, 5], list(range(1, 10)), [1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 9],
+                 [1, 1.2, 1.4, 1.6, 1.8, 2, 2.5, 3, 3.5, 4, 4.5, 5, 6, 7, 8, 9]):
         cands = [float(f"{m * 10.0**k:.3g}") for k in decades for m in subs]  # 0.3, not 0.30000000000000004
         ticks = [v for v in cands if lo <= v <= hi]
-        if len(ticks) >= 3 or (len(ticks) == 2 and subs == [1]):  # two decades read well
+        # two decades read well; within less than a decade three ticks leave a half-empty axis
+        if len(ticks) >= (2 if subs == [1] else 3 if subs == [1, 2, 5] else 4):
             break
     if len(ticks) < 2:
         ticks = sorted({float(f"{v:.3g}") for v in np.geomspace(lo, hi, 5)[1:4]})
+    if len(ticks) > 7 and all(math.log10(t).is_integer() for t in ticks):
+        # many decades (a ratio of 1e99): every 2nd, 5th, 10th, 20th … decade, at multiples of it
+        step = next(s for s in (2, 5, 10, 20, 25, 50, 100, 200, 500) if len(ticks) / s <= 7)
+        kept = [t for t in ticks if round(math.log10(t)) % step == 0]
+        if len(kept) >= 2:
+            return kept
     return ticks[::math.ceil(len(ticks) / 7)]
 
 
@@ -84,7 +92,7 @@ def x_axis(ax, p: Panel, band: bool) -> None:
             # the grid's own values read better than 2^k or 10^k; drop those too close to be read
             kept = [xs[0]]
             for v in xs[1:]:
-                if math.log(v) - math.log(kept[-1]) >= 0.09 * (hi - lo):
+                if math.log(v) - math.log(kept[-1]) >= 0.12 * (hi - lo):
                     kept.append(v)
             ax.set_xticks(kept, [f"{v:g}" for v in kept])
         ax.xaxis.set_minor_locator(ticker.NullLocator())
@@ -106,7 +114,10 @@ def x_axis(ax, p: Panel, band: bool) -> None:
 def y_axis(ax, p: Panel, lo: float, hi: float, lanes: int) -> list[float]:
     """Sets the limits and ticks; returns, for each lane of the off-scale band, its y value."""
     if p.yscale == "linear":
-        ax.set_ylim(*ax.get_ylim())  # matplotlib's own margins; freeze them before checking ticks
+        # matplotlib's margin (5 %) around the data of every panel drawn on these limits: a panel
+        # whose y is shared with others must not autoscale to its own data alone
+        pad = 0.05 * (hi - lo) if hi > lo else max(abs(hi), 1.0) * 0.05
+        ax.set_ylim(lo - pad, hi + pad)
         ensure_ticks(ax, "y")
         return []
     ax.set_yscale("log")
@@ -115,18 +126,22 @@ def y_axis(ax, p: Panel, lo: float, hi: float, lanes: int) -> list[float]:
     bottom, top = l0 - pad, l1 + (0 if lanes else pad)
     ticks = log_ticks(10**bottom, 10**top)
     lane_ys: list[float] = []
+    texts = tick_texts([*ticks, 10**top] if lanes else ticks)  # one style for ticks and ceiling
+    ceiling = texts.pop() if lanes else ""
     if lanes:
         frac = 1 - LANE * lanes  # the band holds one lane per bound off scale
         full = bottom + (top - bottom) / frac
         lane_ys = [10 ** (bottom + (frac + LANE * (i + 0.3)) * (full - bottom)) for i in range(lanes)]
         ax.axhspan(10**top, 10**full, color="0.93", zorder=0.6, lw=0)
         ax.axhline(10**top, color="0.55", lw=0.6, zorder=0.7)
-        texts = tick_texts([*ticks, 10**top])
+        # a tick at the ceiling would print its value right under the band's "> ceiling", which
+        # says it: regular ticks stop half a lane below the band
+        below = [i for i, t in enumerate(ticks) if math.log10(t) < top - 0.5 * LANE * (full - bottom)]
+        if len(below) >= 2:
+            ticks, texts = [ticks[i] for i in below], [texts[i] for i in below]
         ticks.append(10 ** (top + (full - top) / 2))  # the band's own label: "> ceiling"
-        texts[-1] = "> " + texts[-1]
+        texts.append("> " + ceiling)
         top = full
-    else:
-        texts = tick_texts(ticks)
     ax.set_ylim(10**bottom, 10**top)
     ax.set_yticks(ticks, texts)
     ax.yaxis.set_minor_locator(ticker.NullLocator())

@@ -95,5 +95,5 @@ def table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return pd.DataFrame(out).fillna("–"), (
         f"Cost on {_where(sub)} (task cost): median seconds per sample of each certified bound "
         f"computed alone, with (in brackets) how many times cheaper than the PGD that checks it "
-        f"(PGD s / bound s; the issue's target is ≥ 20×); the last column is the measured time of ζ "
-        f"and ‖M_l‖ over their matmul-bound estimate (the issue's target at ViT-B size is ≤ 2).")
+        f"(PGD s / bound s; the aim is ≥ 20×); the last column is the measured time of ζ and ‖M_l‖ "
+        f"over their matmul-bound estimate (the aim at ViT-B size is ≤ 2).")

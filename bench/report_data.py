@@ -34,6 +34,7 @@ class Trace:
     colour: str | None = None  # the same bound has the same colour in every figure
     lo: list[float] | None = None  # error bar ends, absolute (None: no bar)
     hi: list[float] | None = None
+    legend: bool = True  # False: the panel's title names it (a legend entry would repeat it)
 
 
 @dataclass
@@ -44,9 +45,10 @@ class Panel:
     traces: list[Trace]
     xscale: str = "linear"  # linear, log, log2
     yscale: str = "log"  # log or linear
-    kind: str = "line"  # line, or strip (box and points per x)
+    kind: str = "line"  # line, strip (box and points per x) or violin (density and points per x)
     ref: float | None = None  # a dotted reference line (ratio 1: the bound equals PGD)
     ceiling: float | None = None  # values above are drawn off scale, in a band, with their number
+    note: str = ""  # shown instead of axes when the panel has no trace (why it is empty)
 
 
 @dataclass
@@ -55,13 +57,20 @@ class Plot:
     caption: str
     size: tuple[float, float]  # inches
     legend: str = "right"  # right: one legend beside all panels; below: one under each column; none
-    # log y: every panel (True) or every panel of a row ("row") on the same limits and band
-    # (labels kept on each); "row" when each row plots another quantity
-    sharey: bool | str = False
+    # y axes tied (matplotlib sharey: same limits, band and ticks, labels kept on each panel):
+    # every panel (True), each row's panels ("row", when each row plots another quantity), or per
+    # row as a tuple of bools (a row of unrelated layers keeps its own axes)
+    sharey: bool | str | tuple[bool, ...] = False
     panels: list[Panel] = field(init=False)
 
     def __post_init__(self) -> None:
         self.panels = [p for row in self.rows for p in row]
+
+    def shared(self, r: int) -> bool:
+        """Whether row r's panels share their y axis (with each other, or with all for True)."""
+        if isinstance(self.sharey, tuple):
+            return r < len(self.sharey) and self.sharey[r]
+        return bool(self.sharey)
 
 
 # a bound keeps its colour across figures; a ½ tightening (this suite) sits next to its parent's
@@ -74,6 +83,21 @@ _COLOURS = {
     "delta2_xi": "#ff7f0e", "delta1": "#1f77b4", "naive_delta1": "#d62728", "zeta": "#7f7f7f",
     "taylor": "#006d2c", "best": "#555555",
 }
+
+
+def letter(i: int) -> str:
+    """The label of the i-th panel of a figure in reading order: (a), (b), … (each once per figure)."""
+    return f"({chr(ord('a') + i)})"
+
+
+def excess(t: Trace | None) -> Trace | None:
+    """ratio − 1 of a ratio trace, at the points where it is positive (a log axis has no 0)."""
+    if t is None:
+        return None
+    pts = [(x, y - 1) for x, y in zip(t.x, t.y, strict=True) if y > 1]
+    if not pts:
+        return None
+    return Trace(t.label, [p[0] for p in pts], [p[1] for p in pts], t.style, t.colour)
 
 
 def colour(name: str) -> str | None:

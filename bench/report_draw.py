@@ -15,8 +15,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-from .report_axes import ensure_ticks, x_axis, y_axis
+from .report_axes import x_axis, y_axis
 from .report_data import Panel, Plot, Trace
+from .report_groups import strip, violin
 
 # (line style, marker): estimates dashed, this suite's tightenings square, PGD black dashed, a
 # minimum of the other curves a wide pale band without markers (it would hide the curve it follows);
@@ -69,8 +70,11 @@ def _line(ax, t: Trace, p: Panel, colour, lane_y: float | None) -> list[tuple[fl
             marks.append(len(xs))
         xs.append(x[i])
         ys.append(lane_y if off[i] else y[i])
-    wide = {"lw": 4.5, "alpha": 0.3, "zorder": 1.5} if t.style == "envelope" else {"lw": 1.2}
-    ax.plot(xs, ys, ls=ls, marker=marker or None, markevery=marks, color=colour, label=t.label, **wide)
+    # an estimate often lies on the dotted ratio-1 line or on PGD's curve: drawn on top of both
+    wide = {"lw": 4.5, "alpha": 0.3, "zorder": 1.5} if t.style == "envelope" else \
+        {"lw": 1.2, "zorder": 2.5 if t.style == "estimate" else 2}
+    ax.plot(xs, ys, ls=ls, marker=marker or None, markevery=marks, color=colour,
+            label=t.label if t.legend else "_nolegend_", **wide)
     if t.lo is not None and t.hi is not None:
         lo = np.asarray(t.lo)
         if p.yscale == "log":
@@ -111,30 +115,21 @@ def _thin(fig: plt.Figure, lanes: list[list]) -> None:
                 t.remove()
 
 
-def _strip(ax, p: Panel) -> None:
-    """Box (quartiles) and every point per group; jitter from a fixed seed, so PDFs stay identical."""
-    rng = np.random.default_rng(0)
-    pos = [t.x[0] for t in p.traces]
-    ax.boxplot([t.y for t in p.traces], positions=pos, widths=0.5, showfliers=False,
-               medianprops={"color": "0.2"}, boxprops={"color": "0.5"}, whiskerprops={"color": "0.5"},
-               capprops={"color": "0.5"})
-    for t in p.traces:
-        ax.plot(t.x + rng.uniform(-0.15, 0.15, len(t.x)), t.y, ls="none", marker="o", alpha=0.8,
-                color=t.colour or "C0", markersize=3)
-    ax.set_xticks(pos, [f"{v:g}" for v in pos])
-    ax.set_xlim(min(pos) - 0.6, max(pos) + 0.6)
-    ensure_ticks(ax, "x")
-
-
 def _panel(ax, p: Panel, lo: float, hi: float, lanes: list[str], colours: dict[str, object]) -> list:
     """Draws one panel; returns its off-scale value texts, one list per bound.
 
     ``lanes``: the labels that own a lane of the off-scale band, in order (shared panels share
     them, so a bound sits at the same height in every panel)."""
     values = []
+    if not p.traces:  # nothing to draw: say why, without axes that would suggest a scale
+        ax.set_axis_off()
+        ax.set_title(p.title)
+        ax.text(0.5, 0.5, p.note or "no data", ha="center", va="center", wrap=True, fontsize=6,
+                color="0.35", transform=ax.transAxes)
+        return values
     lane_ys = y_axis(ax, p, lo, hi, len(lanes)) if p.yscale == "log" else []
-    if p.kind == "strip":
-        _strip(ax, p)
+    if p.kind in ("strip", "violin"):
+        (strip if p.kind == "strip" else violin)(ax, p)
     else:
         offscale = []
         for t in p.traces:
@@ -147,6 +142,8 @@ def _panel(ax, p: Panel, lo: float, hi: float, lanes: list[str], colours: dict[s
         ax.axhline(p.ref, color="k", lw=0.8, ls=":", zorder=1)
     if p.yscale == "linear":
         y_axis(ax, p, lo, hi, 0)
+    if p.kind == "violin" and p.yscale == "log":  # the violins' tails must not be cut off
+        ax.set_ylim(min(ax.get_ylim()[0], lo / 1.15), max(ax.get_ylim()[1], hi * 1.15))
     ax.set_title(p.title)
     ax.set_xlabel(p.xlabel)
     ax.set_ylabel(p.ylabel)
@@ -173,10 +170,28 @@ def _legend(fig: plt.Figure, plot: Plot, axes: np.ndarray) -> None:
 
 
 def _shared(panels: list[Panel]) -> tuple[float, float, list[str]]:
-    """The y range and off-scale lanes of panels drawn on the same limits."""
-    ranges = [_yrange(p) for p in panels]
+    """The y range and off-scale lanes of panels drawn on the same limits (an empty panel has none)."""
+    ranges = [_yrange(p) for p in panels if p.traces] or [(1.0, 10.0)]
     return (min(r[0] for r in ranges), max(r[1] for r in ranges),
             list(dict.fromkeys(t for p in panels for t in _over(p))))
+
+
+def _share(plot: Plot, axes: np.ndarray) -> None:
+    """Ties the y axes of the panels a reader compares (matplotlib's sharey: one set of limits and
+    ticks, kept on every panel): all panels (sharey True) or each row's ("row")."""
+    lead = None
+    for r, row in enumerate(plot.rows):
+        if plot.sharey is not True:
+            lead = None
+        if not plot.shared(r):
+            continue
+        for c, p in enumerate(row):
+            if not p.traces:
+                continue
+            if lead is None:
+                lead = axes[r, c]
+            else:
+                axes[r, c].sharey(lead)
 
 
 def draw(plot: Plot) -> plt.Figure:
@@ -186,14 +201,15 @@ def draw(plot: Plot) -> plt.Figure:
     labels = list(dict.fromkeys(t.label for p in plot.panels for t in p.traces if not t.colour))
     colours = dict(zip(labels, sns.color_palette("deep", max(len(labels), 1)), strict=False))
     values: list[list] = []
+    _share(plot, axes)
     for r, row in enumerate(plot.rows):
         together = plot.panels if plot.sharey is True else row
-        shared = _shared(together)
+        shared = _shared(together) if plot.shared(r) else None
         for c in range(ncols):
             if c >= len(row):
                 axes[r, c].remove()
                 continue
-            lo, hi, lanes = shared if plot.sharey else (*_yrange(row[c]), _over(row[c]))
+            lo, hi, lanes = shared or (*_yrange(row[c]), _over(row[c]))
             values += _panel(axes[r, c], row[c], lo, hi, lanes, colours)
     _legend(fig, plot, axes)
     _thin(fig, values)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .report_data import Panel, Plot, Skip, Trace, bound_trace, label
+from .report_data import Panel, Plot, Skip, Trace, bound_trace, label, letter
 
 # LoFAST's two, their halves, ours, the minimum, naive, and the first-order estimate
 NAMES = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "taylor", "best", "naive",
@@ -46,10 +46,24 @@ def _model(sub: pd.DataFrame) -> str:
             f"BERT, 12 heads of 32, d = 384)")
 
 
+def _span(sub: pd.DataFrame) -> str:
+    """", 5 tokens" or ", 5–12 tokens" (empty when the rows do not say)."""
+    tokens = sub["tokens"].dropna() if "tokens" in sub.columns else pd.Series(dtype=float)
+    if tokens.empty:
+        return ""
+    lo, hi = int(tokens.min()), int(tokens.max())
+    return f", {lo} token{'s' if lo != 1 else ''}" if lo == hi else f", {lo}–{hi} tokens"
+
+
+def _mean(sub: pd.DataFrame) -> str:
+    """"mean over N sentences" where there are several, "one sentence" where there is one."""
+    n = sub["sentence"].nunique()
+    return f"mean over {n} sentences" if n > 1 else "one sentence"
+
+
 def _setting(sub: pd.DataFrame) -> str:
     n = sub["sentence"].nunique()
-    tokens = sub["tokens"] if "tokens" in sub.columns else pd.Series(dtype=float)
-    span = f", {int(tokens.min())}–{int(tokens.max())} tokens" if len(tokens.dropna()) else ""
+    span = _span(sub)
     return (f"{_model(sub)}: each layer's attention sub-layer before its LayerNorm, X + Attention(X) "
             f"with its biases (H = I, docs/bounds.md §1.5), at that layer's real input for {n} "
             f"sentence{'s' if n != 1 else ''}{span}; ε = the cell's relative eps × the median token "
@@ -65,21 +79,36 @@ def figure(df: pd.DataFrame) -> Plot:
     for i, eps in enumerate(sorted(ends["eps"].unique())):
         at = ends[ends["eps"] == eps]
         traces = [t for t in (bound_trace(at, "layer_index", n, "ratio") for n in NAMES) if t]
-        top.append(Panel(f"(a) bound / PGD, ε = {eps:g}·median‖x_i‖", LAYER,
+        top.append(Panel(f"{letter(i)} bound / PGD, ε = {eps:g}·median‖x_i‖", LAYER,
                          "bound / PGD" if not i else "", traces, ref=1.0, ceiling=CAP))
     bottom = []
     for (role, name), text in QUANTITIES.items():
         g = _quantity(sub, role, name)
-        if not g.empty:
-            trace = Trace(text, [float(v) for v in g.index], [float(v) for v in g.values], "reference")
-            bottom.append(Panel(f"(b) {text}", LAYER, "", [trace], yscale="linear"))
+        if not g.empty:  # the panel's title names it: no legend entry (three alike black lines)
+            trace = Trace(text, [float(v) for v in g.index], [float(v) for v in g.values], "reference",
+                          legend=False)
+            bottom.append(Panel(f"{letter(len(top) + len(bottom))} {text}", LAYER, "", [trace],
+                                yscale="linear"))
+    first, last = letter(0), letter(len(top) - 1)
+    upper = first if len(top) == 1 else f"{first}–{last}"
+    lower = ", ".join(p.title.split(" ")[0] for p in bottom)
     return Plot([top, bottom] if bottom else [top],
-                f"Pretrained attention (docs/bounds.md §1.6), task `pretrained`: {_setting(sub)}. (a) "
-                f"each end-to-end bound's value / PGD lower bound of the output per layer (mean "
-                f"over sentences; estimates dashed, dotted at 1; a ratio above {CAP:g} drawn as ▲ "
-                f"with its value); (b) per layer ‖X‖_F, ζ(X) (certified: see the table) and the "
-                f"mean attention entropy over heads and tokens, mean over sentences.",
-                (7.0, 5.0))  # y not shared: (b)'s quantities have unrelated scales
+                f"Pretrained attention (docs/bounds.md §1.6), task `pretrained`: {_setting(sub)}. "
+                f"{upper} each end-to-end bound's value / PGD lower bound of the output per layer "
+                f"({_mean(sub)}; estimates dashed, dotted at 1; a ratio above {CAP:g} drawn as ▲ "
+                f"with its value){_estimate(ends)}"
+                + (f"; {lower} per layer ‖X‖_F, ζ(X) (certified: see the table) and the mean "
+                   f"attention entropy over heads and tokens ({_mean(sub)})" if bottom else "") + ".",
+                (7.0, 5.0))  # y not shared: the lower panels' quantities have unrelated scales
+
+
+def _estimate(ends: pd.DataFrame) -> str:
+    """Where the Jacobian estimate lies: at ratio ≈ 1 it sits on the dotted line, said in words."""
+    r = ends.loc[ends["bound"] == "jacobian", "ratio"]
+    if r.empty or not (0.9 <= r.min() and r.max() <= 1.1):
+        return ""
+    return (f"; {label('jacobian')} lies at {r.min():.3f}–{r.max():.3f} × PGD, on the dotted line "
+            f"(grey diamonds, drawn over it)")
 
 
 def table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -101,6 +130,6 @@ def table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         out.append(row)
     return pd.DataFrame(out), (
         f"Pretrained attention (docs/bounds.md §1.6), task `pretrained`: {_setting(sub)}. Per layer "
-        f"and ε: each end-to-end bound's value / PGD lower bound of the output (mean over "
-        f"sentences; σ_max(J)·ε is an estimate, the others certified), and the layer's ‖X‖_F, "
-        f"ζ(X) (certificate: {certs}) and mean attention entropy (nats), mean over sentences.")
+        f"and ε: each end-to-end bound's value / PGD lower bound of the output ({_mean(sub)}; "
+        f"σ_max(J)·ε is an estimate, the others certified), and the layer's ‖X‖_F, ζ(X) "
+        f"(certificate: {certs}) and mean attention entropy (nats) ({_mean(sub)}).")

@@ -13,6 +13,7 @@ import pandas as pd
 
 import bounds
 
+from . import report_cauchy
 from . import report_cost as cost
 from . import report_pretrained as pretrained
 from . import report_taylor as taylor
@@ -188,22 +189,6 @@ def table3(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
                f"(mean over samples) of pgd_output, lofast_M, lofast_xi, specformer.")
 
 
-def cauchy(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    sub = sweep(df, "cauchy", role="block")
-    cols = {"block_sigma": "σ_max (matrix-free)", "block_sigma_exact": "σ_max (exact SVD)",
-            "block_l1linf": "√(‖J‖₁‖J‖∞)"}
-    rows = []
-    for k, g in sub.groupby("block", sort=True):
-        row = {"block": str(int(k))}
-        for b, name in cols.items():
-            v = g.loc[g["bound"] == b, "value"]
-            row[name] = pm(v) if len(v) else "–"
-        rows.append(row)
-    return pd.DataFrame(rows), ("The Cauchy view (docs/bounds.md §3.4): sweep `cauchy`, per block k "
-                                "of the stack, mean ± std over inputs of block_sigma, "
-                                "block_sigma_exact, block_l1linf.")
-
-
 def olsa_kim(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     sub = sweep(df, "olsa_vs_kim")
     sub = sub[(sub["role"] == "bound") & sub["bound"].isin(["olsa", "kim"])]
@@ -219,6 +204,7 @@ def olsa_kim(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
                                 "own layer.")
 
 
-TABLES = {"summary": summary, "table3_lofast": table3, "cauchy": cauchy, "olsa_vs_kim": olsa_kim,
-          "taylor_eps": taylor.table, "table1_certified": trained.table_certify,
-          "cauchy_table1_models": trained.table_cauchy, "pretrained": pretrained.table, "cost": cost.table}
+TABLES = {"summary": summary, "table3_lofast": table3, "cauchy": report_cauchy.table_blocks,
+          "olsa_vs_kim": olsa_kim, "taylor_eps": taylor.table, "table1_certified": trained.table_certify,
+          "cauchy_table1_models": report_cauchy.table_models, "pretrained": pretrained.table,
+          "cost": cost.table}

@@ -13,7 +13,7 @@ import math
 
 import pandas as pd
 
-from .report_data import Panel, Plot, Skip, Trace, bound_trace, label, sweep
+from .report_data import Panel, Plot, Skip, bound_trace, excess, label, letter, sweep
 
 SWEEP = "taylor_eps"
 # the order of the legend and of the table's columns: LoFAST's two, their halves, ours, naive last
@@ -41,16 +41,6 @@ def _layer(sub: pd.DataFrame) -> str:
             f"spectral norms ‖W^Q‖=‖W^K‖={one('w_qk')}, ‖W^V‖=‖W^O‖={one('w_vo')}")
 
 
-def _excess(t: Trace | None) -> Trace | None:
-    """ratio − 1 of a ratio trace, at the points where it is positive (a log axis has no 0)."""
-    if t is None:
-        return None
-    pts = [(x, y - 1) for x, y in zip(t.x, t.y, strict=True) if y > 1]
-    if not pts:
-        return None
-    return Trace(t.label, [p[0] for p in pts], [p[1] for p in pts], t.style, t.colour)
-
-
 def ratio_text(r: float) -> str:
     """Four significant digits, and more near 1, where two digits of ``r − 1`` must show: the
     Taylor bound's 1.000012 is not 1 (the point of this table), so it is printed in full."""
@@ -72,19 +62,19 @@ def figure(df: pd.DataFrame) -> Plot:
     for i, xn in enumerate(norms):
         ratio = [bound_trace(sub[sub["x_norm"] == xn], "eps", n, "ratio") for n in NAMES]
         ratio = [t for t in ratio if t is not None]
-        excess = [e for e in map(_excess, ratio) if e is not None]
-        top.append(Panel(rf"(a) bound / PGD, ‖X‖$_F$ = {xn:g}", EPS, "bound / PGD" if not i else "",
+        over = [e for e in map(excess, ratio) if e is not None]
+        top.append(Panel(rf"{letter(i)} bound / PGD, ‖X‖$_F$ = {xn:g}", EPS, "bound / PGD" if not i else "",
                          ratio, xscale="log", ref=1.0, ceiling=CAP))
-        bottom.append(Panel(rf"(b) bound / PGD − 1, ‖X‖$_F$ = {xn:g}", EPS,
-                            "bound / PGD − 1" if not i else "", excess, xscale="log"))
+        bottom.append(Panel(rf"{letter(len(norms) + i)} bound / PGD − 1, ‖X‖$_F$ = {xn:g}", EPS,
+                            "bound / PGD − 1" if not i else "", over, xscale="log"))
     rows = [top, bottom] if any(p.traces for p in bottom) else [top]
     return Plot(rows, f"Tightness vs ε (docs/bounds.md §2.3): sweep `{SWEEP}` (task totals), "
                       f"{_layer(sub)}; Gaussian X scaled to Frobenius norm ‖X‖_F (one panel per "
                       f"‖X‖_F), ε the Frobenius radius of the perturbation; `ratio` = value / PGD "
-                      f"lower bound of the output, mean over samples. (a) the ratio, dotted at 1; "
-                      f"(b) the same ratio minus 1 on a log axis, which resolves ratios of 1.0001 "
-                      f"to 1.01. The best certified value (wide grey band) is the minimum of the "
-                      f"others: Taylor at small ε, LoFAST ½ at large ε.",
+                      f"lower bound of the output, mean over samples. Top row: the ratio, dotted "
+                      f"at 1; bottom row: the same ratio minus 1 on a log axis, which resolves "
+                      f"ratios of 1.0001 to 1.01. The best certified value (wide grey band) is the "
+                      f"minimum of the others: Taylor at small ε, LoFAST ½ at large ε.",
                 (7.0, 4.8), sharey="row")
 
 

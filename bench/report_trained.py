@@ -1,6 +1,6 @@
-"""The trained-model figures and tables (docs/bounds.md §5, §3.4): LoFAST Fig. 2 and Table 1 from
-sweep ``certify``, the Cauchy view's Table 1 and violin from sweep ``cauchy_models``. Every number
-comes from the stored rows; the models' architecture from their ``vit_*`` columns (bench/rows.py
+"""The trained-model figures and tables (docs/bounds.md §5): LoFAST Fig. 2 and Table 1 from sweep
+``certify`` (the Cauchy view's, from sweep ``cauchy_models``, are in :mod:`bench.report_cauchy`).
+Every number comes from the stored rows; the models' architecture from their ``vit_*`` columns (bench/rows.py
 ``MODEL_COLUMNS``). Imports only :mod:`bench.report_data`.
 """
 
@@ -12,7 +12,7 @@ import pandas as pd
 
 from .report_data import Panel, Plot, Skip, Trace, colour, commits, label, registry_order, style, sweep
 
-CERTIFY, CAUCHY = "certify", "cauchy_models"
+CERTIFY = "certify"
 WIDE = 7.0
 # Fig. 2's axes: each varies one of (depth, heads, c) around the zoo's centre model
 CENTRE = {"vit_depth": 2, "vit_heads": 2, "vit_c": 0.5}
@@ -124,50 +124,3 @@ def table_certify(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         f"upper bound of the true robust accuracy) and each bound's certified accuracy (pairwise test) "
         f"at each ε (ℓ2 over the image), and seconds per sample of the bound (batched, its certificate "
         f"included). {_provenance(sweep(df, CERTIFY))}.")
-
-
-def _cauchy(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    sub = sweep(df, CAUCHY)
-    blocks = sub[(sub["role"] == "block") & sub["bound"].isin(["block_sigma_exact", "block_sigma"])]
-    acc = sub[sub["role"] == "accuracy"]
-    if blocks.empty or acc.empty:
-        raise Skip(f"no block/accuracy rows in sweep `{CAUCHY}`")
-    return sub, blocks, acc
-
-
-def table_cauchy(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """The Cauchy view's Table 1: per model clean and PGD-20 accuracy and σ_max mean (std)."""
-    sub, blocks, acc = _cauchy(df)
-    models = _models(sub)
-    rows = []
-    for model, m in models.sort_values(["vit_c", "vit_depth", "vit_heads"], na_position="first").iterrows():
-        a = acc[acc["model"] == model].set_index("bound")["value"]
-        s = blocks[blocks["model"] == model]["value"]
-        kind = "vanilla (LayerNorm)" if math.isnan(m["vit_c"]) else f"LayerProject, {_recipe(m)}"
-        rows.append({"model": model, "variant": kind, "depth": str(int(m["vit_depth"])),
-                     "heads": str(int(m["vit_heads"])), "clean": f"{a['clean']:.3f}",
-                     "PGD-20": f"{a['pgd_margin']:.3f}",
-                     "σ_max mean (std)": f"{s.mean():.3f} ({s.std():.3f})"})
-    eps = "/".join(eg(e) for e in sorted(set(sub["eps"])))
-    return pd.DataFrame(rows), (
-        f"The Cauchy view, Table 1 (docs/bounds.md §3.4): sweep `{CAUCHY}`; clean accuracy, PGD-20 ℓ2 "
-        f"robust accuracy at ε={eps}, and the mean (std) over blocks and test images of σ_max of each "
-        f"block's Jacobian at its input (exact SVD where n·d fits, else the matrix-free estimate). "
-        f"{_provenance(sub)}.")
-
-
-def fig_cauchy_models(df: pd.DataFrame) -> Plot:
-    """The Cauchy view's Fig. 3: σ_max per block, one strip panel per model."""
-    sub, blocks, _ = _cauchy(df)
-    models = _models(sub)
-    panels = []
-    for model in models.sort_values(["vit_c", "vit_depth", "vit_heads"], na_position="first").index:
-        b = blocks[blocks["model"] == model]
-        strips = [Trace(f"block {int(k)}", [float(k + 1)] * len(g), [float(v) for v in g["value"]],
-                        colour="#1f77b4") for k, g in b.groupby("block")]
-        panels.append(Panel(model.replace("digits-", ""), "block", "σ_max(J)" if not panels else "", strips,
-                            yscale="log", kind="strip"))
-    rows = [panels[i:i + 3] for i in range(0, len(panels), 3)]
-    return Plot(rows, f"The Cauchy view, Fig. 3 (docs/bounds.md §3.4): sweep `{CAUCHY}`; σ_max of each "
-                      f"block's Jacobian at its input, per block (box: quartiles), one panel per model. "
-                      f"{_provenance(sub)}.", (WIDE, 2.3 * len(rows)), legend="none")
