@@ -164,8 +164,11 @@ def _check_pgd(df: pd.DataFrame, d: pd.DataFrame, where: Path | str) -> None:
     at = ["sweep", "cell_id", "sample", "head"]
     runs = df.loc[role == "pgd", [*at, "bound", "value"]].rename(columns={"value": "_pgd_row"})
     runs = runs.assign(bound=runs["bound"].str.removeprefix("pgd_")).rename(columns={"bound": "_obj"})
+    twice = pd.Series(False, index=df.index)
+    twice[runs.index] = runs.duplicated([*at, "_obj"])
+    _refuse(df, twice, where, "of PGD repeat another's objective, cell, sample and head")
     bound = df.loc[with_objective, at].assign(_obj=d.loc[with_objective, "objective"])
-    joined = bound.merge(runs, on=[*at, "_obj"], how="left", validate="many_to_one")
+    joined = bound.merge(runs, on=[*at, "_obj"], how="left")
     joined.index = bound.index
     mask = pd.Series(False, index=df.index)
     mask[bound.index] = ~_same(joined["_pgd_row"], df.loc[bound.index, "pgd"])

@@ -189,6 +189,10 @@ def test_duplicated_keys_are_refused(small, base, tmp_path, sandbox, capsys):
     df = pd.concat([small, small.iloc[:100]], ignore_index=True)
     _refused_everywhere(capsys, base, _new(df, tmp_path), sandbox,
                         "100 row(s) repeat the key of an earlier row (first: bound row")
+    # a second PGD value of one objective, told apart only by its block: which one a bound meets?
+    df = pd.concat([small, small[small["bound"] == "pgd_output"].head(1).assign(block=5)])
+    code, _, err = main_inprocess(capsys, "compare", base, _new(df, tmp_path / "pgd"))
+    one_error(code, err, "1 row(s) of PGD repeat another's objective, cell, sample and head")
 
 
 @pytest.mark.parametrize("col,value,words", [
