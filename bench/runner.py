@@ -120,7 +120,6 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
         run["dtype"] = dtype_arg
     dtype = resolve_dtype(run["dtype"])
     want = _manifest(profile, run, overrides)
-    check_run_dir(out)
     if any(c.task == "pretrained" for _, c in profile.cells()):
         from models.pretrained import require  # the study's extras, before anything is written
 
@@ -128,6 +127,7 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
     # the cluster first: a missing Dask or an unreachable scheduler then leaves nothing written
     with _cluster(workers, scheduler) if dask else contextlib.nullcontext() as cluster:
         writable_dir(out, "--out")
+        check_run_dir(out)
         with lock(out):
             if fresh:
                 _discard(out)
