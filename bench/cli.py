@@ -159,7 +159,7 @@ def _resume_command(args, out) -> str:
     profile = args.profile
     if Path(profile).suffix or not (PROFILES / f"{profile}.toml").exists():
         profile = str(Path(profile).resolve())
-    parts = ["python", "-m", "bench", *(["--threads", str(args.threads)] if args.threads else []),
+    parts = ["python", "-m", "bench", *(["--threads", str(args.threads)] if args.threads is not None else []),
              "run", "--profile", profile, "--out", str(Path(out).resolve()), "--device", args.device]
     if args.dtype is not None:
         parts += ["--dtype", args.dtype]
