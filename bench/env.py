@@ -22,7 +22,16 @@ ROOT = Path(__file__).resolve().parent.parent
 def set_threads(n: int | None) -> int:
     """torch's intra-op threads: ``n``, else $BENCH_THREADS, else 1 (the bench's problems are small,
     and on a busy 2-core box a second thread costs more in synchronisation than it gains)."""
-    n = n or int(os.environ.get("BENCH_THREADS", "1"))
+    if n is None:
+        text = os.environ.get("BENCH_THREADS", "").strip() or "1"
+        try:
+            n = int(text)
+        except ValueError:
+            raise InputError(f"$BENCH_THREADS must be an integer >= 1, got {text!r}") from None
+        if n < 1:
+            raise InputError(f"$BENCH_THREADS must be an integer >= 1, got {text!r}")
+    elif isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InputError(f"--threads must be an integer >= 1, got {n!r}")
     torch.set_num_threads(n)
     return n
 
