@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
@@ -57,6 +58,16 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return platform.processor() or platform.machine() or "cpu"
+
+
+def cpu_kernels() -> str:
+    """The CPU model and the instruction set torch's kernels use (e.g. ``AMD EPYC (AVX2)``): float64
+    training is bit-reproducible only where both match, since vectorised kernels round differently."""
+    model = ""
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    return f"{model or platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()})"
 
 
 def timed(fn: Callable, device: torch.device):

@@ -29,7 +29,7 @@ from models.vit import ViT, ViTConfig
 from models.vit_io import card_path, save_vit
 
 from . import __version__
-from .env import ROOT, device_name, git_state, resolve_device, set_threads
+from .env import ROOT, cpu_kernels, device_name, git_state, resolve_device, set_threads
 
 # Per dataset: patch side (digits 8×8 → 16 tokens of 2×2; fashion-mnist 28×28 → 49 tokens of 4×4)
 # and epochs that reach the accuracy the zoo reports.
@@ -171,7 +171,7 @@ def train(cfg: ViTConfig, dataset: str, *, seed: int = 0, epochs: int = 30, batc
                             "cross-entropy on Lipschitz-margin logits (bench/train.py: margin_loss)"),
             "test_accuracy": test_acc, "train_accuracy": train_acc, "n_test": len(X_te),
             "train_seconds": round(seconds, 3), "device": dev.type, "device_name": device_name(dev),
-            "threads": torch.get_num_threads(), "suite_version": __version__,
+            "cpu_kernels": cpu_kernels(), "threads": torch.get_num_threads(), "suite_version": __version__,
             "torch_version": torch.__version__,
             "git_commit": commit, "git_dirty": dirty}
     return net.cpu().eval(), card
