@@ -67,7 +67,8 @@ def cpu_kernels() -> str:
     with contextlib.suppress(OSError):
         lines = Path("/proc/cpuinfo").read_text().splitlines()
         model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
-    return f"{model or platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()})"
+    model = model or platform.processor() or platform.machine()
+    return f"{model} ({torch.backends.cpu.get_cpu_capability()})"
 
 
 def timed(fn: Callable, device: torch.device):
