@@ -195,3 +195,15 @@ def test_the_wheel_installer_succeeds_without_the_wheels(tmp_path, capsys, monke
     monkeypatch.setattr(tool.subprocess, "call", lambda *a, **k: pytest.fail("pip must not run"))
     assert tool.main() == 0
     assert capsys.readouterr().out.startswith("note: ")
+
+
+def test_crown_sweeps_opt_in_where_the_profiles_say():
+    from bench.sweeps import load_profile
+
+    for profile in ("quick", "crown"):
+        cells = [c for _, c in load_profile(profile).cells() if c.task in ("crown", "alpha_crown")]
+        assert cells and {c.eps for c in cells} == {0.01, 0.1}
+        big = [c for c in cells if (c.n, c.d, c.h, c.x, c.x_norm) == (16, 32, 4, "fro", 5.0)]
+        assert {c.task for c in big} == ({"crown"} if profile == "quick" else {"crown", "alpha_crown"})
+    quick = load_profile("quick").cells()
+    assert sum(c.task == "alpha_crown" for _, c in quick) == 2  # small layers only: seconds, not minutes
