@@ -32,7 +32,7 @@ KINDS = ("dot", "l2", "olsa")
 INPUTS = ("gauss", "fro", "proj", "data")
 PERTURB = ("none", "W_q", "W_k", "W_v", "W_o", "X")
 TASKS = ("bounds", "lofast", "totals", "scaling", "cauchy", "certify", "cauchy_model", "pretrained",
-         "cost")
+         "cost", "crown", "alpha_crown")
 MODEL_TASKS = ("certify", "cauchy_model")  # the whole-network tasks: they need ``model`` and ``dataset``
 # the layer tasks that also run on a trained model's first attention layer at real inputs (x = data)
 LAYER_TASKS = ("bounds", "lofast", "totals")
@@ -62,8 +62,9 @@ class Cell:
     ``bounds`` (every bound and PGD), ``lofast`` (LoFAST and naive only), ``totals`` (the certified end-to-end
     bounds: LoFAST, its halves, naive, Taylor and best), ``scaling`` (timings of the matrix-free,
     certified and dense solvers), ``cost`` (seconds and peak memory of the certified bounds and their
-    PGD, with the machine's matmul rate: bench/cost.py) or ``cauchy`` (per-block Jacobian norms of a
-    stack).
+    PGD, with the machine's matmul rate: bench/cost.py), ``cauchy`` (per-block Jacobian norms of a
+    stack), ``crown`` (CROWN beside Taylor, LoFAST (ξ) and best, docs/bounds.md §2.5) or
+    ``alpha_crown`` (the same and α-CROWN).
 
     The whole-network tasks read a trained ``model`` (a file stem under zoo/), its ``dataset`` and
     its first ``samples`` test images, and ignore the layer fields: ``certify`` (every network bound

@@ -31,7 +31,7 @@ from .store import KEY, atomic_write, load
 
 MARKERS = {"x": "soundness violation", "+": "worse", "-": "better", "~": "estimate moved",
            "c": "certificate weaker", "!": "missing in NEW"}
-STRENGTH = ("exact", "deterministic", "probabilistic", "estimate", "attained")
+STRENGTH = ("exact", "deterministic", "relaxation", "probabilistic", "estimate", "attained")
 
 
 def _judge(r, tol: float) -> tuple[str, float]:

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from bounds import crown
 from models import InputError
 
 from .env import device_name, git_state, resolve_device, resolve_dtype, versions
@@ -35,7 +36,7 @@ from .store import (
     write_json,
 )
 from .sweeps import Profile
-from .tasks import TASKS
+from .tasks import CROWN_TASKS, TASKS
 
 if TYPE_CHECKING:
     from .distributed import Cluster
@@ -124,6 +125,8 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
         from models.pretrained import require  # the study's extras, before anything is written
 
         require()
+    if any(c.task in CROWN_TASKS for _, c in profile.cells()) and not crown.available():
+        print(f"note: the CROWN rows are left out: {crown.INSTALL}", file=sys.stderr)
     # the cluster first: a missing Dask or an unreachable scheduler then leaves nothing written
     with _cluster(workers, scheduler) if dask else contextlib.nullcontext() as cluster:
         writable_dir(out, "--out")

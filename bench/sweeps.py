@@ -8,7 +8,7 @@
     h = [1, 8]                  # a list is an axis; the sweep is the product of its axes
     eps = [0.01, 0.05]
 
-``quick`` and ``paper`` ship in bench/profiles/; any other TOML file is a user profile. CLI
+``quick``, ``paper`` and ``crown`` ship in bench/profiles/; any other TOML file is a user profile. CLI
 overrides (``--eps 0.01,0.05``) replace that axis in every sweep.
 """
 

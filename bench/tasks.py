@@ -8,7 +8,9 @@ from collections.abc import Callable
 
 import torch
 
+import bounds
 from attacks.margin import attack_margin
+from bounds import crown
 from bounds import jacobian as jac
 from bounds import lofast as lf
 from bounds.taylor import sigma_J
@@ -26,6 +28,9 @@ from .rows import accuracy_rows, measured, network_rows, pretrained_rows, unroll
 LOFAST_ONLY = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "naive"]
 CAUCHY_PGD_STEPS = 20  # the Cauchy paper's Table 1 reports PGD-20 robust accuracy
 TOTALS = [*LOFAST_ONLY, "taylor", "best"]
+# CROWN beside this suite's bounds (docs/bounds.md §2.5); α-CROWN costs minutes at n=16, d=32 on a CPU
+CROWN_TASKS = {"crown": ["crown", "taylor", "lofast_xi", "best"],
+               "alpha_crown": ["crown", "alpha_crown", "taylor", "lofast_xi", "best"]}
 
 Task = Callable[[Cell, dict, torch.device, torch.dtype], list[dict]]
 
@@ -47,6 +52,15 @@ def lofast_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype)
 def totals_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """The certified end-to-end bounds of a dot layer: where each wins along ε (docs/bounds.md §2.3)."""
     return bounds_task(cell, run, device, dtype, names=TOTALS)
+
+
+def crown_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """CROWN (and α-CROWN for task ``alpha_crown``) beside Taylor, LoFAST (ξ) and best; without
+    auto_LiRPA the CROWN rows are left out (the runner says so once)."""
+    names = CROWN_TASKS[cell.task]
+    if not crown.available():
+        names = [n for n in names if not bounds.get(n).check]
+    return bounds_task(cell, run, device, dtype, names=names)
 
 
 def _on(cell: Cell, device: torch.device, dtype: torch.dtype):
@@ -173,4 +187,4 @@ def pretrained_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dt
 TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "totals": totals_task,
                           "scaling": scaling_task, "cauchy": cauchy_task, "certify": certify_task,
                           "cauchy_model": cauchy_model_task, "pretrained": pretrained_task,
-                          "cost": cost_task}
+                          "cost": cost_task, "crown": crown_task, "alpha_crown": crown_task}

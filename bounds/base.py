@@ -22,6 +22,9 @@ class Bound:
     (docs/bounds.md §1.4); or ``only`` on stacks (its fn then takes the stack itself).
     ``biases`` says whether the bound holds for a dot layer with biases, as docs/bounds.md §1.5
     extends it; a bound that is not extended so (the default) refuses such a layer.
+    ``opt_in``: computed only when asked for by name (never by ``applicable`` nor inside ``best``),
+    for a bound too slow for every cell; ``check`` raises InputError when it cannot run here (an
+    optional package it needs is missing), before any work.
     """
 
     name: str
@@ -38,6 +41,8 @@ class Bound:
     description: str = ""
     display: str = ""  # the name a reader sees in figures and tables (e.g. "LoFAST δ₂⁽¹⁾ (‖M‖)")
     biases: bool = False  # accepts layers with biases (docs/bounds.md §1.5); opt in, never by default
+    opt_in: bool = False
+    check: Callable[[], None] | None = None
 
     @property
     def label(self) -> str:

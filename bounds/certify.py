@@ -36,7 +36,9 @@ from torch import Tensor
 
 from models.operators import DENSE_LIMIT, VERIFY_MIN, LinearOperator
 
-KINDS = ("exact", "deterministic", "probabilistic", "estimate")  # strongest first
+# strongest first. ``relaxation``: an outer relaxation of the whole layer (CROWN, α-CROWN through
+# auto_LiRPA, docs/bounds.md §2.5), sound in exact arithmetic and evaluated without directed rounding
+KINDS = ("exact", "deterministic", "relaxation", "probabilistic", "estimate")
 DEFAULT_P = 1e-9  # failure probability of one probabilistic norm
 DEFAULT_DELTA = 2e-3  # relative slack of θ: the norm's bound is at most ~1e-3 above the truth
 KW_CONSTANT = 1.648
@@ -132,6 +134,11 @@ def _record(entry: Entry) -> None:
     book = _LEDGER.get()
     if book is not None:
         book.entries.append(entry)
+
+
+def record(certificate: Certificate, seconds: float) -> None:
+    """Records a value certified by other means than a norm here (bounds/crown.py) in the ledger."""
+    _record(Entry(certificate, seconds))
 
 
 def kw_log_term(N: int, p: float) -> float:

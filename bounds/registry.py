@@ -11,6 +11,7 @@ from torch import Tensor
 
 from models import InputError, Stack, as_batch, check_eps
 
+from . import crown as crown_
 from . import jacobian as jac
 from . import kim as kim_
 from . import lofast as lf
@@ -23,6 +24,7 @@ from .certify import Certificate, ledger, reuse, reusing
 DOT, L2, OLSA_KIND = frozenset({"dot"}), frozenset({"l2"}), frozenset({"olsa"})
 ALL = frozenset({"dot", "l2", "olsa"})
 LOFAST = "Havens et al., LoFAST (seed 000)"
+CROWN = "Zhang et al. 2018 (CROWN), through auto_LiRPA (Xu et al. 2020)"
 
 # ``biases=True``: docs/bounds.md §1.5 extends the bound to dot layers with biases (b_v and b_o cancel,
 # P_l and the U, V of ‖M_l‖ and ξ_l are computed with b_q, b_k; Jacobians follow by autograd). The
@@ -73,6 +75,13 @@ BOUNDS: tuple[Bound, ...] = (
           biases=True, display="best certified",
           description="the smallest certified end-to-end bound without a finding, per input (and "
                       "per block of a stack)"),
+    # the field's yardstick (docs/bounds.md §2.5): opt-in, as it costs seconds where the others cost
+    # milliseconds, and needs the optional auto_LiRPA (the crown extra)
+    Bound("crown", crown_.crown, CROWN, "per-output CROWN bounds over the joint L2 ball", True, DOT,
+          stack="propagate", biases=True, opt_in=True, check=crown_.check, display="CROWN"),
+    Bound("alpha_crown", crown_.alpha_crown, "Xu et al. 2021 (α-CROWN), through auto_LiRPA",
+          "per-output α-CROWN bounds over the joint L2 ball", True, DOT, stack="propagate",
+          biases=True, opt_in=True, check=crown_.check, display="α-CROWN"),
     Bound("jacobian", jac.jacobian, "Wang & Ruan, the Cauchy view (seed 003)",
           "σ_max(J_F), §3.4; product over blocks for stacks", False, ALL,
           stack="propagate", biases=True, display="σ_max(J)·ε"),
@@ -88,7 +97,7 @@ REGISTRY: dict[str, Bound] = {b.name: b for b in BOUNDS}
 
 def best_ingredients(layer) -> list[Bound]:
     """The bounds ``best`` takes the minimum of: certified, end to end, no finding of unsoundness."""
-    return [b for b in BOUNDS if b.name != "best" and b.certified and not b.finding
+    return [b for b in BOUNDS if b.name != "best" and b.certified and not b.finding and not b.opt_in
             and b.objective == "output" and not b.per_head and b.stack != "only"
             and layer.kind in b.kinds and (b.biases or not has_biases(layer))]
 
@@ -133,18 +142,21 @@ def applies(bound: Bound, layer) -> bool:
 
 
 def applicable(layer) -> list[Bound]:
-    """Every registered bound that applies to this layer or stack, in registry order."""
-    return [b for b in BOUNDS if applies(b, layer)]
+    """Every registered bound that applies to this layer or stack, in registry order, but those
+    computed only when asked for by name (``opt_in``)."""
+    return [b for b in BOUNDS if applies(b, layer) and not b.opt_in]
 
 
 def require(bound: Bound, layer) -> None:
-    """Raises InputError when the bound does not apply to this layer or stack."""
+    """Raises InputError when the bound does not apply to this layer or stack, or cannot run here."""
     if not _applies_to_kind(bound, layer):
         what = f"a stack of {layer.block_kind} blocks" if isinstance(layer, Stack) else layer.kind
         raise InputError(f"bound {bound.name!r} does not apply to {what} layers")
     if not applies(bound, layer):
         what = "a stack whose blocks have biases" if isinstance(layer, Stack) else "a layer with biases"
         raise InputError(f"bound {bound.name!r} does not apply to {what} (docs/bounds.md §1.5)")
+    if bound.check is not None:
+        bound.check()
 
 
 @dataclass(frozen=True)
