@@ -4,9 +4,11 @@ Per (cell, bound, sample, head, block) it compares the ratio value/PGD of every 
 (larger is worse: the bound got looser) and the value of every PGD lower bound (smaller is worse:
 the attack got weaker). Markers: ``x`` soundness violation, ``+`` worse beyond the tolerance,
 ``-`` better beyond it, ``~`` an estimate moved (not judged), ``c`` the certificate got weaker
-(e.g. exact → probabilistic; shown, not failed), ``!`` missing from NEW. Exit 1 on
-any ``x`` or ``+``, and on ``!`` unless ``--allow-missing``: a run that lost cells must not pass as
-one that kept its tightness. Either table empty, or not a results table: exit 2.
+(e.g. exact → probabilistic; shown, not failed), ``!`` missing from NEW, ``s`` missing because
+the bound's optional package is absent from this environment (CROWN without auto_LiRPA: the run
+left those rows out with a note; shown, not failed). Exit 1 on any ``x`` or ``+``, and on ``!``
+unless ``--allow-missing``: a run that lost cells must not pass as one that kept its tightness.
+Either table empty, or not a results table: exit 2.
 
 Nothing judged is read from the stored flags: ratio, soundness, violation and whether a bound is
 certified are recomputed by :func:`bench.gate.derive` from value, pgd, the network columns and the
@@ -24,20 +26,36 @@ from pathlib import Path
 
 import pandas as pd
 
+from bounds.registry import BOUNDS
 from models import InputError
 
 from .gate import derive
 from .store import KEY, atomic_write, load
 
 MARKERS = {"x": "soundness violation", "+": "worse", "-": "better", "~": "estimate moved",
-           "c": "certificate weaker", "!": "missing in NEW"}
+           "c": "certificate weaker", "!": "missing in NEW",
+           "s": "skipped here (the bound's optional package is not installed)"}
 STRENGTH = ("exact", "deterministic", "relaxation", "probabilistic", "estimate", "attained")
 
 
-def _judge(r, tol: float) -> tuple[str, float]:
+def absent_here() -> set[str]:
+    """The bounds whose optional package this environment lacks (CROWN without auto_LiRPA): a run here
+    leaves their rows out with a note, so their absence from NEW is ``s``, not ``!``. Judged from
+    this environment, never from the tables."""
+    out = set()
+    for b in BOUNDS:
+        if b.check is not None:
+            try:
+                b.check()
+            except InputError:
+                out.add(b.name)
+    return out
+
+
+def _judge(r, tol: float, skipped: set[str]) -> tuple[str, float]:
     """(marker, factor) for one joined row; factor = new/base of the compared quantity."""
     if r.present == "left_only":
-        return "!", math.nan
+        return ("s" if r.role != "pgd" and r.bound in skipped else "!"), math.nan
     if r.violation_new:
         return "x", r.ratio_new / r.ratio_base if r.ratio_base else math.nan
     if r.role == "certify":
@@ -73,7 +91,8 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, tol: float = 0.02) -> pd.Data
     j = keep(base).merge(keep(new), on=KEY, how="outer", suffixes=("_base", "_new"), indicator="present")
     j = j[j["present"] != "right_only"].copy()
     j["violation_new"] = j["violation_new"].fillna(False).astype(bool)
-    judged = [_judge(r, tol) for r in j.itertuples()]
+    skipped = absent_here()
+    judged = [_judge(r, tol, skipped) for r in j.itertuples()]
     j["marker"] = [m for m, _ in judged]
     j["factor"] = [f for _, f in judged]
     return j.drop(columns="present").reset_index(drop=True)

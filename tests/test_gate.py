@@ -5,6 +5,7 @@ states honestly) fail ``compare`` with ``x``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -304,3 +305,30 @@ def test_network_columns_that_disagree_are_refused(tamper, words, small, base, t
     else:  # robust accuracy raised without the images to show for it
         df.loc[_row(df, "accuracy", "pgd_margin"), "value"] += 0.02
     _refused_everywhere(capsys, base, _new(df, tmp_path), sandbox, words)
+
+
+def test_crown_rows_missing_where_auto_lirpa_is_absent_are_skipped_not_failed(monkeypatch):
+    """A run without auto_LiRPA leaves the CROWN rows out (with a note): compare marks them ``s``
+    and passes; where auto_LiRPA is importable the same gap is ``!`` and fails."""
+    from bench import compare
+    from bounds import crown
+    from models import InputError
+
+    df = pd.read_csv(BASELINE, **READ)
+    base = df[df["sweep"].isin(["crown", "alpha_crown"])]
+    assert {"crown", "alpha_crown"} <= set(base["bound"])
+    new = base[~base["bound"].isin(["crown", "alpha_crown"])]
+
+    def absent():
+        raise InputError("auto_LiRPA is not installed")
+
+    monkeypatch.setattr(compare, "BOUNDS", tuple(b if b.check is None else replace(b, check=absent)
+                                                 for b in compare.BOUNDS))
+    j = compare.compare(base, new)
+    assert set(j.loc[j["bound"].isin(["crown", "alpha_crown"]), "marker"]) == {"s"}
+    assert compare.failures(j) == []
+    monkeypatch.undo()
+    if crown.available():
+        j = compare.compare(base, new)
+        assert set(j.loc[j["bound"].isin(["crown", "alpha_crown"]), "marker"]) == {"!"}
+        assert compare.failures(j) == ["!"]
