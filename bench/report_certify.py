@@ -3,18 +3,19 @@ against ε, one panel per model, one line per bound), Table 1 (per model, every 
 accuracy at every ε and its seconds per image) and, when a cascade ran, Table 2 (CROWN alone against
 the cascade that sends it only the images the suite's bounds leave). Every number is recounted from
 the stored rows (:mod:`bench.report_trained`); any bound present is shown, in registry order, named
-by the registry or :data:`bench.report_trained.LABELS`, else by its code name.
+by the registry or :data:`bench.report_trained.LABELS`, else by its code name (and shown last).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import textwrap
 
 import pandas as pd
 
 from . import report_trained as tr
-from .report_data import Panel, Plot, Skip, Trace, colour, commits, letter, registry_order, style
+from .report_data import Panel, Plot, Skip, Trace, commits, letter, style
 from .report_trained import CASCADE, LEVEL, counts, eg, name_of, network
 
 WIDE = 7.0
@@ -40,12 +41,12 @@ def _provenance(sub: pd.DataFrame, c: pd.DataFrame) -> str:
     n = sorted(set(int(v) for v in c["n"]))
     images = f"{n[0]}" if len(n) == 1 else f"{n[0]} to {n[-1]}"
     data = "/".join(sorted(set(sub["dataset"])))
-    return (f"sweep(s) {tr.sweeps(sub)}: the first {images} test images of {data} per model and ε; "
+    return (f"Sweep(s) {tr.sweeps(sub)}: the first {images} test images of {data} per model and ε; "
             f"commit {commits(sub)}")
 
 
 def _names(c: pd.DataFrame) -> list[str]:
-    return registry_order(c.index.get_level_values("bound"))
+    return tr.order(c.index.get_level_values("bound"))
 
 
 def figure(df: pd.DataFrame) -> Plot:
@@ -64,7 +65,7 @@ def figure(df: pd.DataFrame) -> Plot:
             rows = at.xs(group[0], level="bound").sort_index()
             text = textwrap.fill(" = ".join(name_of(b) for b in group), WRAP)
             traces.append(Trace(text, list(map(float, rows.index)), list(map(float, rows["accuracy"])),
-                                style(group[0]), colour(group[0]), list(map(float, rows["lo"])),
+                                style(group[0]), tr.colour_of(group[0]), list(map(float, rows["lo"])),
                                 list(map(float, rows["hi"]))))
         if model in ref.index.get_level_values("model"):
             r = ref.xs(model, level="model")["pgd"].dropna().sort_index()
@@ -104,15 +105,15 @@ def table1(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         if model not in c.index.get_level_values("model"):
             continue
         at = c.xs(model, level="model")
-        r = ref.xs(model, level="model") if model in ref.index.get_level_values("model") else None
-        clean = math.nan if r is None else float(r["clean"].mean())
-        row = {"model": f"{'; '.join(_arch(m))}; clean {_num(clean)}"}
-        row |= {f"PGD ε={eg(e)}": _num(r["pgd"].get(e, math.nan)) if r is not None else "–" for e in eps}
+        r = ref.xs(model, level="model") if model in ref.index.get_level_values("model") else \
+            pd.DataFrame({"clean": [], "pgd": []}, dtype=float)
+        row = {"model": f"{'; '.join(_arch(m))}; clean {_num(float(r['clean'].mean()))}"}
+        row |= {f"PGD robust ε={eg(e)}": _num(r["pgd"].get(e, math.nan)) for e in eps}
         for b, text in names.items():
             got = at.xs(b, level="bound") if b in at.index.get_level_values("bound") else None
             row |= {f"{text} ε={eg(e)}": "–" if got is None or e not in got.index else
                     _num(got.loc[e, "accuracy"]) for e in eps}
-            row[f"{text} s/sample"] = "–" if got is None else f"{got['seconds'].mean():.4g}"
+            row[f"{text} s/sample"] = "–" if got is None else f"{got['seconds'].mean():.3g}"
         rows.append(row)
     return pd.DataFrame(rows), (
         f"LoFAST Table 1 (docs/bounds.md §5): per model (data, blocks × heads, token width d, caps c on "
@@ -137,18 +138,16 @@ def table2(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     if not cascades:
         raise Skip("no cascade rows (a bound named `cascade…`) in the network certification rows")
     rows = []
-    for model, m in tr.model_order(sub).iterrows():
-        for cas in cascades:
-            alone = _alone(cas, present)
-            for (mod, e, _), r in c.xs(cas, level="bound", drop_level=False).iterrows():
-                if mod != model:
-                    continue
+    for (model, m), cas in itertools.product(tr.model_order(sub).iterrows(), cascades):
+        alone = _alone(cas, present)
+        for (mod, e, _), r in c.xs(cas, level="bound", drop_level=False).iterrows():
+            if mod == model:
                 a = c.loc[(model, e, alone)] if alone and (model, e, alone) in c.index else None
                 rows.append({"model": "; ".join(_arch(m)), "cascade": name_of(cas), "ε": eg(e),
                              "alone": name_of(alone) if alone else "–",
                              "alone acc.": "–" if a is None else _num(a["accuracy"]),
-                             "alone s/sample": "–" if a is None else f"{a['seconds']:.4g}",
-                             "cascade acc.": _num(r["accuracy"]), "cascade s/sample": f"{r['seconds']:.4g}",
+                             "alone s/sample": "–" if a is None else f"{a['seconds']:.3g}",
+                             "cascade acc.": _num(r["accuracy"]), "cascade s/sample": f"{r['seconds']:.3g}",
                              "sent on": _num(r["sent"])})
     return pd.DataFrame(rows), (
         f"Table 2 (docs/bounds.md §5): CROWN alone against the cascade (the suite's cheapest sound "

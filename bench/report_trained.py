@@ -2,7 +2,7 @@
 bench/rows.py ``MODEL_COLUMNS``), and per (model, ε, bound) how many test images a bound certified
 through the whole network (docs/bounds.md §5), with its 95 % Wilson score interval. The figures and
 tables drawn from these are in :mod:`bench.report_certify` (LoFAST Fig. 2, Tables 1 and 2) and
-:mod:`bench.report_cauchy`. Imports only :mod:`bench.report_data`.
+:mod:`bench.report_cauchy`. Imports only :mod:`bench.report_data` and the registry.
 
 Every bound present in the rows is counted, whatever its name: the network bounds of the registry,
 CROWN and α-CROWN, and a cascade (a bound whose name starts with ``cascade``).
@@ -15,21 +15,36 @@ import math
 import pandas as pd
 from scipy.stats import binomtest
 
-from .report_data import Skip, commits, label
+import bounds
+
+from .report_data import Skip, colour, commits, label
 
 LEVEL = 0.95  # the confidence of every interval the report draws around a certified accuracy
 CASCADE = "cascade"  # a bound whose name starts so is a cascade (cheapest sound bound first, then CROWN)
 # a boolean column of a cascade's rows: True where the cascade sent the image on to CROWN
 SENT = "sent_to_crown"
-# display names of bounds the registry does not hold; any other unknown name is shown as it is
-LABELS = {"cascade": "cascade (suite → CROWN)", "cascade_crown": "cascade (suite → CROWN)",
-          "cascade_alpha_crown": "cascade (suite → α-CROWN)"}
+# display names (and colours) of bounds the registry may not hold, in the order they are shown after
+# the registry's; any other unknown name is shown as it is, last, in a colour of the palette
+LABELS = {"crown": "CROWN", "alpha_crown": "α-CROWN", "cascade": "cascade (suite → CROWN)",
+          "cascade_crown": "cascade (suite → CROWN)", "cascade_alpha_crown": "cascade (suite → α-CROWN)"}
+COLOURS = {"crown": "#e7298a", "alpha_crown": "#7570b3", "cascade": "#a6761d", "cascade_crown": "#a6761d",
+           "cascade_alpha_crown": "#66a61e"}
 PGD_REF = "PGD robust (upper ref.)"
 
 
 def name_of(bound: str) -> str:
     """The display name of a bound of the network rows (its code name when nobody named it)."""
-    return LABELS.get(bound) or label(bound)
+    return label(bound) if bound in bounds.REGISTRY else LABELS.get(bound, bound)
+
+
+def colour_of(bound: str) -> str | None:
+    return colour(bound) or COLOURS.get(bound)
+
+
+def order(names) -> list[str]:
+    """The registry's bounds in its order, then those of :data:`LABELS`, then any other by name."""
+    rank = {n: i for i, n in enumerate([*bounds.REGISTRY, *LABELS])}
+    return sorted(set(names), key=lambda n: (rank.get(n, len(rank)), n))
 
 
 def eg(v: float) -> str:

@@ -100,12 +100,15 @@ def test_table1_has_every_bound_present_and_recounts_the_rows():
         for e in EPS:
             assert f"{name_of(bound)} ε={e:g}" in t.columns, bound
         assert t[f"{name_of(bound)} s/sample"].tolist() == ["0.015", "0.015"]
-    assert t["crown ε=0.1"].tolist() == ["0.400", "0.300"]
-    assert t[f"PGD ε={EPS[0]:g}"].tolist() == ["0.900", "0.900"]
+    assert t[f"{name_of('crown')} ε=0.1"].tolist() == ["0.400", "0.300"]
+    assert t[f"PGD robust ε={EPS[0]:g}"].tolist() == ["0.900", "0.900"]
     assert "first 10 test images" in caption and "abcdef1234" in caption
     assert to_markdown(t).count("\n") == 4 and "\\begin{tabular}" in to_latex(t, caption)
-    c = t.columns.tolist()  # the registry's bounds first, then the bounds it does not know
-    assert c.index(f"{name_of('naive')} ε=0.01") < c.index(f"{name_of('cascade')} ε=0.01")
+    c = t.columns.tolist()  # the registry's bounds, CROWN, α-CROWN, the cascade, then any other
+    first = [c.index(f"{name_of(b)} ε=0.01") for b in ("naive", "crown", "alpha_crown", "cascade")]
+    assert first == sorted(first)
+    t, _ = TABLES["table1_certified"](rows({"zz_new": at(1, 1, 1, 1), "crown": at(2, 2, 2, 2)}))
+    assert t.columns.tolist()[-3:] == ["zz_new ε=0.01", "zz_new ε=0.1", "zz_new s/sample"]
 
 
 def test_table2_exists_iff_cascade_rows_do():
@@ -115,7 +118,7 @@ def test_table2_exists_iff_cascade_rows_do():
     cascade = rows({"cascade": at(8, 4, 7, 4)}, sweep="cascade", sent={"cascade": 4})
     t, caption = TABLES["table2_cascade"](pd.concat([plain, cascade], ignore_index=True))
     assert len(t) == len(ARCH) * len(EPS)
-    assert t["alone"].tolist() == ["crown"] * 4
+    assert t["alone"].tolist() == [name_of("crown")] * 4
     assert t["alone acc."].tolist() == ["0.800", "0.400", "0.700", "0.300"]
     assert t["cascade acc."].tolist() == ["0.800", "0.400", "0.700", "0.400"]
     assert t["sent on"].tolist() == ["0.400"] * 4
@@ -147,3 +150,10 @@ def test_fig2_and_table1_on_the_baseline_recount_the_pairwise_verdicts():
         assert sorted(labels.split(" = ")) == sorted(names.values())
         for t in p.traces[:-1]:
             assert all(lo <= y <= hi for lo, y, hi in zip(t.lo, t.y, t.hi, strict=True)), t.label
+
+
+def test_a_verdict_recorded_in_prop1_alone_is_read_from_there():
+    df = rows({"crown": at(3, 3, 3, 3)})
+    df["certified_prop1"] = df["certified_pairwise"]
+    df["certified_pairwise"] = pd.array([pd.NA] * len(df), dtype="boolean")
+    assert counts(df)["k"].tolist() == [3, 3, 3, 3]
