@@ -24,6 +24,8 @@ from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
 from models.vit import ViT
 from models.vit_io import load_vit
 
+from .arglists import split_list
+
 # Samples per batch: the dense certified norms hold [chunk, nd, nd] float64 matrices (8 MB each at
 # n·d = 1024), so a chunk of 32 keeps a few hundred MB at most. On a GPU a chunk is one batch of every
 # kernel of the ≈ 280 Lanczos steps per norm: 256 samples amortise the launches (≈ 2 GB at nd = 1024)
@@ -64,10 +66,7 @@ class CertifyRun:
 
 def parse_eps(text: str) -> list[float]:
     """``0.02,0.05,0.1`` → [0.02, 0.05, 0.1]: each finite and > 0, no repeats."""
-    items = [s.strip() for s in str(text).split(",")]
-    if not text or not all(items):
-        raise InputError(f"--eps must be a comma-separated list of numbers > 0, got {text!r}")
-    values = [check_eps(s) for s in items]
+    values = [check_eps(s) for s in split_list("--eps", text)]
     if len(set(values)) != len(values):
         raise InputError(f"--eps lists a value twice: {text!r}")
     return values

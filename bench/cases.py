@@ -23,6 +23,7 @@ from models import (
 )
 from models.build import with_spectral_norm
 from models.data import DATASETS
+from models.errors import MAX_MAGNITUDE
 from models.sentences import SENTENCES
 
 from .env import ROOT
@@ -111,12 +112,18 @@ class Cell:
         for name in ("n", "depth", "samples"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.seed < 0:  # as [run] seed (bench/sweeps.py): a negative seed is a typo, not a cell
+            raise InputError(f"seed must be >= 0, got {self.seed}")
         for name in ("w_qk", "w_vo", "x_norm", "R"):
             v = getattr(self, name)
             if not math.isfinite(v) or v <= 0:
                 raise InputError(f"{name} must be finite and > 0, got {v}")
         if not math.isfinite(self.noise) or self.noise < 0:
             raise InputError(f"noise must be finite and >= 0, got {self.noise}")
+        for name in ("w_qk", "w_vo", "x_norm", "R", "noise"):  # the cell's weights and input scale
+            if getattr(self, name) > MAX_MAGNITUDE:
+                raise InputError(f"{name} = {getattr(self, name):g} is beyond {MAX_MAGNITUDE:g}: the "
+                                 f"bounds would overflow float64")
         self._check_model()
         self._check_pretrained()
 

@@ -16,6 +16,7 @@ from bounds.network import check_certifiable, network_bound
 from models import InputError
 
 from .accuracy import CertifyRun, first_test_images, load_model, parse_eps, run_certify
+from .arglists import split_list
 from .cases import _num
 from .env import device_name, resolve_device, set_threads, versions
 
@@ -27,7 +28,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--dataset", default="digits", help="digits (default) or fashion-mnist")
     c.add_argument("--eps", default="0.02,0.05,0.1",
                    help="ℓ2 radii over the image in pixel space, comma-separated (default 0.02,0.05,0.1)")
-    c.add_argument("--bounds", default="", help="comma-separated bound names (default: every bound "
+    c.add_argument("--bounds", default=None, help="comma-separated bound names (default: every bound "
                    "that certifies a network)")
     c.add_argument("--limit", type=int, default=None, help="the first N test images (default all)")
     c.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -111,9 +112,11 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--threads must be at least 1, got {args.certify_threads}")
         set_threads(args.certify_threads)
     eps = parse_eps(args.eps)
-    names = [n.strip() for n in args.bounds.split(",") if n.strip()] or None
+    names = split_list("--bounds", args.bounds) if args.bounds is not None else None
     for name in names or []:
         network_bound(name)  # refuse before loading anything
+    if args.seed < 0:
+        raise InputError(f"--seed must be >= 0, got {args.seed}")
     if args.pgd_steps < 0 or args.pgd_restarts < 1:
         raise InputError(f"--pgd-steps must be >= 0 and --pgd-restarts >= 1, got {args.pgd_steps} "
                          f"and {args.pgd_restarts}")

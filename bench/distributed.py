@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -167,7 +168,16 @@ def _local_config():
     import dask
 
     return dask.config.set({"distributed.worker.profile.enabled": False,
-                            "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
+                            "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+                            "distributed.worker.preload": [__name__]})
+
+
+def dask_setup(worker) -> None:
+    """Run by each worker of ``--workers`` once it has started (Dask's preload, set above): Ctrl-C
+    in a terminal reaches the whole process group, and each worker would die of it with a traceback
+    of its own; the client alone stops a run, and closing the cluster stops the workers. Workers of
+    a ``--scheduler`` cluster are not ours and keep their signals."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def compute(cell_id: str, run: dict, device_arg: str, threads: int) -> tuple[list[dict], dict]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
@@ -22,7 +23,16 @@ ROOT = Path(__file__).resolve().parent.parent
 def set_threads(n: int | None) -> int:
     """torch's intra-op threads: ``n``, else $BENCH_THREADS, else 1 (the bench's problems are small,
     and on a busy 2-core box a second thread costs more in synchronisation than it gains)."""
-    n = n or int(os.environ.get("BENCH_THREADS", "1"))
+    if n is None:
+        text = os.environ.get("BENCH_THREADS", "").strip() or "1"
+        try:
+            n = int(text)
+        except ValueError:
+            raise InputError(f"$BENCH_THREADS must be an integer >= 1, got {text!r}") from None
+        if n < 1:
+            raise InputError(f"$BENCH_THREADS must be an integer >= 1, got {text!r}")
+    elif isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InputError(f"--threads must be an integer >= 1, got {n!r}")
     torch.set_num_threads(n)
     return n
 
@@ -48,6 +58,17 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return platform.processor() or platform.machine() or "cpu"
+
+
+def cpu_kernels() -> str:
+    """The CPU model and the instruction set torch's kernels use (e.g. ``AMD EPYC (AVX2)``): float64
+    training is bit-reproducible only where both match, since vectorised kernels round differently."""
+    model = ""
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    model = model or platform.processor() or platform.machine()
+    return f"{model} ({torch.backends.cpu.get_cpu_capability()})"
 
 
 def timed(fn: Callable, device: torch.device):

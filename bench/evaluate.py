@@ -72,7 +72,11 @@ def evaluate(layer, X: Tensor, eps: float, *, names: list[str] | None = None,
                     raise
                 out.skipped[b.name] = str(e)
                 continue
+            except torch.linalg.LinAlgError as e:  # never a skip: the instance is what is wrong
+                raise _overflow(b.name, X64, eps, str(e).splitlines()[0]) from None
             out.values[b.name] = v.value.detach().cpu().double()
+            if not bool(torch.isfinite(out.values[b.name]).all()):
+                raise _overflow(b.name, X64, eps, f"its value is {out.values[b.name].max().item()}")
             out.certificates[b.name] = v.certificate
             out.seconds[b.name] = s + v.reused_seconds
     objectives = ["output"] + ([] if isinstance(layer, Stack) else
@@ -81,4 +85,14 @@ def evaluate(layer, X: Tensor, eps: float, *, names: list[str] | None = None,
         v, s = timed(lambda obj=obj: attack(layer, X, eps, obj, steps=pgd_steps,
                                             restarts=pgd_restarts, seed=seed), device)
         out.pgd[obj], out.pgd_seconds[obj] = v.detach().cpu().double(), s
+        if not bool(torch.isfinite(out.pgd[obj]).all()):
+            raise _overflow(f"PGD ({obj})", X, eps, f"its value is {out.pgd[obj].max().item()} in {dtype}")
     return out
+
+
+def _overflow(what: str, X: Tensor, eps: float, why: str) -> InputError:
+    """A value that overflowed is refused, never printed or stored: an inf bound next to a finite
+    PGD value reads as a sound but loose bound, and a NaN compares as neither."""
+    norm = X.double().flatten(1).norm(dim=-1).max().item()
+    return InputError(f"{what} cannot be computed at this input: {why} (max ‖X‖_F = {norm:.3g}, "
+                      f"eps = {eps:g}); the input, the weights or eps are too large for floating point")

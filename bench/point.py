@@ -11,6 +11,7 @@ from torch import Tensor
 import bounds
 from models import Stack, load_input, load_layer
 
+from .arglists import split_list
 from .env import device_name, resolve_device, resolve_dtype, versions
 from .evaluate import Evaluation, evaluate
 from .rows import unroll
@@ -78,7 +79,7 @@ def run(args: Namespace) -> int:
     X = load_input(args.input)
     batched = X.dim() == 3
     device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
-    names = [n for n in args.bounds.split(",") if n] if args.bounds else None
+    names = split_list("--bounds", args.bounds) if args.bounds is not None else None
     ev = evaluate(layer, X, args.eps, names=names, device=device, dtype=dtype,
                   pgd_steps=args.pgd_steps, pgd_restarts=args.pgd_restarts, seed=args.seed)
     Xb = X if batched else X[None]

@@ -41,6 +41,31 @@ if TYPE_CHECKING:
     from .distributed import Cluster
 
 MANIFEST = "run.json"
+# what a run directory may hold besides run.json and cells/ (results, compare, report, the lock, the
+# temp files of a killed write): a directory holding anything else is somebody's, not a run's
+RUN_FILES = {MANIFEST, "cells", "results.csv", "compare.md", "report", ".lock"}
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a run, after the finished cells were kept, the temp files removed and the lock
+    released: the CLI says how to resume."""
+
+    def __init__(self, out: Path, kept: int, total: int):
+        super().__init__(f"{kept} of {total} cells kept in {out}")
+        self.out, self.kept, self.total = out, kept, total
+
+
+def check_run_dir(out: Path) -> None:
+    """Refuses an existing directory that is not a run directory (empty, or holding run.json or
+    cells/): --fresh would delete in it, and its results.csv or report/ would be overwritten."""
+    if not out.is_dir() or (out / MANIFEST).exists() or (out / "cells").is_dir():
+        return
+    theirs = sorted(p.name for p in out.iterdir()
+                    if p.name not in RUN_FILES and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+    if theirs:
+        shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
+        raise InputError(f"--out {out} is not a run directory: it holds {shown} and no {MANIFEST}; "
+                         f"use a new or empty directory")
 
 
 def _manifest(profile: Profile, run: dict, overrides: dict | None) -> dict:
@@ -91,7 +116,7 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
     dask = workers is not None or scheduler is not None
     device = None if dask else resolve_device(device_arg)  # Dask workers resolve their own
     run = dict(profile.run)
-    if dtype_arg:
+    if dtype_arg is not None:
         run["dtype"] = dtype_arg
     dtype = resolve_dtype(run["dtype"])
     want = _manifest(profile, run, overrides)
@@ -102,12 +127,19 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
     # the cluster first: a missing Dask or an unreachable scheduler then leaves nothing written
     with _cluster(workers, scheduler) if dask else contextlib.nullcontext() as cluster:
         writable_dir(out, "--out")
+        check_run_dir(out)
         with lock(out):
             if fresh:
                 _discard(out)
             remove_stale_temps(out)
             _check_resume(out, want)
-            table = _run_cells(profile, out, run, want, device, dtype, cluster, device_arg)
+            try:
+                table = _run_cells(profile, out, run, want, device, dtype, cluster, device_arg)
+            except KeyboardInterrupt:
+                remove_stale_temps(out)  # a write cut short; we still hold the lock, so none is live
+                cells = profile.cells()
+                kept = sum(cell_file(out, s, c.id).exists() for s, c in cells)
+                raise Interrupted(out, kept, len(cells)) from None
     return table, int(pd.read_csv(table, usecols=["violation"])["violation"].sum())
 
 

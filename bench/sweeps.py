@@ -21,6 +21,7 @@ from pathlib import Path
 
 from models import InputError
 
+from .arglists import split_list
 from .cases import Cell
 from .env import DTYPES
 
@@ -94,10 +95,11 @@ def expand(name: str, spec: dict) -> list[Cell]:
 
 def parse_list(flag: str, text: str) -> list:
     """``--eps 0.01,0.05`` -> [0.01, 0.05], checked against the Cell field's type."""
-    items = [s.strip() for s in text.split(",") if s.strip()]
-    if not items:
-        raise InputError(f"--{flag.replace('_', '-')}: empty list")
-    return [_convert(OVERRIDES[flag], s, f"--{flag.replace('_', '-')}") for s in items]
+    option = f"--{flag.replace('_', '-')}"
+    values = [_convert(OVERRIDES[flag], s, option) for s in split_list(option, text)]
+    if len(set(values)) != len(values):  # 0.05 and 0.050 name the same cells
+        raise InputError(f"{option} lists a value twice: {text!r}")
+    return values
 
 
 def _run_int(run: dict, key: str, low: int, where: str) -> None:
@@ -143,7 +145,14 @@ def load_profile(name_or_path: str, overrides: dict[str, list] | None = None) ->
     sweeps: dict[str, list[Cell]] = {}
     for i, spec in enumerate(specs):
         spec = dict(spec)
-        name = str(spec.pop("name", f"sweep{i}"))
+        # every row carries its sweep's name and the report selects by it: a made-up or converted
+        # name would file the rows under something the profile never said
+        if "name" not in spec:
+            raise InputError(f"profile {path}: sweep #{i + 1} has no name (name = \"...\")")
+        name = spec.pop("name")
+        if not isinstance(name, str) or not name.strip():
+            raise InputError(f"profile {path}: sweep #{i + 1}: name must be a non-empty string, "
+                             f"got {name!r}")
         for flag, values in (overrides or {}).items():
             spec[OVERRIDES[flag]] = values
         if name in sweeps:

@@ -26,10 +26,10 @@ from tqdm import tqdm
 from models import InputError
 from models.data import DATASETS, SHAPES, load_dataset
 from models.vit import ViT, ViTConfig
-from models.vit_io import save_vit
+from models.vit_io import card_path, save_vit
 
 from . import __version__
-from .env import ROOT, device_name, git_state, resolve_device, set_threads
+from .env import ROOT, cpu_kernels, device_name, git_state, resolve_device, set_threads
 
 # Per dataset: patch side (digits 8×8 → 16 tokens of 2×2; fashion-mnist 28×28 → 49 tokens of 4×4)
 # and epochs that reach the accuracy the zoo reports.
@@ -39,6 +39,9 @@ BATCH_SIZE, LR = 64, 1e-2
 # give confident logits; Adam moves each weight by ~lr a step, and at the common lr the head is the
 # bottleneck (digits: 89% instead of 97% test accuracy at 60 epochs, c = 0.5).
 HEAD_LR_SCALE = 10.0
+# where a single model goes by default: git-ignored, so that trying README's commands leaves the
+# committed zoo/ alone (``--zoo`` rewrites zoo/ on purpose)
+OUT_DIR = ROOT / "results" / "latest" / "zoo"
 
 
 def model_name(dataset: str, cfg: ViTConfig, margin_eps: float = 0.0) -> str:
@@ -113,6 +116,8 @@ def train(cfg: ViTConfig, dataset: str, *, seed: int = 0, epochs: int = 30, batc
     for name, v in (("epochs", epochs), ("batch size", batch_size)):
         if v < 1:
             raise InputError(f"{name} must be at least 1, got {v}")
+    if seed < 0:
+        raise InputError(f"seed must be >= 0, got {seed}")
     for name, v in (("lr", lr), ("head lr scale", head_lr_scale)):
         if not (math.isfinite(v) and v > 0):
             raise InputError(f"{name} must be finite and > 0, got {v}")
@@ -166,7 +171,7 @@ def train(cfg: ViTConfig, dataset: str, *, seed: int = 0, epochs: int = 30, batc
                             "cross-entropy on Lipschitz-margin logits (bench/train.py: margin_loss)"),
             "test_accuracy": test_acc, "train_accuracy": train_acc, "n_test": len(X_te),
             "train_seconds": round(seconds, 3), "device": dev.type, "device_name": device_name(dev),
-            "threads": torch.get_num_threads(), "suite_version": __version__,
+            "cpu_kernels": cpu_kernels(), "threads": torch.get_num_threads(), "suite_version": __version__,
             "torch_version": torch.__version__,
             "git_commit": commit, "git_dirty": dirty}
     return net.cpu().eval(), card
@@ -200,7 +205,7 @@ def train_from_card(card: dict, device: str = "cpu", progress: bool = False) -> 
                  margin_eps=card.get("margin_eps", 0.0), device=device, progress=progress)
 
 
-def parse_cap(s: str | None, variant: str, default: float) -> float | None:
+def parse_cap(s: str | None, variant: str, default: float | None) -> float | None:
     """A cap from the command line: a number > 0, ``none``, or absent (``default``; none for vanilla)."""
     if s is None:
         return None if variant == "vanilla" else default
@@ -217,11 +222,13 @@ def config_from_args(args: argparse.Namespace) -> ViTConfig:
         raise InputError(f"unknown dataset {args.dataset!r}; expected one of {', '.join(DATASETS)}")
     image, classes = SHAPES[args.dataset]
     return ViTConfig(image=image, classes=classes, d=args.d, depth=args.depth, heads=args.heads,
-                     patch=args.patch or DEFAULTS[args.dataset]["patch"], ffn=args.ffn or 2 * args.d,
+                     # `is None`, not `or`: an explicit 0 must reach ViTConfig's check, not the default
+                     patch=DEFAULTS[args.dataset]["patch"] if args.patch is None else args.patch,
+                     ffn=2 * args.d if args.ffn is None else args.ffn,
                      variant=args.variant,
                      constraint=parse_cap(args.constraint, args.variant, 0.5),
                      ffn_constraint=parse_cap(args.ffn_constraint, args.variant, 1.0),
-                     qk_constraint=parse_cap(args.qk_constraint or "none", args.variant, 1.0))
+                     qk_constraint=parse_cap(args.qk_constraint, args.variant, None))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -247,14 +254,48 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     tr.add_argument("--head-lr-scale", type=float, default=HEAD_LR_SCALE,
                     help="the head's learning rate over --lr (default 10)")
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--out", default=None, help="weights file (default zoo/<name>.safetensors); "
-                    "the card goes beside it as <name>.json")
+    tr.add_argument("--out", default=None, help="weights file (default results/latest/zoo/<name>."
+                    "safetensors, git-ignored); the card goes beside it as <name>.json")
+    tr.add_argument("--force", action="store_true",
+                    help="overwrite --out and its card if they exist (refused otherwise)")
     tr.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     tr.add_argument("--threads", dest="train_threads", type=int, default=None, metavar="N",
                     help="torch CPU threads (default: the global --threads, else 1)")
     tr.add_argument("--zoo", action="store_true",
-                    help="retrain every model of zoo/README.md into --out (a directory, default zoo/)")
+                    help="retrain every model of zoo/README.md into --out (a directory, default zoo/, "
+                         "whose models it replaces)")
     return tr
+
+
+def check_writable(path: Path, what: str) -> None:
+    """Says in one InputError why ``path`` cannot become a directory we write into, before any
+    work: its nearest existing ancestor must be a directory where a file can be created (a probe,
+    removed at once; nothing else is created here)."""
+    base = path
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir():
+        raise InputError(f"{what}: {base} is a file, not a directory")
+    probe = base / f".probe.{os.getpid()}"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(f"{what}: cannot write in {base} ({e.strerror or e})") from None
+
+
+def check_out(out: Path, force: bool) -> None:
+    """A single model's --out, checked before training: a .safetensors path that is writable, and
+    that neither it nor its card exists unless ``force``."""
+    if out.suffix != ".safetensors":
+        raise InputError(f"--out must end in .safetensors (the card goes beside it), got {out}")
+    for path in (out, card_path(out)):
+        if path.is_dir():
+            raise InputError(f"--out {out}: {path} is a directory")
+        if path.exists() and not force:
+            raise InputError(f"--out {out}: {path} exists; pass --force to overwrite it, or choose "
+                             f"another --out")
+    check_writable(out.parent, f"--out {out}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -262,16 +303,19 @@ def run(args: argparse.Namespace) -> int:
         if args.train_threads < 1:
             raise InputError(f"--threads must be at least 1, got {args.train_threads}")
         set_threads(args.train_threads)
+    if args.out is not None and not args.out.strip():
+        raise InputError("--out: expected a path, got an empty string")
     if args.zoo:
         from .zoo import train_zoo
 
-        print(f"zoo: {train_zoo(Path(args.out) if args.out else ROOT / 'zoo', args.device)}")
+        out_dir = Path(args.out) if args.out is not None else ROOT / "zoo"
+        check_writable(out_dir, f"--out {out_dir}")
+        print(f"zoo: {train_zoo(out_dir, args.device)}")
         return 0
     cfg = config_from_args(args)
     name = model_name(args.dataset, cfg, args.margin_eps)
-    out = Path(args.out) if args.out else ROOT / "zoo" / f"{name}.safetensors"
-    if out.suffix != ".safetensors":
-        raise InputError(f"--out must end in .safetensors (the card goes beside it), got {out}")
+    out = Path(args.out) if args.out is not None else OUT_DIR / f"{name}.safetensors"
+    check_out(out, args.force)
     epochs = args.epochs if args.epochs is not None else DEFAULTS[args.dataset]["epochs"]
     net, card = train(cfg, args.dataset, seed=args.seed, epochs=epochs, batch_size=args.batch_size,
                       lr=args.lr, head_lr_scale=args.head_lr_scale, margin_eps=args.margin_eps,

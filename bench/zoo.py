@@ -60,6 +60,8 @@ the Jacobian σ_max rows of the Cauchy view).
 Retrain everything (from the checkout's root; a few minutes on one core): `python -m bench train --zoo`.
 On the same machine and torch build the weights come out bit-identical; elsewhere expect tiny
 floating-point differences. Training seconds are wall-clock on a shared 2-core box: indicative only.
+The commands below write over the committed model they name only with `--force` added (`train`
+does not overwrite a file unless told to).
 
 """
 

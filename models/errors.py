@@ -11,14 +11,35 @@ import math
 import torch
 from torch import Tensor
 
+# The largest |entry| of a weight or input tensor, and the largest ε, the suite accepts. The bounds are
+# polynomials in them of degree up to about 11 at one block (Taylor's: its value grows like s¹¹ when X,
+# ε and every weight are scaled by s), so 1e12 keeps a block's values far below float64's 1.8e308; a
+# deeper stack compounds the degrees, and a value that still overflows is refused after the computation
+# (bench/evaluate.py).
+MAX_MAGNITUDE = 1e12
+
 
 class InputError(ValueError):
     """Bad user input: a shape, a value, a file or a layer kind that does not fit."""
 
 
+def check_float(name: str, t: Tensor) -> None:
+    """Refuses a tensor that is not floating point: the file format is float (README, "File format"),
+    and an integer tensor is more likely a wrong file than weights."""
+    if not t.is_floating_point():
+        raise InputError(f"{name} has dtype {str(t.dtype).removeprefix('torch.')}; expected a float dtype "
+                         f"(float16, bfloat16, float32 or float64)")
+
+
 def check_finite(name: str, t: Tensor) -> None:
+    """Refuses NaN, inf, and entries beyond ±MAX_MAGNITUDE (one pass over ``t`` when all is well)."""
+    if bool((t.abs() <= MAX_MAGNITUDE).all()):
+        return
     if not bool(torch.isfinite(t).all()):
         raise InputError(f"{name} contains NaN or inf")
+    raise InputError(f"{name} has an entry of magnitude {float(t.abs().max()):.3g}, beyond the "
+                     f"{MAX_MAGNITUDE:g} the bounds can be computed with in float64 without overflow; "
+                     f"rescale it")
 
 
 def check_eps(eps: float) -> float:
@@ -28,6 +49,8 @@ def check_eps(eps: float) -> float:
         raise InputError(f"eps must be a number, got {eps!r}") from None
     if not math.isfinite(eps) or eps <= 0:
         raise InputError(f"eps must be finite and > 0, got {eps}")
+    if eps > MAX_MAGNITUDE:
+        raise InputError(f"eps = {eps:g} is beyond {MAX_MAGNITUDE:g}: the bounds would overflow float64")
     return eps
 
 

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from .errors import InputError, check_finite
+from .errors import InputError, check_finite, check_float
 from .layers import ACTIVATIONS, L2MHA, OLSA, DotMHA, Layer, Stack
 
 # tensor name -> (dims, as letters of h, d, e=d_h), per layer kind
@@ -73,6 +73,12 @@ def _check_shapes(kind: str, t: dict[str, Tensor], where: str) -> None:
         if name in t and name not in optional:
             raise InputError(f"{where}: tensor {name!r} is a bias, which kind {kind!r} does not take "
                              f"(only dot layers have biases, docs/bounds.md §1.5)")
+    # a tensor the layer would not read is refused: silently ignoring it hides a wrong file or kind
+    known = [*SCHEMA[kind], *optional]
+    for name in t:
+        if name not in known:
+            raise InputError(f"{where}: unknown tensor {name!r} for kind {kind!r} (its tensors: "
+                             f"{', '.join(known)})")
     # required tensors first, so that the sizes an optional tensor is checked against come from them
     for name, dims in [*SCHEMA[kind].items(), *((n, dm) for n, dm in optional.items() if n in t)]:
         if name not in t:
@@ -85,6 +91,7 @@ def _check_shapes(kind: str, t: dict[str, Tensor], where: str) -> None:
             if sizes.setdefault(letter, size) != size:
                 raise InputError(f"{where}: {name} has shape {list(x.shape)}, inconsistent with "
                                  f"{letter}={sizes[letter]} from the other tensors")
+        check_float(f"{where}: {name}", x)
         check_finite(f"{where}: {name}", x)
     h, d, e = sizes["h"], sizes.get("d", sizes["e"] * sizes["h"]), sizes["e"]
     if min(h, d, e) < 1:
@@ -177,7 +184,11 @@ def load_input(path: str | Path) -> Tensor:
     tensors, _ = _read(path)
     if "X" not in tensors:
         raise InputError(f"{path}: missing tensor 'X'")
+    extra = sorted(set(tensors) - {"X"})
+    if extra:
+        raise InputError(f"{path}: unknown tensor {extra[0]!r}; an input file holds only 'X'")
     X = tensors["X"]
+    check_float(f"{path}: X", X)
     if X.dim() not in (2, 3):
         raise InputError(f"{path}: X must be [n, d] or [B, n, d], got shape {list(X.shape)}")
     check_finite(f"{path}: X", X)

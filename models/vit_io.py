@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .errors import InputError, check_finite
+from .errors import InputError, check_finite, check_float
 from .io import _read
 from .vit import ViT, ViTConfig
 
@@ -62,6 +62,7 @@ def load_vit(path: str | Path) -> tuple[ViT, dict]:
         raise InputError(f"{path}: the weights do not match the sha256 of their card")
     tensors, _ = _read(path)
     for name, t in tensors.items():
+        check_float(f"{path}: {name}", t)
         check_finite(f"{path}: {name}", t)
     with torch.random.fork_rng(devices=[]):  # building draws an initialisation we then overwrite
         net = ViT(cfg, constrained=False).double()

@@ -13,6 +13,7 @@ from helpers import ROOT, main_inprocess
 
 import models
 import models.data
+from bench.env import cpu_kernels
 from bench.train import accuracy, lipschitz_surrogate, margin_loss, model_name, train_from_card
 from bench.zoo import TINY, ZOO
 from models import InputError
@@ -167,7 +168,9 @@ def test_save_load_round_trip_is_bit_identical(tmp_path):
         load_card(tmp_path / "m.safetensors")
 
 
-def test_tiny_zoo_model_retrains_bit_for_bit_from_its_card():
+def test_tiny_zoo_model_retrains_from_its_card():
+    """Bit for bit on the CPU the card was trained on; on another CPU within 1e-12 (vectorised
+    kernels of another instruction set round differently: measured 4e-15 after two epochs)."""
     net, card = load_vit(ZOO_DIR / f"{TINY}.safetensors")
     if card["torch_version"] != torch.__version__:
         pytest.skip(f"the zoo was trained with torch {card['torch_version']}, this is {torch.__version__}")
@@ -177,9 +180,12 @@ def test_tiny_zoo_model_retrains_bit_for_bit_from_its_card():
         again, card2 = train_from_card(card, device="cpu")
     finally:
         torch.set_num_threads(threads)
-    diff = [k for k, v in net.weights().items() if not torch.equal(v, again.weights()[k])]
-    assert not diff, f"retrained weights differ in {diff} (another CPU or torch build than the card's?)"
-    assert card2["test_accuracy"] == card["test_accuracy"]
+    if card.get("cpu_kernels") == cpu_kernels():
+        diff = [k for k, v in net.weights().items() if not torch.equal(v, again.weights()[k])]
+        assert not diff, f"retrained weights differ in {diff} on the card's own CPU"
+        assert card2["test_accuracy"] == card["test_accuracy"]
+    for k, v in net.weights().items():
+        assert torch.allclose(again.weights()[k], v, rtol=0, atol=1e-12), k
 
 
 def test_zoo_cards_weights_and_readme_agree():
