@@ -129,12 +129,14 @@ def wilson(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
 
 
 def references(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (model, eps): ``clean`` accuracy and ``pgd`` robust accuracy over the certified images.
-    Two sweeps attacking the same images give two upper bounds of the robust accuracy: the smaller."""
+    """Per (model, eps): ``clean`` accuracy and ``pgd`` robust accuracy over the certified images:
+    those of the sweep with the most images; two sweeps attacking as many (the same first images)
+    give two upper bounds of the robust accuracy, of which the smaller is kept."""
     sub = network(df)
     acc = sub[sub["role"] == "accuracy"]
     if acc.empty:
         raise Skip(f"no accuracy rows in sweep(s) {sweeps(sub)}")
+    acc = acc[acc["samples"] == acc.groupby(["model", "eps"])["samples"].transform("max")]
     clean = acc[acc["bound"] == "clean"].groupby(["model", "eps"])["value"].mean()
     pgd = acc[acc["bound"] == "pgd_margin"].groupby(["model", "eps"])["value"].min()
     return pd.DataFrame({"clean": clean, "pgd": pgd})

@@ -25,16 +25,17 @@ EPS = [0.01, 0.1]
 ARCH = {"A": {"vit_depth": 1, "vit_heads": 2}, "B": {"vit_depth": 2, "vit_heads": 4}}
 
 
-def rows(certified: dict, pgd: float = 0.9, sweep: str = "certify", sent: dict | None = None) -> pd.DataFrame:
+def rows(certified: dict, pgd: float = 0.9, sweep: str = "certify", sent: dict | None = None,
+         n: int = N) -> pd.DataFrame:
     """Network rows of models A and B at EPS over N images: ``certified[bound][(model, eps)]`` images
     certified (the first ones); ``sent[bound]``: how many images a cascade passed on to CROWN."""
     out = []
     for model, e in itertools.product(ARCH, EPS):
         cols = {"sweep": sweep, "model": model, "eps": e, "dataset": "digits", "git_commit": "abcdef1234567",
-                "samples": N, "vit_d": 32, "vit_c": 0.5, "vit_qk": 1.0, "vit_margin_eps": 0.003,
+                "samples": n, "vit_d": 32, "vit_c": 0.5, "vit_qk": 1.0, "vit_margin_eps": 0.003,
                 "vit_test_accuracy": 0.9, **ARCH[model]}
         for bound, k in certified.items():
-            for i in range(N):
+            for i in range(n):
                 r = cols | {"role": "certify", "bound": bound, "sample": i, "seconds": 0.01 * (1 + i % 2),
                             "certified_pairwise": i < k[(model, e)], "certified_prop1": False}
                 if sent and bound in sent:
@@ -157,3 +158,11 @@ def test_a_verdict_recorded_in_prop1_alone_is_read_from_there():
     df["certified_prop1"] = df["certified_pairwise"]
     df["certified_pairwise"] = pd.array([pd.NA] * len(df), dtype="boolean")
     assert counts(df)["k"].tolist() == [3, 3, 3, 3]
+
+
+def test_pgd_reference_is_the_strongest_attack_on_the_most_images():
+    base = rows({"naive": at(1, 1, 1, 1)}, pgd=0.9)
+    again = rows({"crown": at(2, 2, 2, 2)}, pgd=0.8, sweep="crown")  # the same 10 images, stronger
+    fewer = rows({"cascade": at(1, 1, 1, 1)}, pgd=0.5, sweep="cascade", n=5)  # 5 images only
+    plot = rc.figure(pd.concat([base, again, fewer], ignore_index=True))
+    assert plot.panels[0].traces[-1].label == PGD_REF and plot.panels[0].traces[-1].y == [0.8, 0.8]
