@@ -45,6 +45,18 @@ def _provenance(sub: pd.DataFrame, c: pd.DataFrame) -> str:
             f"commit {commits(sub)}")
 
 
+def _above(c: pd.DataFrame, ref: pd.DataFrame) -> str:
+    """The caption's word on certified accuracies above PGD's robust accuracy at the same model and
+    ε: each is a soundness violation or a finding (the suite's checks name which), never hidden."""
+    both = c.join(ref, on=["model", "eps"])
+    over = both[both["accuracy"] > both["pgd"] + 1e-12]
+    if over.empty:
+        return ", and none does"
+    named = [f"{name_of(b)} on {m} at ε={eg(e)} ({r.accuracy:.3f} > {r.pgd:.3f})"
+             for (m, e, b), r in over.iterrows()]
+    return "; above it, a soundness violation or a finding (docs/bounds.md §6): " + ", ".join(named)
+
+
 def _names(c: pd.DataFrame) -> list[str]:
     return tr.order(c.index.get_level_values("bound"))
 
@@ -83,8 +95,8 @@ def figure(df: pd.DataFrame) -> Plot:
                       f"‖W^V‖, ‖W^O‖ and q on ‖W^Q‖, ‖W^K‖, training radius ε_t), the y axis shared; "
                       f"bars: {LEVEL:.0%} Wilson score intervals over the images. PGD robust accuracy "
                       f"(black, dashed) is an empirical upper reference: no certified curve may lie above "
-                      f"it. Curves equal at every ε of a panel are drawn once, their names joined by "
-                      f"“=”. {_provenance(sub, c)}.",
+                      f"it{_above(c, ref)}. Curves equal at every ε of a panel are drawn once, their names "
+                      f"joined by “=”. {_provenance(sub, c)}.",
                 (WIDE, sum(2.3 + 0.11 * n for n in lines)), legend="each", sharey=True)
 
 

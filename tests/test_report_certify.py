@@ -166,3 +166,9 @@ def test_pgd_reference_is_the_strongest_attack_on_the_most_images():
     fewer = rows({"cascade": at(1, 1, 1, 1)}, pgd=0.5, sweep="cascade", n=5)  # 5 images only
     plot = rc.figure(pd.concat([base, again, fewer], ignore_index=True))
     assert plot.panels[0].traces[-1].label == PGD_REF and plot.panels[0].traces[-1].y == [0.8, 0.8]
+
+
+def test_a_certified_accuracy_above_pgd_is_named_in_the_caption():
+    assert "and none does" in rc.figure(rows({"naive": at(9, 9, 9, 9)})).caption
+    caption = rc.figure(rows({"naive": at(9, 9, 9, 10)})).caption  # 1.0 > PGD's 0.9 on B at ε=0.1
+    assert f"{name_of('naive')} on B at ε=0.1 (1.000 > 0.900)" in caption and "and none does" not in caption
