@@ -49,6 +49,7 @@ class Panel:
     ref: float | None = None  # a dotted reference line (ratio 1: the bound equals PGD)
     ceiling: float | None = None  # values above are drawn off scale, in a band, with their number
     note: str = ""  # shown instead of axes when the panel has no trace (why it is empty)
+    dodge: float = 0.0  # log x: traces with error bars drawn apart by this share of the x span each
 
 
 @dataclass
@@ -56,7 +57,9 @@ class Plot:
     rows: list[list[Panel]]
     caption: str
     size: tuple[float, float]  # inches
-    legend: str = "right"  # right: one legend beside all panels; below: one under each column; none
+    # right: one legend beside all panels; below: one under each column; each: one under every
+    # panel (whose traces differ from its neighbours'); none
+    legend: str = "right"
     # y axes tied (matplotlib sharey: same limits, band and ticks, labels kept on each panel):
     # every panel (True), each row's panels ("row", when each row plots another quantity), or per
     # row as a tuple of bools (a row of unrelated layers keeps its own axes)

@@ -7,6 +7,8 @@ drawn at a cap as if it were flat: it goes into an off-scale band at the top, as
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import matplotlib
 
 matplotlib.use("Agg")  # headless CI and CLI: never ask for a display
@@ -14,6 +16,7 @@ matplotlib.use("Agg")  # headless CI and CLI: never ask for a display
 import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
+from matplotlib.transforms import ScaledTranslation
 
 from .report_axes import x_axis, y_axis
 from .report_data import Panel, Plot, Trace
@@ -87,6 +90,20 @@ def _line(ax, t: Trace, p: Panel, colour, lane_y: float | None) -> list[tuple[fl
     return list(zip(x[off].tolist(), y[off].tolist(), strict=True))
 
 
+def _dodged(t: Trace, p: Panel) -> Trace:
+    """The trace as drawn: with ``p.dodge``, each trace with error bars moved sideways on its log x
+    axis by a share of the panel's span, so that bars at the same x do not hide each other (the
+    ticks stay at the data's own x; the spread stays inside the axis margin)."""
+    bars = [b for b in p.traces if b.lo is not None]
+    if not p.dodge or len(bars) < 2 or not any(b is t for b in bars) or p.xscale == "linear":
+        return t
+    xs = [v for b in p.traces for v in b.x]
+    span = np.log(max(xs) / min(xs)) if max(xs) > min(xs) else np.log(4.0)
+    step = min(p.dodge, 0.08 / (len(bars) - 1)) * span
+    i = next(k for k, b in enumerate(bars) if b is t)
+    return replace(t, x=[v * float(np.exp(step * (i - (len(bars) - 1) / 2))) for v in t.x])
+
+
 def _offscale_values(ax, points: list[tuple[float, float]], lane_y: float, colour) -> list:
     """Prints each off-scale value above its ▲; returns the texts, for :func:`_thin`."""
     # centred over its own ▲ (an edge-aligned value would sit over a neighbour's); the x margin
@@ -135,7 +152,7 @@ def _panel(ax, p: Panel, lo: float, hi: float, lanes: list[str], colours: dict[s
         for t in p.traces:
             colour = "k" if t.style == "reference" else t.colour or colours[t.label]
             lane = lane_ys[lanes.index(t.label)] if t.label in lanes else None
-            offscale.append((_line(ax, t, p, colour, lane), lane, colour))
+            offscale.append((_line(ax, _dodged(t, p), p, colour, lane), lane, colour))
         x_axis(ax, p, bool(lanes))  # before the values are placed: which overlap depends on the x limits
         values = [_offscale_values(ax, *o) for o in offscale if o[0]]
     if p.ref is not None:
@@ -153,10 +170,18 @@ def _panel(ax, p: Panel, lo: float, hi: float, lanes: list[str], colours: dict[s
 def _legend(fig: plt.Figure, plot: Plot, axes: np.ndarray) -> None:
     if plot.legend == "none":
         return
-    if plot.legend == "below":
-        # one per column, under the last row: inside the axes it would hide the small-ε points
-        for ax in axes[-1]:
-            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), frameon=False)
+    if plot.legend in ("below", "each"):
+        # one per column, under the last row: inside the axes it would hide the small-ε points;
+        # "each": one under every panel, whose traces (merged per panel) differ from its neighbours'
+        if plot.legend == "below":
+            for ax in axes[-1]:
+                ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), frameon=False)
+            return
+        # a fixed distance below the x axis, clear of its ticks and label whatever the panel's height
+        below = ScaledTranslation(0, -0.42, fig.dpi_scale_trans)
+        for ax in [a for a in fig.axes if a.axison and a.get_legend_handles_labels()[0]]:
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0), bbox_transform=ax.transAxes + below,
+                      frameon=False)
         return
     # one legend for all panels: a bound missing from one panel must still be named; certified
     # bounds first, then estimates, then PGD, each in the order the panels name them

@@ -12,10 +12,10 @@ from collections.abc import Callable
 import pandas as pd
 
 from . import report_cauchy as cauchy
+from . import report_certify as certify
 from . import report_cost as cost
 from . import report_pretrained as pretrained
 from . import report_taylor as taylor
-from . import report_trained as trained
 from .report_data import Panel, Plot, Skip, bound_trace, present, sweep
 from .report_lofast import fig1, fig3, fig4
 from .report_scaling import fig_scaling
@@ -46,7 +46,7 @@ FIGURES: dict[str, Callable[[pd.DataFrame], Plot]] = {
     "fig3_ablation": fig3,
     "fig4_trained_layer": lambda df: fig4(df, "eps_trained"),
     "fig3_trained_ablation": lambda df: fig3(df, "ablation_trained"),
-    "fig2_certified_accuracy": trained.fig_zoo,
+    "fig2_certified_accuracy": certify.figure,
     "cauchy_models_violin": cauchy.fig_models,
     "cauchy_violin": cauchy.figure,
     "olsa_vs_kim": fig_olsa_kim,

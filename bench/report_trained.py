@@ -1,7 +1,11 @@
-"""The trained-model figures and tables (docs/bounds.md §5): LoFAST Fig. 2 and Table 1 from sweep
-``certify`` (the Cauchy view's, from sweep ``cauchy_models``, are in :mod:`bench.report_cauchy`).
-Every number comes from the stored rows; the models' architecture from their ``vit_*`` columns (bench/rows.py
-``MODEL_COLUMNS``). Imports only :mod:`bench.report_data`.
+"""The trained models' rows as the report reads them: the models' architecture (``vit_*`` columns,
+bench/rows.py ``MODEL_COLUMNS``), and per (model, ε, bound) how many test images a bound certified
+through the whole network (docs/bounds.md §5), with its 95 % Wilson score interval. The figures and
+tables drawn from these are in :mod:`bench.report_certify` (LoFAST Fig. 2, Tables 1 and 2) and
+:mod:`bench.report_cauchy`. Imports only :mod:`bench.report_data` and the registry.
+
+Every bound present in the rows is counted, whatever its name: the network bounds of the registry,
+CROWN and α-CROWN, and a cascade (a bound whose name starts with ``cascade``).
 """
 
 from __future__ import annotations
@@ -9,14 +13,42 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+from scipy.stats import binomtest
 
-from .report_data import Panel, Plot, Skip, Trace, colour, commits, label, registry_order, style, sweep
+import bounds
 
-CERTIFY = "certify"
-WIDE = 7.0
-# Fig. 2's axes: each varies one of (depth, heads, c) around the zoo's centre model
-CENTRE = {"vit_depth": 2, "vit_heads": 2, "vit_c": 0.5}
-AXES = {"vit_depth": "depth (blocks)", "vit_heads": "heads per block", "vit_c": "cap c on ‖W^V‖, ‖W^O‖"}
+from .report_data import Skip, colour, commits, label
+
+LEVEL = 0.95  # the confidence of every interval the report draws around a certified accuracy
+CASCADE = "cascade"  # a bound whose name starts so is a cascade (cheapest sound bound first, then CROWN)
+# a boolean column of a cascade's rows: True where the cascade sent the image on to CROWN
+SENT = "sent_to_crown"
+# display names (and colours) of bounds the registry may not hold, in the order they are shown after
+# the registry's; any other unknown name is shown as it is, last, in a colour of the palette
+LABELS = {"crown": "CROWN", "alpha_crown": "α-CROWN", "cascade": "cascade (suite → CROWN)",
+          "cascade_crown": "cascade (suite → CROWN)", "cascade_alpha_crown": "cascade (suite → α-CROWN)"}
+COLOURS = {"crown": "#e7298a", "alpha_crown": "#7570b3", "cascade": "#a6761d", "cascade_crown": "#a6761d",
+           "cascade_alpha_crown": "#66a61e"}
+PGD_REF = "PGD robust (upper ref.)"
+
+
+def name_of(bound: str) -> str:
+    """The display name of a bound of the network rows (its code name when nobody named it)."""
+    return label(bound) if bound in bounds.REGISTRY else LABELS.get(bound, bound)
+
+
+def colour_of(bound: str) -> str | None:
+    return colour(bound) or COLOURS.get(bound)
+
+
+def order(names) -> list[str]:
+    """The registry's bounds in its order, then those of :data:`LABELS`, then any other by name."""
+    rank = {n: i for i, n in enumerate([*bounds.REGISTRY, *LABELS])}
+    return sorted(set(names), key=lambda n: (rank.get(n, len(rank)), n))
+
+
+def eg(v: float) -> str:
+    return f"{v:g}"
 
 
 def _provenance(sub: pd.DataFrame) -> str:
@@ -36,91 +68,90 @@ def _recipe(m: pd.Series) -> str:
 def _models(sub: pd.DataFrame) -> pd.DataFrame:
     """One row per model: its architecture columns."""
     cols = ["model", "vit_depth", "vit_heads", "vit_d", "vit_c", "vit_qk", "vit_margin_eps",
-            "vit_test_accuracy"]
+            "vit_test_accuracy", "dataset"]
     missing = [c for c in cols if c not in sub]
     if missing:
         raise Skip(f"sweep rows without the model columns {missing}")
     return sub[cols].drop_duplicates("model").set_index("model")
 
 
-def certified_accuracy(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (model, ε): ``clean``, ``pgd`` (robust accuracy) and one column per bound (certified
-    accuracy by the pairwise test), plus ``s/<bound>`` (seconds per sample)."""
-    sub = sweep(df, CERTIFY)
-    cert = sub[sub["role"] == "certify"]
+def network(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of every sweep that certified images through a network (role ``certify``): a sweep
+    of CROWN or of the cascade beside the suite's ``certify`` sweep is read as well."""
+    names = df.loc[df["role"] == "certify", "sweep"].unique()
+    if not len(names):
+        raise Skip("no whole-network certification rows (role `certify`) in this table")
+    return df[df["sweep"].isin(names)]
+
+
+def sweeps(sub: pd.DataFrame) -> str:
+    return ", ".join(f"`{s}`" for s in dict.fromkeys(sub["sweep"]))
+
+
+def flag(col: pd.Series) -> pd.Series:
+    """A boolean column as stored (bool, pandas' nullable boolean, or text): missing is False."""
+    if col.dtype == object:
+        col = col.map(lambda v: str(v).strip().lower() in ("true", "1"))
+    return col.fillna(False).astype(bool)
+
+
+def verdicts(cert: pd.DataFrame) -> pd.Series:
+    """Whether each image is certified: the pairwise-head test (which implies LoFAST's Proposition
+    1); a bound that records one verdict alone in ``certified_prop1`` is read from there."""
+    v = cert["certified_pairwise"] if "certified_pairwise" in cert else pd.Series(pd.NA, cert.index)
+    if "certified_prop1" in cert:
+        v = v.astype("boolean").fillna(cert["certified_prop1"].astype("boolean"))
+    return flag(v)
+
+
+def counts(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, eps, bound): ``k`` images certified of ``n``, ``accuracy`` = k/n, its Wilson
+    interval ``lo``, ``hi``, ``seconds`` per image and (a cascade's, when its rows say) the share of
+    images ``sent`` on to CROWN. An image stored by two sweeps counts once."""
+    sub = network(df)
+    cert = sub[sub["role"] == "certify"].drop_duplicates(["model", "eps", "bound", "sample"])
+    cert = cert.assign(ok=verdicts(cert).astype(int),
+                       sent=flag(cert[SENT]).astype(float).where(cert[SENT].notna()) if SENT in cert
+                       else math.nan)
+    g = cert.groupby(["model", "eps", "bound"])
+    out = pd.DataFrame({"k": g["ok"].sum(), "n": g["ok"].size(), "seconds": g["seconds"].mean(),
+                        "sent": g["sent"].mean()})
+    out["accuracy"] = out["k"] / out["n"]
+    ci = [wilson(k, n) for k, n in zip(out["k"], out["n"], strict=True)]
+    out["lo"], out["hi"] = [c[0] for c in ci], [c[1] for c in ci]
+    return out
+
+
+def wilson(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """The Wilson score interval of a proportion k/n (scipy's binomtest)."""
+    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=level, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def references(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, eps): ``clean`` accuracy and ``pgd`` robust accuracy over the certified images:
+    those of the sweep with the most images; two sweeps attacking as many (the same first images)
+    give two upper bounds of the robust accuracy, of which the smaller is kept."""
+    sub = network(df)
     acc = sub[sub["role"] == "accuracy"]
-    if cert.empty or acc.empty:
-        raise Skip(f"no certify/accuracy rows in sweep `{CERTIFY}`")
-    out = acc.pivot_table(index=["model", "eps"], columns="bound", values="value", aggfunc="mean")
-    out = out.rename(columns={"pgd_margin": "pgd"})
-    ok = cert["certified_pairwise"].astype(bool).astype(float)
-    rate = cert.assign(ok=ok).pivot_table(index=["model", "eps"], columns="bound", values="ok",
-                                          aggfunc="mean")
-    secs = cert.pivot_table(index=["model", "eps"], columns="bound", values="seconds", aggfunc="mean")
-    return out.join(rate).join(secs.add_prefix("s/"))
+    if acc.empty:
+        raise Skip(f"no accuracy rows in sweep(s) {sweeps(sub)}")
+    acc = acc[acc["samples"] == acc.groupby(["model", "eps"])["samples"].transform("max")]
+    clean = acc[acc["bound"] == "clean"].groupby(["model", "eps"])["value"].mean()
+    pgd = acc[acc["bound"] == "pgd_margin"].groupby(["model", "eps"])["value"].min()
+    return pd.DataFrame({"clean": clean, "pgd": pgd})
 
 
-def _names(table: pd.DataFrame) -> list[str]:
-    return registry_order(c for c in table.columns if c not in ("clean", "pgd") and not c.startswith("s/"))
+def model_order(sub: pd.DataFrame) -> pd.DataFrame:
+    """The models of the rows, margin-trained first, then by depth, heads and c."""
+    return _models(sub).sort_values(["vit_margin_eps", "vit_depth", "vit_heads", "vit_c"],
+                                    ascending=[False, True, True, True])
 
 
-def fig_zoo(df: pd.DataFrame) -> Plot:
-    """LoFAST Fig. 2: clean, PGD and certified accuracy at one ε over depth, heads and c, each
-    varied around the centre model (depth 2, 2 heads, c = 0.5) among the margin-trained models."""
-    table = certified_accuracy(df)
-    models = _models(sweep(df, CERTIFY))
-    eps = min(table.index.get_level_values("eps"), key=lambda e: abs(math.log(e / 0.02)))
-    at = table.xs(eps, level="eps")
-    trained = models[models["vit_margin_eps"] > 0]
-    if trained.empty:
-        raise Skip("no margin-trained model in sweep `certify`")
-    panels = []
-    for axis, text in AXES.items():
-        others = {k: v for k, v in CENTRE.items() if k != axis}
-        pick = trained[(trained[list(others)] == pd.Series(others)).all(axis=1)].sort_values(axis)
-        if len(pick) < 2:
-            continue
-        x = [float(v) for v in pick[axis]]
-        rows = at.loc[pick.index]
-        traces = [Trace("clean", x, [float(v) for v in rows["clean"]], "reference", "#000000"),
-                  Trace(f"PGD robust (ε={eps:g})", x, [float(v) for v in rows["pgd"]], "estimate", "#7f7f7f")]
-        traces += [Trace(label(n), x, [float(v) for v in rows[n]], style(n), colour(n)) for n in _names(at)]
-        panels.append(Panel(f"over {text}", text, "accuracy" if not panels else "", traces,
-                            xscale="log2" if axis != "vit_depth" else "linear", yscale="linear"))
-    if not panels:
-        raise Skip("sweep `certify` varies none of depth, heads, c around the centre model")
-    m = trained.iloc[0]
-    return Plot([panels], f"LoFAST Fig. 2 (docs/bounds.md §5): sweep `{CERTIFY}`, ViTs of zoo/ with d="
-                          f"{int(m['vit_d'])}, {_recipe(m)}; clean accuracy, PGD robust accuracy and "
-                          f"certified accuracy (pairwise test) of each network bound at ε={eg(eps)} (ℓ2 over "
-                          f"the image, pixels in [0, 1]), varying one of depth, heads, c around depth 2, "
-                          f"2 heads, c=0.5. {_provenance(sweep(df, CERTIFY))}.", (WIDE, 2.6))
-
-
-def eg(v: float) -> str:
-    return f"{v:g}"
-
-
-def table_certify(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """LoFAST Table 1: per model and bound, certified accuracy at each ε and seconds per sample."""
-    table = certified_accuracy(df)
-    models = _models(sweep(df, CERTIFY))
-    eps = sorted(set(table.index.get_level_values("eps")))
-    order = models.sort_values(["vit_margin_eps", "vit_depth", "vit_heads", "vit_c"], ascending=[False, True,
-                                                                                               True, True])
-    rows = []
-    for model, m in order.iterrows():
-        t = table.xs(model, level="model")
-        base = {"model": model, "blocks": str(int(m["vit_depth"])), "heads": str(int(m["vit_heads"])),
-                "recipe": _recipe(m), "clean": f"{t['clean'].iloc[0]:.3f}"}
-        rows.append(base | {"bound": "PGD robust"} | {f"ε={eg(e)}": f"{t.loc[e, 'pgd']:.3f}" for e in eps}
-                    | {"s/sample": "–"})
-        for n in _names(t):
-            secs = t[f"s/{n}"].mean() if f"s/{n}" in t else math.nan
-            rows.append(base | {"bound": label(n)} | {f"ε={eg(e)}": f"{t.loc[e, n]:.3f}" for e in eps}
-                        | {"s/sample": f"{secs:.4f}"})
-    return pd.DataFrame(rows), (
-        f"LoFAST Table 1 (docs/bounds.md §5): sweep `{CERTIFY}`; per model, PGD robust accuracy (an "
-        f"upper bound of the true robust accuracy) and each bound's certified accuracy (pairwise test) "
-        f"at each ε (ℓ2 over the image), and seconds per sample of the bound (batched, its certificate "
-        f"included). {_provenance(sweep(df, CERTIFY))}.")
+def merged(curves: dict[str, tuple]) -> list[list[str]]:
+    """Groups of the bounds whose curves are equal (the same key: (ε, k, n) at every ε), each group
+    in the order of ``curves``, the groups in the order of their first member."""
+    groups: dict[tuple, list[str]] = {}
+    for name, key in curves.items():
+        groups.setdefault(key, []).append(name)
+    return list(groups.values())
