@@ -34,7 +34,8 @@ import torch
 from scipy.sparse.linalg import ArpackError, ArpackNoConvergence, eigsh
 from torch import Tensor
 
-from models.operators import DENSE_LIMIT, VERIFY_MIN, LinearOperator
+from models.operators import DENSE_LIMIT, VERIFY_MIN
+from models.spectral import LinearOperator
 
 KINDS = ("exact", "deterministic", "probabilistic", "estimate")  # strongest first
 DEFAULT_P = 1e-9  # failure probability of one probabilistic norm
