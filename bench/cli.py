@@ -17,7 +17,7 @@ from models import InputError
 from .certify import add_parser as add_certify_parser
 from .env import ROOT, set_threads
 from .sweeps import OVERRIDES
-from .train import add_parser as add_train_parser
+from .train_cmd import add_parser as add_train_parser
 
 
 class _Parser(argparse.ArgumentParser):
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"baseline: {update(args.source)}")
             return 0
         if args.command == "train":
-            from .train import run as train
+            from .train_cmd import run as train
 
             return train(args)
         if args.command == "certify":

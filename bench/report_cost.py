@@ -66,7 +66,8 @@ def figure(df: pd.DataFrame) -> Plot:
     if mem:
         panels.append(Panel("(b) peak memory per call", SIZE, "MiB above the start", mem, xscale="log"))
     rate = sub[sub["bound"] == "matmul"]["value"]
-    return Plot([panels], f"Cost (task cost, bench/cost.py) on {_where(sub)}: each certified end-to-end "
+    return Plot([panels], f"Cost (task cost, bench/cost.py) on {_where(sub)}: "
+                          f"each certified end-to-end "
                           f"bound computed alone (its certificate included), its parts ζ, ‖M_l‖, ξ_l "
                           f"(dashed), and the PGD that checks it (black), against n·d; cells "
                           f"{', '.join(sorted(set(sub['sweep'])))}. The dotted black line is the "

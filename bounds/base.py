@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -56,3 +56,20 @@ class Bound:
 def radius(eps: float | Tensor, X: Tensor) -> Tensor:
     """eps as a tensor [B] on X's device and dtype."""
     return torch.as_tensor(eps, dtype=X.dtype, device=X.device).expand(X.shape[0])
+
+
+def propagate(bound: Bound, blocks: Sequence, inputs: Sequence[Tensor], eps: float | Tensor,
+              after: Sequence[float] | None = None) -> Tensor:
+    """The one walk of a stack (docs/bounds.md §1.4): r_0 = eps, r_{k+1} = after_k · bound(block_k,
+    X_k, r_k), with X_k block k's input on the clean trajectory. ``after`` holds the Lipschitz
+    constant of what follows each block inside the network (a ViT's FFN, bounds.network); a plain
+    stack has nothing there and its radius is not multiplied at all."""
+    if len(inputs) != len(blocks) or (after is not None and len(after) != len(blocks)):
+        raise ValueError(f"{len(blocks)} blocks need as many inputs and constants, got {len(inputs)} "
+                         f"and {None if after is None else len(after)}")
+    radius = eps
+    for k, (block, X) in enumerate(zip(blocks, inputs, strict=True)):
+        radius = bound.fn(block, X, radius)
+        if after is not None:
+            radius = radius * after[k]
+    return radius

@@ -34,7 +34,8 @@ import torch
 from scipy.sparse.linalg import ArpackError, ArpackNoConvergence, eigsh
 from torch import Tensor
 
-from models.operators import DENSE_LIMIT, VERIFY_MIN, LinearOperator
+from models.operators import DENSE_LIMIT, VERIFY_MIN
+from models.spectral import LinearOperator
 
 # strongest first. ``relaxation``: an outer relaxation of the whole layer (CROWN, α-CROWN through
 # auto_LiRPA, docs/bounds.md §2.5), sound in exact arithmetic and evaluated without directed rounding

@@ -39,7 +39,8 @@ def _method(method: str) -> str:
 ALL_TENSORS = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
 
 
-def _keyed(layer: DotMHA, names: tuple[str, ...] = ALL_TENSORS) -> tuple[tuple[str, ...], tuple[Tensor, ...]]:
+def layer_key(layer: DotMHA,
+              names: tuple[str, ...] = ALL_TENSORS) -> tuple[tuple[str, ...], tuple[Tensor, ...]]:
     """The names and tensors among ``names`` that the layer has (absent biases left out), which
     name an operator for the reuse of its certified norm (bounds.certify.reuse): the names go into
     the key, so layers that differ only in their biases never share a norm (docs/bounds.md §1.5)."""
@@ -64,7 +65,7 @@ def zeta(layer: DotMHA, X: Tensor, eps=None, *, method: str = "certified") -> Te
     if method == "lanczos":
         return zeta_lanczos(layer, X).sigma
     B, n, d = X.shape
-    names, tensors = _keyed(layer)
+    names, tensors = layer_key(layer)
     # the exact path eigendecomposes KᵀK formed from its Kronecker structure (models.structured)
     return certified_norm(("zeta", layer.residual, names), (*tensors, X),
                           lambda: zeta_gram(layer, X), lambda: layer.delta1_operator(X),
@@ -81,7 +82,7 @@ def m_norms(layer: DotMHA, X: Tensor, *, method: str = "certified") -> Tensor:
     if method == "lanczos":
         return m_norms_lanczos(layer, X).sigma
     B, n, _ = X.shape
-    names, tensors = _keyed(layer, ("W_q", "W_k", "b_q", "b_k"))  # what U and V depend on
+    names, tensors = layer_key(layer, ("W_q", "W_k", "b_q", "b_k"))  # what U and V depend on
     # certified on the r = min(d, 2d_h) columns the map sees (models.structured), then lifted back
     red = reduced_logit(layer, X)
     r = red.U.shape[-1]

@@ -30,7 +30,7 @@ from torch import Tensor
 from models import InputError
 from models.vit import ViT
 
-from .base import Bound
+from .base import Bound, propagate
 from .certify import Certificate, exact_norm, ledger
 from .registry import BOUNDS, get
 
@@ -107,9 +107,8 @@ class Certifier:
         """(δ_features [B], its certificate, seconds on its own) at image radius ``eps``."""
         start = time.perf_counter()
         with ledger() as book:
-            radius = torch.full_like(self.logits[:, 0], self.embedding * eps)
-            for layer, X, lip in zip(self.layers, self.inputs, self.ffn, strict=True):
-                radius = bound.fn(layer, X, radius) * lip
+            radius = propagate(bound, self.layers, self.inputs,
+                               torch.full_like(self.logits[:, 0], self.embedding * eps), self.ffn)
         seconds = time.perf_counter() - start + book.reused_seconds
         return radius * self.pool, book.certificate, seconds
 

@@ -18,7 +18,7 @@ from . import lofast as lf
 from . import olsa as olsa_
 from . import specformer as sf
 from . import taylor as tay
-from .base import Bound
+from .base import Bound, propagate
 from .certify import Certificate, ledger, reuse, reusing
 
 DOT, L2, OLSA_KIND = frozenset({"dot"}), frozenset({"l2"}), frozenset({"olsa"})
@@ -188,9 +188,7 @@ def evaluate_certified(bound: Bound | str, layer, X: Tensor, eps: float) -> Valu
         if not isinstance(layer, Stack) or bound.stack == "only":
             value = bound.fn(layer, X, eps)
         else:
-            value = eps
-            for block, Xk in zip(layer.blocks, layer.trajectory(X), strict=False):
-                value = bound.fn(block, Xk, value)
+            value = propagate(bound, layer.blocks, layer.trajectory(X)[:-1], eps)
     cert = book.certificate if bound.certified else Certificate("estimate")
     return Value(value, cert, book.reused_seconds)
 

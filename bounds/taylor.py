@@ -26,13 +26,13 @@ from models.structured import dot_jacobian
 
 from .base import radius
 from .certify import certified_norm
-from .lofast import _keyed, m_norms, xi
+from .lofast import layer_key, m_norms, xi
 
 
 def sigma_J(layer: DotMHA, X: Tensor, *, probabilistic: bool = False) -> Tensor:
     """A certified upper bound σ̄_J of ‖J_F(X)‖ per input (docs/bounds.md §2.4). [B]."""
     B, n, d = X.shape
-    names, tensors = _keyed(layer)
+    names, tensors = layer_key(layer)
     return certified_norm(("jacobian", layer.kind, layer.residual, names), (*tensors, X),
                           lambda: dense_jacobian(layer, X),
                           lambda: jacobian_operator(layer.forward, X), (B,), (n, d), X,

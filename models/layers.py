@@ -12,8 +12,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
-from .operators import LinearOperator, LogitOperator
-from .spectral import product_norm
+from .spectral import LinearOperator, LogitOperator, product_norm
 
 ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}  # 1-Lipschitz, as OLSA's Theorem 4.1 assumes
 

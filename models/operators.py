@@ -1,6 +1,7 @@
-"""The linear maps whose norms the bounds need and whose top directions PGD starts from: their type,
-the Jacobian of any forward, their Lanczos norms and, for small sizes, their dense matrices
-(docs/bounds.md §2, §2.1, §3.4).
+"""The linear maps whose norms the bounds need and whose top directions PGD starts from: the
+Jacobian of any forward, their Lanczos norms and, for small sizes, their dense matrices
+(docs/bounds.md §2, §2.1, §3.4). Their type (``LinearOperator``) lives in models.spectral, beside the
+Lanczos that consumes it, so that the layers can build their maps without importing this module.
 
 A dot layer builds its own maps (``DotMHA.delta1_operator``, ``DotMHA.logit_operator``), as
 auto_LiRPA keeps an operator's forward and its relaxations on one class. Each norm starts from a
@@ -11,7 +12,6 @@ PGD then see the same values and vectors on every device.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.func import jacrev, vmap
 
 from .errors import InputError
-from .spectral import LanczosResult, lanczos_norm, random_start
+from .spectral import LanczosResult, LinearOperator, lanczos_norm, random_start
 
 if TYPE_CHECKING:
     from .layers import DotMHA
@@ -40,24 +40,6 @@ JACOBIAN_LIMIT = 1536  # nd = 1024: 0.084 vs 0.145; 1536: 0.26 vs 0.16; 2048: 0.
 # eigendecomposition (bounds.certify.verified_gram_norm): 4.4× faster at 1024 (21 vs 92 ms), and
 # the guess (ARPACK) adds 3–8 ms; on a GPU the eigendecomposition stays (not measured there)
 VERIFY_MIN = 256
-
-
-@dataclass(frozen=True)
-class LinearOperator:
-    """A linear map ``T`` and its adjoint ``Tt`` (⟨T(x), y⟩ = ⟨x, Tt(y)⟩), closed over a point X."""
-
-    T: Callable[[Tensor], Tensor]
-    Tt: Callable[[Tensor], Tensor]
-
-
-@dataclass(frozen=True)
-class LogitOperator(LinearOperator):
-    """The logit map of every head, with its factors U = X A_lᵀ and V = X A_l ([B, h, n, d]; with
-    biases U = K_l W^Q_lᵀ and V = Q_l W^K_lᵀ, docs/bounds.md §1.5), from which ξ_l (LoFAST eq. 26)
-    and the dense M_l (Lemma 2) are built."""
-
-    U: Tensor
-    V: Tensor
 
 
 def jacobian_operator(F: Callable[[Tensor], Tensor], X: Tensor) -> LinearOperator:

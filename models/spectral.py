@@ -6,8 +6,9 @@ Lanczos needs tens. Like power iteration it converges from below: a Ritz value n
 top eigenvalue, so the result is an estimate, not a certificate (docs/bounds.md §2.4); the dense
 paths are exact. Both the bounds and the PGD warm starts use it, so it lives with the layers.
 
-Also the exact norms of small matrices: ``spectral`` (an SVD) and ``product_norm``, the norm of a
-product of thin factors from their QRs, without forming it.
+Also the type of such a map (``LinearOperator``: T and its adjoint) and the exact norms of small
+matrices: ``spectral`` (an SVD) and ``product_norm``, the norm of a product of thin factors from
+their QRs, without forming it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,24 @@ from torch import Tensor
 
 KRYLOV_DIM = 24  # Lanczos steps between restarts
 DEFAULT_MAX_ITER = 2000  # matrix-vector products with T*T
+
+
+@dataclass(frozen=True)
+class LinearOperator:
+    """A linear map ``T`` and its adjoint ``Tt`` (⟨T(x), y⟩ = ⟨x, Tt(y)⟩), closed over a point X."""
+
+    T: Callable[[Tensor], Tensor]
+    Tt: Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class LogitOperator(LinearOperator):
+    """The logit map of every head, with its factors U = X A_lᵀ and V = X A_l ([B, h, n, d]; with
+    biases U = K_l W^Q_lᵀ and V = Q_l W^K_lᵀ, docs/bounds.md §1.5), from which ξ_l (LoFAST eq. 26)
+    and the dense M_l (Lemma 2) are built."""
+
+    U: Tensor
+    V: Tensor
 
 
 def default_tol(dtype: torch.dtype) -> float:

