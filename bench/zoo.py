@@ -134,8 +134,9 @@ attention logits sit at the cap, ‖W^Q_l W^K_lᵀ‖₂ = 4.0 in every head of 
 certifies. The margin-trained models tie because margin training drives the logits to zero:
 `digits-d32-b2-h2-c0.5-q1-m0.003` has ‖W^Q_l W^K_lᵀ‖₂ < 3·10⁻⁴ in both blocks, so each attention is
 linear in its input (uniform weights) and LoFAST, Taylor and naive reduce to nearly the same
-Lipschitz product (naive differs by one image at ε = 0.01 and 0.02). A looser cap at the same margin
-(q = 2, ε_t = 0.003) ties the same way (table), so it was not kept (¹: deleted after the sweep).
+Lipschitz product. A looser cap at the same margin (q = 2, ε_t = 0.003) ties the same way (table:
+LoFAST = Taylor = best; naive certifies 2 images fewer at ε = 0.01 and 1 at 0.02), so it was not
+kept (¹: deleted after the sweep).
 
 ## Fashion-MNIST
 
@@ -164,8 +165,8 @@ python -m bench certify --model zoo/NAME.safetensors --dataset fashion-mnist --e
 | | | | PGD robust | 0.625 | 0.625 | 0.625 | 0.19 |
 
 At 3 blocks best certifies one image more than LoFAST at ε = 0.1; otherwise the two agree, as on
-the margin-trained digits zoo. The smaller margin the 4-block model needed to learn costs
-certified accuracy: 0.19 at ε = 0.02 against the 3-block model's 0.44.
+the margin-trained digits zoo. The 4-block model, deeper and trained at the smaller margin,
+certifies less: 0.19 at ε = 0.02 against the 3-block model's 0.44.
 
 The issue asked for the first 100 images and PGD's defaults (100 steps, 8 + 1 starts): on this box
 that run had not finished the first 32 images of the 3-block model after 8 minutes, so the
