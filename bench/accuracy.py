@@ -118,7 +118,7 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     (:mod:`bounds.netcrown`): their δ_features is NaN, their verdict that of both tests. ``cascade``
     adds :data:`CASCADE`: :data:`CASCADE_FIRST` on every image, CROWN on those it leaves uncertified
     (CROWN's verdicts and share of seconds reused where ``crown`` runs too)."""
-    bounds_ = [network_bound(n) for n in names] if names else [b for b in network_bounds() if not b.opt_in]
+    bounds_ = [network_bound(n) for n in names] if names else network_bounds()
     eps = [check_eps(e) for e in eps]
     net = net.to(device)
     images, labels = images.to(device=device, dtype=torch.float64), labels.to(device)
