@@ -38,11 +38,14 @@ from models import InputError
 SOUND_RTOL = 1e-6  # a certified value below pgd·(1 − 1e-6) is a violation, never a rounding question
 ROLES = ("bound", "pgd", "timing", "block", "certify", "accuracy")
 NAMED = ("bound", "certify")  # the roles whose ``bound`` is a name of bounds/registry.py
-CERTIFIED_KINDS = ("exact", "deterministic", "probabilistic")
+# relaxation: CROWN and α-CROWN (bounds/crown.py, bounds/netcrown.py)
+CERTIFIED_KINDS = ("exact", "deterministic", "relaxation", "probabilistic")
 KINDS = (*CERTIFIED_KINDS, "estimate", "attained")
 # one per sample of a network cell, repeated on each of its certify rows and on its pgd_margin row
 PER_SAMPLE = ["label", "correct", "margin", "pgd_margin", "pgd_broken"]
 CERTIFY_NEEDS = [*PER_SAMPLE, "certified_prop1", "certified_pairwise"]
+# certify a network by verifying its margins directly, with no δ_features (NaN value)
+DIRECT = ("crown", "alpha_crown")
 RATIO_RTOL = 1e-12  # a stored ratio is value/pgd as rows.py divided it; the slack is for other writers
 
 
@@ -139,7 +142,10 @@ def check(df: pd.DataFrame, where: Path | str) -> None:
     _refuse(df, (role == "certify") & ~d["certified"], where,
             "certify a network with a bound the registry does not call certified")
     judged = role.isin(["bound", "pgd", "certify", "accuracy"])
-    _refuse(df, judged & value.isna(), where, "hold a NaN value")
+    # a certify row's value is δ_features; a direct verification of the margins (whole-network CROWN)
+    # has none, and is judged by its verdict against PGD's (derive: refuted) alone
+    direct = (role == "certify") & df["bound"].isin(DIRECT)
+    _refuse(df, judged & value.isna() & ~direct, where, "hold a NaN value")
     needs_finite = role.isin(["pgd", "accuracy"]) | (d["certified"] & ~d["finding"])
     _refuse(df, judged & np.isinf(value) & (needs_finite | (value < 0)), where,
             "hold an infinite value where a number is needed (a certified bound without a finding, "

@@ -40,20 +40,21 @@ from .registry import BOUNDS, get
 ROUNDING = 64 * torch.finfo(torch.float64).eps
 
 
-def network_bounds() -> list[Bound]:
+def network_bounds(opt_in: bool = False) -> list[Bound]:
     """The bounds that can certify a network: certified, end to end (``output``), not per head, and
-    propagated block by block through dot-product layers (docs/bounds.md §1.4)."""
+    propagated block by block through dot-product layers (docs/bounds.md §1.4); the opt-in ones
+    (CROWN, α-CROWN: a whole-network verification in ``bench certify``) only with ``opt_in``."""
     return [b for b in BOUNDS if b.certified and b.objective == "output" and not b.per_head
-            and "dot" in b.kinds and b.stack == "propagate"]
+            and "dot" in b.kinds and b.stack == "propagate" and (opt_in or not b.opt_in)]
 
 
 def network_bound(name: str) -> Bound:
     """The bound of that name, refused (InputError) unless it can certify a network."""
     bound = get(name)
-    if bound not in network_bounds():
+    if bound not in network_bounds(opt_in=True):
         raise InputError(f"bound {name!r} cannot certify a network (needs a certified end-to-end bound "
                          f"of dot-product layers); use one of "
-                         f"{', '.join(b.name for b in network_bounds())}")
+                         f"{', '.join(b.name for b in network_bounds(opt_in=True))}")
     return bound
 
 

@@ -1,0 +1,129 @@
+"""Whole-network CROWN in ``python -m bench certify`` (bounds/netcrown.py, docs/bounds.md §5): the
+traced network is the ViT, CROWN-certified images are never broken by PGD, the cascade certifies
+between its first bound and the union of both, and the CLI's refusals and JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pandas as pd
+import pytest
+import torch
+from helpers import ROOT, main_inprocess
+
+from bench import gate
+from bench.accuracy import CASCADE, CASCADE_FIRST, first_test_images, load_model, run_certify
+from bench.certify import summary
+from bench.rows import network_rows
+from bounds import crown
+from bounds.netcrown import TracedViT, spec, verify
+
+ZOO = ROOT / "zoo"
+TINY = ZOO / "tiny-digits-d16-b1-h1-c0.5.safetensors"
+DEPTH1 = ZOO / "digits-d32-b1-h2-c0.5-q1-m0.003.safetensors"
+needs_lirpa = pytest.mark.skipif(not crown.available(),
+                                 reason="auto_LiRPA is not installed (the crown extra)")
+
+
+@pytest.mark.parametrize("path", [TINY, DEPTH1])
+def test_the_traced_network_is_the_vit(path):
+    net, _ = load_model(path)
+    X, _ = first_test_images("digits", net, 20)
+    with torch.no_grad():
+        want = net(X.double())
+        got = TracedViT(net)(X.double().reshape(len(X), -1))
+    assert (want - got).abs().max() <= 1e-12
+    # LayerProject is active on these images, so its rewritten form is what the equality tests
+    assert (net.tokens(X.double()).norm(dim=-1) > net.cfg.R).any()
+
+
+def test_the_spec_rows_are_e_y_minus_e_j():
+    C = spec(torch.tensor([2, 0]), 4)
+    assert C.shape == (2, 3, 4)
+    logits = torch.tensor([[1.0, 2.0, 5.0, 3.0], [7.0, 1.0, 2.0, 0.5]], dtype=torch.float64)
+    assert torch.equal(C @ logits[:, :, None], torch.tensor([[[4.0], [3.0], [2.0]], [[6.0], [5.0], [6.5]]],
+                                                           dtype=torch.float64))
+
+
+@pytest.fixture(scope="module")
+def tiny_run():
+    net, _ = load_model(TINY)
+    X, y = first_test_images("digits", net, 8)
+    return net, X, y, run_certify(net, X, y, [1e-3, 0.02, 0.05], ["naive", "crown"], steps=30, restarts=2,
+                                  cascade=True)
+
+
+@needs_lirpa
+def test_crown_certified_images_are_never_broken_by_pgd(tiny_run):
+    net, X, y, res = tiny_run
+    s = summary(res)
+    assert s["violations"] == 0
+    certified = torch.stack([res.pairwise[("crown", e)] for e in res.eps])
+    broken = torch.stack([res.pgd_broken[e] for e in res.eps])
+    assert certified.any() and not (certified & broken).any()
+    for e in res.eps:  # a direct verification: one verdict for both tests, no δ_features
+        assert torch.equal(res.pairwise[("crown", e)], res.prop1[("crown", e)])
+        assert res.delta[("crown", e)].isnan().all()
+        # the lower bound of each logit difference is below what the clean image has
+        v = verify(net, X, y, e)
+        clean = (spec(y, net.cfg.classes) @ net(X.double())[:, :, None])[..., 0]
+        assert (v.lower <= clean + 1e-9).all()
+        assert torch.equal(v.certified, res.pairwise[("crown", e)])
+
+
+@needs_lirpa
+def test_the_cascade_lies_between_its_first_bound_and_the_union(tiny_run):
+    _, _, _, res = tiny_run
+    assert res.bounds == ["naive", "crown", CASCADE] and CASCADE_FIRST == "naive"
+    for e in res.eps:
+        first, both = res.pairwise[("naive", e)], res.pairwise[("crown", e)]
+        cascade = res.pairwise[(CASCADE, e)]
+        sent = res.sent[(CASCADE, e)]
+        assert not (first & ~cascade).any() and not (cascade & ~(first | both)).any()
+        assert torch.equal(sent, ~first & res.correct)
+        assert not (cascade & ~first & ~sent).any()
+    assert any((res.pairwise[(CASCADE, e)] & ~res.pairwise[("naive", e)]).any() for e in res.eps)
+
+
+@needs_lirpa
+def test_crown_certify_rows_pass_the_gate():
+    net, _ = load_model(TINY)
+    X, y = first_test_images("digits", net, 8)
+    with torch.no_grad():
+        right = net(X.double()).argmax(-1) == y
+    X, y = X[right][:2], y[right][:2]  # (the tiny model misclassifies most of them)
+    res = run_certify(net, X, y, [1e-3], ["crown", "naive"], steps=5, restarts=1)
+    df = pd.DataFrame(network_rows(res)).assign(sweep="s", cell_id="c")
+    gate.check(df, "rows")
+    rows = df[(df["role"] == "certify") & (df["bound"] == "crown")]
+    assert (rows["certificate"] == "relaxation").all() and rows["value"].isna().all()
+    assert rows["certified_pairwise"].any()
+    # a crown row that claims an image PGD breaks is a violation, as any other certify row's
+    flipped = df.copy()
+    at = rows.index[0]
+    flipped.loc[at, "pgd_margin"] = -1.0
+    flipped.loc[flipped["sample"] == flipped.loc[at, "sample"], ["pgd_margin", "pgd_broken"]] = [-1.0, True]
+    assert gate.derive(flipped).loc[at, "violation"] == bool(flipped.loc[at, "certified_pairwise"])
+
+
+def test_crown_without_auto_lirpa_is_one_error_line(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "auto_LiRPA", None)  # import auto_LiRPA now raises ImportError
+    for extra in (["--bounds", "crown"], ["--bounds", "naive", "--cascade"]):
+        code, out, err = main_inprocess(capsys, "certify", "--model", TINY, "--limit", "2", *extra)
+        assert code == 2 and out == ""
+        (line,) = err.strip().splitlines()
+        assert line.startswith("error: auto_LiRPA is not installed")
+
+
+@needs_lirpa
+def test_certify_json_names_crown(capsys):
+    code, out, err = main_inprocess(capsys, "certify", "--model", TINY, "--limit", "3", "--eps", "0.01",
+                                    "--bounds", "crown,best", "--pgd-steps", "5", "--pgd-restarts", "1",
+                                    "--cascade", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert set(got["certified_accuracy"]) == {"crown", "best", CASCADE}
+    assert got["certificates"]["crown"]["kind"] == "relaxation" and got["violations"] == 0
+    assert got["seconds_per_sample"]["crown"] > 0
+    assert len(got["samples"]["sent_to_crown"][CASCADE]["0.01"]) == 3
