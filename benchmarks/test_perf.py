@@ -10,7 +10,7 @@ import torch
 
 import bounds
 from attacks import attack
-from bench.cases import Cell
+from bench.sweep.cases import Cell
 from models.operators import DENSE_LIMIT
 
 torch.set_num_threads(1)

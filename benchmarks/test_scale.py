@@ -9,8 +9,8 @@ import torch
 
 import bounds
 from attacks import attack
-from bench.accuracy import chunk_size
-from bench.cases import Cell
+from bench.nets.accuracy import chunk_size
+from bench.sweep.cases import Cell
 from bounds import lofast as lf
 from bounds.network import Certifier
 from models.vit import ViT, ViTConfig

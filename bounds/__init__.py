@@ -1,7 +1,7 @@
 """Every bound of docs/bounds.md, one module per family, listed in an explicit registry."""
 
 from .base import Bound
-from .certify import Certificate
+from .certificates import Certificate
 from .registry import (
     BOUNDS,
     REGISTRY,

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from models import DotMHA, InputError
 
 from .base import radius
-from .certify import Certificate, record
+from .certificates import Certificate, record
 
 INSTALL = ("auto_LiRPA is not installed (needed by the crown and alpha_crown bounds): "
            "pip install 'attnbounds[crown]' --find-links ../shared/wheels here, elsewhere "

@@ -15,7 +15,7 @@ embedding and every bias cancel in differences. A sample (correctly classified) 
   which certifies every sample Proposition 1 certifies (``‖w_y − w_j‖ ≤ √2‖W‖``).
 
 Everything is float64; the certified norms inside the bounds carry their certificate, collected
-over the blocks by :func:`bounds.certify.ledger` (docs/bounds.md §2.4).
+over the blocks by :func:`bounds.certificates.ledger` (docs/bounds.md §2.4).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from models import InputError
 from models.vit import ViT
 
 from .base import Bound, propagate
-from .certify import Certificate, exact_norm, ledger
+from .certificates import Certificate, exact_norm, ledger
 from .registry import BOUNDS, get
 
 # Float64 rounding in the logits, in the products of the test and in the SVDs of ‖E‖ and Lip(FFN)
@@ -82,7 +82,7 @@ class NetworkCertificate:
 
 class Certifier:
     """A network at a batch of images: the clean trace is taken once, so that within a
-    :func:`bounds.certify.reuse` block every bound and ε share the certified norms of each block."""
+    :func:`bounds.certificates.reuse` block every bound and ε share the certified norms of each block."""
 
     def __init__(self, net: ViT, images: Tensor, labels: Tensor):
         check_certifiable(net)

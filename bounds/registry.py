@@ -19,7 +19,7 @@ from . import olsa as olsa_
 from . import specformer as sf
 from . import taylor as tay
 from .base import Bound, propagate
-from .certify import Certificate, ledger, reuse, reusing
+from .certificates import Certificate, ledger, reuse, reusing
 
 DOT, L2, OLSA_KIND = frozenset({"dot"}), frozenset({"l2"}), frozenset({"olsa"})
 ALL = frozenset({"dot", "l2", "olsa"})
@@ -111,7 +111,7 @@ def best(layer, X: Tensor, eps) -> Tensor:
 
 
 def _reusing():
-    """A :func:`bounds.certify.reuse` block, unless one is open already (then its cache serves)."""
+    """A :func:`bounds.certificates.reuse` block, unless one is open already (then its cache serves)."""
     return contextlib.nullcontext() if reusing() else reuse()
 
 

@@ -25,7 +25,7 @@ from models.operators import JACOBIAN_LIMIT, jacobian_matrix, jacobian_operator
 from models.structured import dot_jacobian
 
 from .base import radius
-from .certify import certified_norm
+from .certificates import certified_norm
 from .lofast import layer_key, m_norms, xi
 
 

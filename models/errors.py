@@ -15,7 +15,7 @@ from torch import Tensor
 # polynomials in them of degree up to about 11 at one block (Taylor's: its value grows like s¹¹ when X,
 # ε and every weight are scaled by s), so 1e12 keeps a block's values far below float64's 1.8e308; a
 # deeper stack compounds the degrees, and a value that still overflows is refused after the computation
-# (bench/evaluate.py).
+# (bench/sweep/evaluate.py).
 MAX_MAGNITUDE = 1e12
 
 

@@ -25,7 +25,7 @@ def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProc
 def main_inprocess(capsys, *args: str) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of ``python -m bench ARGS`` run in this process: fast, for the
     many bad-input cases; the subprocess tests above show the same path from a real shell."""
-    from bench.cli import main
+    from bench.cli.main import main
 
     try:
         code = main([str(a) for a in args])

@@ -23,12 +23,12 @@ import torch
 from helpers import ROOT, main_inprocess
 from safetensors.torch import save_file
 
-import bench.train
-import bench.train_cmd
-import bench.zoo
+import bench.cli.train_cmd
+import bench.nets.train
+import bench.nets.zoo
 import bounds
 import models
-from bench import store
+from bench.core import store
 
 # the CLI's two prefixes: argparse's ("python -m bench train: error: ...") and the library's
 ERROR = re.compile(r"^(python -m bench( [a-z]+)?: )?error: ")
@@ -215,8 +215,8 @@ def no_training(monkeypatch):
     def trainer(*args, **kwargs):
         raise AssertionError("trained before refusing")
 
-    monkeypatch.setattr(bench.train_cmd, "train", trainer)
-    monkeypatch.setattr(bench.zoo, "train", trainer)
+    monkeypatch.setattr(bench.cli.train_cmd, "train", trainer)
+    monkeypatch.setattr(bench.nets.zoo, "train", trainer)
 
 
 TRAIN = ["train", "--d", "8", "--depth", "1", "--heads", "1", "--epochs", "1"]
@@ -235,7 +235,7 @@ def test_train_refuses_a_negative_seed_before_loading_data(tmp_path, capsys, mon
     def no_data(name):
         raise AssertionError("loaded the data before refusing")
 
-    monkeypatch.setattr(bench.train, "load_dataset", no_data)
+    monkeypatch.setattr(bench.nets.train, "load_dataset", no_data)
     refused(capsys, tmp_path, *TRAIN, "--seed", "-1", "--out", tmp_path / "m.safetensors",
             words="seed must be >= 0")
 
@@ -266,7 +266,7 @@ def test_train_force_overwrites(tmp_path, capsys, monkeypatch):
         calls.append(kw)
         raise models.InputError("stopped after the checks")
 
-    monkeypatch.setattr(bench.train_cmd, "train", trainer)
+    monkeypatch.setattr(bench.cli.train_cmd, "train", trainer)
     (tmp_path / "m.safetensors").write_text("mine")
     refused(capsys, tmp_path, *TRAIN, "--out", tmp_path / "m.safetensors", "--force",
             words="stopped after the checks")
@@ -288,8 +288,8 @@ def test_train_default_out_is_git_ignored_and_zoo_stays(tmp_path, capsys, monkey
     def check_out(out, force):
         seen["out"] = out
 
-    monkeypatch.setattr(bench.train_cmd, "train", trainer)
-    monkeypatch.setattr(bench.train_cmd, "check_out", check_out)
+    monkeypatch.setattr(bench.cli.train_cmd, "train", trainer)
+    monkeypatch.setattr(bench.cli.train_cmd, "check_out", check_out)
     code, _, _ = main_inprocess(capsys, *TRAIN)
     assert code == 2
     assert seen["out"].parent == ROOT / "results" / "latest" / "zoo"
@@ -297,7 +297,7 @@ def test_train_default_out_is_git_ignored_and_zoo_stays(tmp_path, capsys, monkey
     if ignored.returncode == 128:
         pytest.skip("not a git checkout")
     assert ignored.returncode == 0, f"{seen['out']} is not git-ignored"
-    assert bench.train_cmd.OUT_DIR != ROOT / "zoo"
+    assert bench.cli.train_cmd.OUT_DIR != ROOT / "zoo"
 
 
 # --- certify --------------------------------------------------------------------------------------

@@ -14,11 +14,11 @@ import pytest
 import torch
 from helpers import ROOT, cli, main_inprocess
 
-from bench.cases import Cell
-from bench.compare import compare
-from bench.runner import run_profile
-from bench.store import load
-from bench.sweeps import load_profile
+from bench.core.store import load
+from bench.report.compare import compare
+from bench.sweep.cases import Cell
+from bench.sweep.profiles import load_profile
+from bench.sweep.runner import run_profile
 from models import InputError
 
 TINY = """
@@ -178,7 +178,7 @@ def test_compare_identical_passes(stored, capsys):
 
 def _honest(df: pd.DataFrame) -> pd.DataFrame:
     """The table with ratio, sound and violation stored as rows.py would store them for its values."""
-    from bench.gate import derive
+    from bench.core.gate import derive
 
     d = derive(df)
     return df.assign(ratio=d["ratio"], sound=d["sound"], violation=d["violation"])
@@ -230,7 +230,7 @@ def test_run_subprocess_writes_table(tmp_path):
 
 
 def test_every_cell_task_has_a_runner_task():
-    from bench import cases, tasks
+    from bench.sweep import cases, tasks
 
     assert set(cases.TASKS) == set(tasks.TASKS)
 

@@ -11,8 +11,8 @@ import torch
 
 import bounds
 import models
-from bounds import certify
-from bounds.certify import (
+from bounds import certificates as certify
+from bounds.certificates import (
     Certificate,
     cholesky_check,
     gram_norm,

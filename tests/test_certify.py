@@ -17,12 +17,12 @@ from safetensors.numpy import load_file
 
 import models.data
 from attacks.margin import attack_margin, margin
-from bench.accuracy import first_test_images, load_model, run_certify
-from bench.cases import Cell
-from bench.rows import row
-from bench.runner import run_profile
-from bench.store import load
-from bench.sweeps import load_profile
+from bench.core.store import load
+from bench.nets.accuracy import first_test_images, load_model, run_certify
+from bench.sweep.cases import Cell
+from bench.sweep.profiles import load_profile
+from bench.sweep.rows import row
+from bench.sweep.runner import run_profile
 from bounds import REGISTRY
 from bounds.network import Certifier, network_bounds, pairwise, prop1
 from models import DotMHA, InputError
@@ -116,13 +116,13 @@ def load_vit_checked(path):
 
 
 def test_a_memo_shares_the_norms_across_eps_and_changes_nothing(monkeypatch):
-    """The certify sweep's cells at other ε reuse the first cell's norms (bench.tasks); the result
+    """The certify sweep's cells at other ε reuse the first cell's norms (bench.sweep.tasks); the result
     must be the one a fresh run gives, each bound's seconds still counting what it cost."""
-    import bounds.certify
+    import bounds.certificates
 
     calls = []
-    dense = bounds.certify.dense_certified_norm
-    monkeypatch.setattr(bounds.certify, "dense_certified_norm", lambda G: calls.append(1) or dense(G))
+    dense = bounds.certificates.dense_certified_norm
+    monkeypatch.setattr(bounds.certificates, "dense_certified_norm", lambda G: calls.append(1) or dense(G))
     net, _ = load_model(D32)
     X, y = first_test_images("digits", net, 6)
     memo: dict = {}
@@ -389,7 +389,7 @@ def test_model_cells_reject_bad_parameters(kw, words):
 
 def test_a_certified_sample_pgd_breaks_is_a_counted_violation(tmp_path, monkeypatch, capsys):
     """The runner counts and names a certify row refuted by PGD (planted: no bound here has one)."""
-    from bench import runner
+    from bench.sweep import runner
 
     def planted(cell, run, device, dtype):
         extra = {"label": 1, "correct": True, "margin": 1.0, "pgd_margin": -0.5, "pgd_broken": True,

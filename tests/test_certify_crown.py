@@ -12,10 +12,10 @@ import pytest
 import torch
 from helpers import ROOT, main_inprocess
 
-from bench import gate
-from bench.accuracy import CASCADE, CASCADE_FIRST, first_test_images, load_model, run_certify
-from bench.certify import summary
-from bench.rows import network_rows
+from bench.cli.certify_cmd import summary
+from bench.core import gate
+from bench.nets.accuracy import CASCADE, CASCADE_FIRST, first_test_images, load_model, run_certify
+from bench.sweep.rows import network_rows
 from bounds import crown
 from bounds.netcrown import TracedViT, spec, verify
 

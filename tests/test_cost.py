@@ -1,4 +1,4 @@
-"""The cost task (bench/cost.py): its rows, their peak memory and matmul rate, and the figure and
+"""The cost task (bench/sweep/cost.py): its rows, their peak memory and matmul rate, and the figure and
 table the report draws from them alone."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import math
 import pandas as pd
 import torch
 
-from bench.cases import Cell
-from bench.cost import COST_BOUNDS, PARTS, m_flops, matmul_rate, measure, zeta_flops
-from bench.report_cost import figure, table
-from bench.rows import COLUMNS
-from bench.tasks import TASKS
+from bench.report.studies.cost_study import figure, table
+from bench.sweep.cases import Cell
+from bench.sweep.cost import COST_BOUNDS, PARTS, m_flops, matmul_rate, measure, zeta_flops
+from bench.sweep.rows import COLUMNS
+from bench.sweep.tasks import TASKS
 from models.operators import ZETA_GRAM_LIMIT
 
 

@@ -22,7 +22,7 @@ import attacks
 import bounds
 import models
 from bounds import crown
-from bounds.certify import Certificate
+from bounds.certificates import Certificate
 
 needs_lirpa = pytest.mark.skipif(not crown.available(),
                                  reason="auto_LiRPA is not installed (the crown extra, README \"CROWN\")")
@@ -198,7 +198,7 @@ def test_the_wheel_installer_succeeds_without_the_wheels(tmp_path, capsys, monke
 
 
 def test_crown_sweeps_opt_in_where_the_profiles_say():
-    from bench.sweeps import load_profile
+    from bench.sweep.profiles import load_profile
 
     for profile in ("quick", "crown"):
         cells = [c for _, c in load_profile(profile).cells() if c.task in ("crown", "alpha_crown")]

@@ -1,4 +1,4 @@
-"""Sweeps on Dask (bench/distributed.py): a distributed run's table equals a serial run's, and every
+"""Sweeps on Dask (bench/sweep/distributed.py): a distributed run's table equals a serial run's, and every
 bad option, a task's error, an unreachable scheduler and a missing Dask are one ``error:`` line."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from helpers import main_inprocess
 from test_bench import TINY
 from test_hardening import ONE, one_error
 
-from bench import distributed as bd
-from bench import tasks
-from bench.runner import run_profile
-from bench.store import READ, load
-from bench.sweeps import load_profile
+from bench.core.store import READ, load
+from bench.sweep import distributed as bd
+from bench.sweep import tasks
+from bench.sweep.profiles import load_profile
+from bench.sweep.runner import run_profile
 from models import InputError
 
 distributed = pytest.importorskip("distributed")

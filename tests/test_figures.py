@@ -19,11 +19,12 @@ from matplotlib.collections import PolyCollection
 from test_report_pretrained import stored_rows
 
 import bounds
-from bench import cli, report_tight
-from bench.report_draw import draw, theme
-from bench.report_select import FIGURES
-from bench.report_tables import TABLES
-from bench.store import load
+from bench.cli import main as cli
+from bench.core.store import load
+from bench.report.draw import draw, theme
+from bench.report.figures import FIGURES
+from bench.report.studies import tight_study as report_tight
+from bench.report.tables import TABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "results" / "baseline" / "results.csv"
@@ -205,8 +206,8 @@ def test_scaling_titles_and_cost_caption_are_for_readers(base: pd.DataFrame):
 
 
 def test_a_ceiling_tick_never_sits_under_the_band_label():
-    from bench.report_axes import y_axis
-    from bench.report_data import Panel, Trace
+    from bench.report.axes import y_axis
+    from bench.report.panels import Panel, Trace
 
     fig, ax = plt.subplots()
     try:
@@ -220,7 +221,7 @@ def test_a_ceiling_tick_never_sits_under_the_band_label():
 
 
 def test_log_ticks_within_a_decade_are_enough():
-    from bench.report_axes import log_ticks
+    from bench.report.axes import log_ticks
 
     assert len(log_ticks(0.085, 0.21)) >= 4  # fig1 (b): 0.09, 0.1, 0.15, 0.2
     assert len(log_ticks(0.86, 1.3)) >= 3
@@ -263,7 +264,7 @@ def test_the_default_report_directory_is_git_ignored():
 
 
 def test_a_run_directory_and_its_table_give_the_same_readme(base: pd.DataFrame, tmp_path: Path):
-    from bench.report import build
+    from bench.report.render import build
 
     run = tmp_path / "run"
     run.mkdir()

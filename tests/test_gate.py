@@ -1,4 +1,4 @@
-"""The regression gate (bench/gate.py) judges what it recomputes, never the stored flags: tables
+"""The regression gate (bench/core/gate.py) judges what it recomputes, never the stored flags: tables
 tampered from a few cells of the committed baseline are refused by ``compare``, ``baseline
 --update`` and ``report`` with one ``error:`` line and nothing written, or (a violation the table
 states honestly) fail ``compare`` with ``x``."""
@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 from helpers import ROOT, cli, main_inprocess
 
-from bench import baseline
-from bench.gate import SOUND_RTOL, derive
-from bench.store import READ
+from bench.cli import baseline
+from bench.core.gate import SOUND_RTOL, derive
+from bench.core.store import READ
 
 BASELINE = ROOT / "results" / "baseline" / "results.csv"
 EPS_CELL = "dot[n=16,d=64,h=1,H=I,wqk=1,wvo=0.5,x=gauss:0.5,depth=1,eps=0.01,seed=0]"
@@ -310,7 +310,7 @@ def test_network_columns_that_disagree_are_refused(tamper, words, small, base, t
 def test_crown_rows_missing_where_auto_lirpa_is_absent_are_skipped_not_failed(monkeypatch):
     """A run without auto_LiRPA leaves the CROWN rows out (with a note): compare marks them ``s``
     and passes; where auto_LiRPA is importable the same gap is ``!`` and fails."""
-    from bench import compare
+    from bench.report import compare
     from bounds import crown
     from models import InputError
 

@@ -13,9 +13,11 @@ import pandas as pd
 import pytest
 from helpers import ROOT, cli, main_inprocess
 
-from bench import baseline, store, tasks
-from bench.runner import run_profile
-from bench.sweeps import load_profile
+from bench.cli import baseline
+from bench.core import store
+from bench.sweep import tasks
+from bench.sweep.profiles import load_profile
+from bench.sweep.runner import run_profile
 
 ONE = """
 [run]

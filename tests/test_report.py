@@ -17,15 +17,17 @@ from matplotlib.transforms import Bbox
 from test_report_pretrained import stored_rows
 
 import bounds
-from bench import report as report_mod
-from bench import report_select, report_taylor, store
-from bench.report import build
-from bench.report_data import label as report_label
-from bench.report_draw import draw, theme
-from bench.report_select import FIGURES
-from bench.report_tables import TABLES, p_text, summary
-from bench.runner import run_profile
-from bench.sweeps import load_profile
+from bench.core import store
+from bench.report import figures as report_select
+from bench.report import render as report_mod
+from bench.report.draw import draw, theme
+from bench.report.figures import FIGURES
+from bench.report.panels import label as report_label
+from bench.report.render import build
+from bench.report.studies import taylor_study as report_taylor
+from bench.report.tables import TABLES, p_text, summary
+from bench.sweep.profiles import load_profile
+from bench.sweep.runner import run_profile
 from models import InputError
 
 ROOT = Path(__file__).resolve().parents[1]

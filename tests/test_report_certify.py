@@ -11,13 +11,13 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from bench import report_certify as rc
-from bench.report_data import Skip
-from bench.report_draw import draw, theme
-from bench.report_select import FIGURES
-from bench.report_tables import TABLES, to_latex, to_markdown
-from bench.report_trained import PGD_REF, SENT, counts, name_of, wilson
-from bench.store import load
+from bench.core.store import load
+from bench.report.draw import draw, theme
+from bench.report.figures import FIGURES
+from bench.report.panels import Skip
+from bench.report.studies import certify_study as rc
+from bench.report.studies.trained_study import PGD_REF, SENT, counts, name_of, wilson
+from bench.report.tables import TABLES, to_latex, to_markdown
 
 BASELINE = Path(__file__).resolve().parents[1] / "results" / "baseline" / "results.csv"
 N = 10

@@ -1,5 +1,5 @@
 """The pretrained study's figure and table (docs/bounds.md §1.6) appear from a small stored results
-table, written as the runner writes one (rows from bench/rows.py, the cell's parameters and run
+table, written as the runner writes one (rows from bench/sweep/rows.py, the cell's parameters and run
 metadata beside them) and read back through the store; needs no extras."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 
 import bounds
-from bench import report_pretrained
-from bench.cases import Cell
-from bench.report import build
-from bench.report_select import FIGURES
-from bench.report_tables import TABLES
-from bench.rows import row
-from bench.store import SCHEMA_VERSION, load
+from bench.core.store import SCHEMA_VERSION, load
+from bench.report.figures import FIGURES
+from bench.report.render import build
+from bench.report.studies import pretrained_study as report_pretrained
+from bench.report.tables import TABLES
+from bench.sweep.cases import Cell
+from bench.sweep.rows import row
 
 LAYERS, EPS, SENTENCES = (1, 2, 3), (1e-3, 1e-1), (0, 4)
 

@@ -13,9 +13,9 @@ from helpers import ROOT, main_inprocess
 
 import models
 import models.data
-from bench.env import cpu_kernels
-from bench.train import DEFAULTS, accuracy, lipschitz_surrogate, margin_loss, train_from_card
-from bench.zoo import TINY, ZOO
+from bench.core.env import cpu_kernels
+from bench.nets.train import DEFAULTS, accuracy, lipschitz_surrogate, margin_loss, train_from_card
+from bench.nets.zoo import TINY, ZOO
 from models import InputError
 from models.data import load_dataset, read_idx
 from models.vit import ViT, ViTConfig

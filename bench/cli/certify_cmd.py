@@ -1,0 +1,166 @@
+"""``python -m bench certify``: certified accuracy of a trained ViT through the whole network
+(docs/bounds.md §5, LoFAST Proposition 1 and this suite's pairwise-head test), against PGD on the
+margin in the same ℓ2 ball of the image. A sample certified by a bound without a finding and broken
+by PGD is a soundness violation (must be 0); those of a bound with a finding are counted apart."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+import bounds
+from bounds.certificates import KINDS
+from bounds.netcrown import METHODS
+from bounds.network import check_certifiable, network_bound
+from models import InputError
+
+from ..core.arglists import split_list
+from ..core.env import device_name, resolve_device, set_threads, versions
+from ..nets.accuracy import (
+    CASCADE,
+    CASCADE_FIRST,
+    CertifyRun,
+    first_test_images,
+    load_model,
+    parse_eps,
+    run_certify,
+)
+from ..sweep.cases import _num
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    c = subparsers.add_parser("certify", help="certified accuracy of a ViT through the whole network, "
+                              "against PGD on the margin")
+    c.add_argument("--model", required=True, help="a lofast ViT (.safetensors with its .json card)")
+    c.add_argument("--dataset", default="digits", help="digits (default) or fashion-mnist")
+    c.add_argument("--eps", default="0.02,0.05,0.1",
+                   help="ℓ2 radii over the image in pixel space, comma-separated (default 0.02,0.05,0.1)")
+    c.add_argument("--bounds", default=None, help="comma-separated bound names (default: every bound "
+                   "that certifies a network)")
+    c.add_argument("--cascade", action="store_true", help=f"add the bound {CASCADE}: {CASCADE_FIRST} on "
+                   "every image, whole-network CROWN on the correctly classified ones it leaves uncertified "
+                   "(needs auto_LiRPA)")
+    c.add_argument("--limit", type=int, default=None, help="the first N test images (default all)")
+    c.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    c.add_argument("--pgd-steps", type=int, default=100, help="PGD steps (PGD-20: 20; default 100)")
+    c.add_argument("--pgd-restarts", type=int, default=8, help="random starts (default 8; plus one "
+                   "along -∇margin)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    c.add_argument("--threads", dest="certify_threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: the global --threads, else 1)")
+    return c
+
+
+def _key(eps: float) -> str:
+    return _num(eps)
+
+
+def summary(res: CertifyRun) -> dict:
+    """The aggregates: accuracies, violations, seconds per sample and certificates."""
+    n, findings = res.n, {b: bounds.get(b).finding for b in res.bounds
+                          if b in bounds.REGISTRY and bounds.get(b).finding}
+    frac = lambda t: float(t.double().mean())
+    out: dict = {"clean_accuracy": frac(res.correct), "certified_accuracy": {},
+                 "certified_accuracy_prop1": {},
+                 "pgd_accuracy": {_key(e): frac(~res.pgd_broken[e]) for e in res.eps},
+                 "violations": 0, "finding_violations": {}, "seconds_per_sample": {}, "certificates": {},
+                 "findings": findings}
+    for b in res.bounds:
+        out["certified_accuracy"][b] = {_key(e): frac(res.pairwise[(b, e)]) for e in res.eps}
+        out["certified_accuracy_prop1"][b] = {_key(e): frac(res.prop1[(b, e)]) for e in res.eps}
+        # one ε's certificate on its own (norms reused from another ε or bound are counted)
+        out["seconds_per_sample"][b] = sum(res.seconds[(b, e)] for e in res.eps) / (n * len(res.eps))
+        certs = [res.certificates[(b, e)] for e in res.eps]
+        worst = max(certs, key=lambda c: (KINDS.index(c.kind), c.p))
+        out["certificates"][b] = {"kind": worst.kind, "p": worst.p}
+        broken = sum(int((res.pairwise[(b, e)] & res.pgd_broken[e]).sum()) for e in res.eps)
+        # a value below the feature change PGD attained is refuted as well, certified or not
+        below = sum(int((res.delta[(b, e)] < res.pgd_features[e] * (1 - 1e-6)).sum()) for e in res.eps)
+        if b in findings:
+            out["finding_violations"][b] = broken + below
+        else:
+            out["violations"] += broken + below
+    out["pgd_seconds_per_sample"] = sum(res.pgd_seconds.values()) / (n * len(res.eps))
+    return out
+
+
+def per_sample(res: CertifyRun) -> dict:
+    """Columns over the samples: label, margin, and per bound and ε δ and both tests; per ε PGD."""
+    col = lambda t: t.tolist()
+    return {"label": col(res.labels), "margin": col(res.margin), "correct": col(res.correct),
+            "delta": {b: {_key(e): col(res.delta[(b, e)]) for e in res.eps} for b in res.bounds},
+            "certified": {b: {_key(e): col(res.pairwise[(b, e)]) for e in res.eps} for b in res.bounds},
+            "certified_prop1": {b: {_key(e): col(res.prop1[(b, e)]) for e in res.eps} for b in res.bounds},
+            "sent_to_crown": {b: {_key(e): col(v) for (b2, e), v in res.sent.items() if b2 == b}
+                              for b in {b for b, _ in res.sent}},
+            "pgd_broken": {_key(e): col(res.pgd_broken[e]) for e in res.eps},
+            "pgd_margin": {_key(e): col(res.pgd_margin[e]) for e in res.eps}}
+
+
+def table(res: CertifyRun, s: dict) -> str:
+    head = (f"{'bound':<16}" + "".join(f"{'ε=' + _key(e):>17}" for e in res.eps)
+            + f"{'s/sample':>10}  certificate")
+    lines = ["certified accuracy: pairwise test (ours) / LoFAST Proposition 1 (crown, alpha_crown and "
+             f"{CASCADE}: a direct verification of the margins, the same verdict in both)", head,
+             "-" * len(head)]
+    for b in res.bounds:
+        pair, prop = s["certified_accuracy"][b], s["certified_accuracy_prop1"][b]
+        cells = "".join(f"{pair[_key(e)]:>8.4f} / {prop[_key(e)]:.4f}" for e in res.eps)
+        cert = s["certificates"][b]
+        mark = " (!)" if b in s["findings"] else ""
+        lines.append(f"{b + mark:<16}{cells}{s['seconds_per_sample'][b]:>10.4f}  {cert['kind']}"
+                     + (f" (p={cert['p']:.1e})" if cert["kind"] == "probabilistic" else ""))
+    lines.append(f"{'PGD robust':<16}" + "".join(f"{s['pgd_accuracy'][_key(e)]:>17.4f}" for e in res.eps)
+                 + f"{s['pgd_seconds_per_sample']:>10.4f}")
+    lines += ["", f"soundness violations (certified by a bound without a finding yet broken by PGD, or "
+              f"below the feature change PGD attained): {s['violations']}"]
+    for b, why in s["findings"].items():
+        lines.append(f"(!) {b}: published as a bound, but {why}; its certified-yet-broken samples: "
+                     f"{s['finding_violations'][b]}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.certify_threads is not None:
+        if args.certify_threads < 1:
+            raise InputError(f"--threads must be at least 1, got {args.certify_threads}")
+        set_threads(args.certify_threads)
+    eps = parse_eps(args.eps)
+    names = split_list("--bounds", args.bounds) if args.bounds is not None else None
+    for name in names or []:
+        network_bound(name)  # refuse before loading anything
+    for name in (names or []) + (["crown"] if args.cascade else []):
+        if name in METHODS:
+            network_bound(name).check()  # auto_LiRPA missing: one error line before any work
+    if args.seed < 0:
+        raise InputError(f"--seed must be >= 0, got {args.seed}")
+    if args.pgd_steps < 0 or args.pgd_restarts < 1:
+        raise InputError(f"--pgd-steps must be >= 0 and --pgd-restarts >= 1, got {args.pgd_steps} "
+                         f"and {args.pgd_restarts}")
+    device = resolve_device(args.device)
+    net, card = load_model(args.model)
+    check_certifiable(net)
+    images, labels = first_test_images(args.dataset, net, args.limit)
+    res = run_certify(net, images, labels, eps, names, steps=args.pgd_steps, restarts=args.pgd_restarts,
+                      seed=args.seed, device=device, progress=True, cascade=args.cascade)
+    s = summary(res)
+    cfg = net.cfg
+    s["meta"] = {"model": str(args.model), "card": {k: card.get(k) for k in (
+                     "dataset", "variant", "constraint", "ffn_constraint", "test_accuracy", "sha256")},
+                 "architecture": cfg.to_dict(), "dataset": args.dataset, "n": res.n, "eps": eps,
+                 "pgd_steps": args.pgd_steps, "pgd_restarts": args.pgd_restarts, "seed": args.seed,
+                 "device": device.type, "device_name": device_name(device), "versions": versions(),
+                 "threads": torch.get_num_threads(), "bounds": res.bounds}
+    if args.json:
+        print(json.dumps(s | {"samples": per_sample(res)}))
+        return 0
+    print(f"{args.model}: {cfg.variant} ViT, depth {cfg.depth}, {cfg.heads} heads, d {cfg.d}, "
+          f"c {cfg.constraint}; {args.dataset}, the first {res.n} test images; "
+          f"clean accuracy {s['clean_accuracy']:.4f}")
+    print(f"PGD on the margin: {args.pgd_steps} steps, {args.pgd_restarts} random starts + 1 along -∇margin, "
+          f"seed {args.seed}; ε is the ℓ2 radius over the image (pixels in [0, 1])\n")
+    print(table(res, s))
+    return 0

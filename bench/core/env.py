@@ -1,0 +1,98 @@
+"""Where a computation runs (device, dtype, threads) and what it ran with (versions, commit)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from models import InputError
+
+from .. import __version__
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+ROOT = Path(__file__).resolve().parents[2]  # bench/core/env.py → the checkout
+
+
+def set_threads(n: int | None) -> int:
+    """torch's intra-op threads: ``n``, else $BENCH_THREADS, else 1 (the bench's problems are small,
+    and on a busy 2-core box a second thread costs more in synchronisation than it gains)."""
+    if n is None:
+        text = os.environ.get("BENCH_THREADS", "").strip() or "1"
+        try:
+            n = int(text)
+        except ValueError:
+            raise InputError(f"$BENCH_THREADS must be an integer >= 1, got {text!r}") from None
+        if n < 1:
+            raise InputError(f"$BENCH_THREADS must be an integer >= 1, got {text!r}")
+    elif isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InputError(f"--threads must be an integer >= 1, got {n!r}")
+    torch.set_num_threads(n)
+    return n
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
+    if name not in ("cpu", "cuda"):
+        raise InputError(f"unknown device {name!r}; expected auto, cpu or cuda")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise InputError(f"unknown dtype {name!r}; expected float32 or float64") from None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def cpu_kernels() -> str:
+    """The CPU model and the instruction set torch's kernels use (e.g. ``AMD EPYC (AVX2)``): float64
+    training is bit-reproducible only where both match, since vectorised kernels round differently."""
+    model = ""
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    model = model or platform.processor() or platform.machine()
+    return f"{model} ({torch.backends.cpu.get_cpu_capability()})"
+
+
+def timed(fn: Callable, device: torch.device):
+    """(result, seconds), synchronising CUDA so that the time is the kernels', not the launch's."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, time.perf_counter() - t
+
+
+def git_state() -> tuple[str, bool]:
+    """(commit, dirty) of the checkout, or ("unknown", False) outside git."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip() != ""
+        return (commit or "unknown"), dirty
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", False
+
+
+def versions() -> dict[str, str]:
+    return {"suite": __version__, "torch": torch.__version__, "python": platform.python_version()}

@@ -1,0 +1,213 @@
+"""The result store: one CSV per finished cell (written atomically, so a killed run loses nothing
+finished), gathered into one long table ``results.csv``; a lock per run directory; and the one
+loader that every reader (report, compare, baseline) goes through, which refuses anything that is
+not a complete, numeric results table of this schema version."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+
+from models import InputError
+
+from . import gate
+
+# 2: rows carry ``role`` (bound, pgd, timing, block), ``certificate`` (how a value is known) and
+# ``finding`` (a published statement found unsound), and ``schema_version``; solver names say
+# Lanczos; run.json lists every cell; roles certify and accuracy, whose rows (and pgd_margin's) carry
+# the optional columns below (not yet released: extended without a bump)
+SCHEMA_VERSION = 2
+TABLE = "results.csv"
+KEY = ["sweep", "cell_id", "role", "bound", "sample", "head", "block"]
+NUMERIC = ["value", "pgd", "ratio", "seconds", "sample", "head", "block", "certificate_p"]
+BOOLEAN = ["certified", "finding", "sound", "violation"]
+REQUIRED = [*KEY, "schema_version", "certificate", *BOOLEAN, *NUMERIC]
+# the network rows' columns (bench/sweep/rows.py CERTIFY_COLUMNS) and the pretrained study's
+# (PRETRAINED_COLUMNS; model_version is text), checked where a table has them; other
+# rows leave them empty, so their booleans are nullable
+OPTIONAL_NUMERIC = ["label", "margin", "pgd_margin", "attack_steps", "tokens", "radius", "peak_mib",
+                    "vit_depth", "vit_heads", "vit_d", "vit_c", "vit_qk", "vit_margin_eps",
+                    "vit_test_accuracy"]
+OPTIONAL_BOOLEAN = ["correct", "certified_prop1", "certified_pairwise", "pgd_broken"]
+LOCK = ".lock"
+# what this suite writes for a missing number; pandas' longer default list would read a stray
+# "n/a" or "NULL" in a value column as a number and let it pass
+# low_memory=False: types are inferred over the whole file, not per chunk, so a mostly empty text
+# column (model_version) does not come back as mixed types with a DtypeWarning
+READ = {"keep_default_na": False, "na_values": ["", "nan", "NaN"], "low_memory": False}
+
+
+def cell_file(out: Path, sweep: str, cell_id: str) -> Path:
+    digest = hashlib.sha1(f"{sweep}\n{cell_id}".encode()).hexdigest()[:16]
+    return out / "cells" / f"{digest}.csv"
+
+
+def writable_dir(path: Path, what: str) -> None:
+    """Creates ``path`` as a directory, or says in one InputError why it cannot be one."""
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{what} {path} is a file, not a directory")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise InputError(f"{what} {path}: {parent} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".probe.{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(f"{what} {path} is not a writable directory ({e.strerror or e})") from None
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Writes through a temp file and a rename: a reader sees the old file or the new, never a part.
+    On failure the temp file is removed and the error is one InputError."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def write_cell(out: Path, sweep: str, cell_id: str, rows: pd.DataFrame) -> None:
+    atomic_write(cell_file(out, sweep, cell_id), rows.to_csv(index=False))
+
+
+def write_json(path: Path, obj: dict) -> None:
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+
+
+def remove_stale_temps(out: Path) -> int:
+    """Removes the temp files of killed runs (the caller holds the lock, so none is live)."""
+    stale = [*out.glob(".*.tmp"), *(out / "cells").glob(".*.tmp")]
+    for f in stale:
+        f.unlink(missing_ok=True)
+    return len(stale)
+
+
+@contextlib.contextmanager
+def lock(out: Path) -> Iterator[None]:
+    """An exclusive lock on a run directory for the life of a run.
+
+    flock is released by the kernel when its holder dies, so a killed run never leaves a stale
+    lock behind; the holder's pid is written into the file so that the refusal can name it.
+    """
+    path = out / LOCK
+    try:
+        f = open(path, "a+")
+    except OSError as e:
+        raise InputError(f"cannot lock {out}: {e.strerror or e}") from None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise InputError(f"{out} is in use by another run ({holder}); wait for it to finish "
+                             f"or use another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}")
+        f.flush()
+        try:
+            yield
+        finally:
+            f.truncate(0)
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def gather(out: Path) -> pd.DataFrame:
+    """Every finished cell of a run directory as one table, in run order."""
+    files = sorted((out / "cells").glob("*.csv"))
+    if not files:
+        raise InputError(f"{out}: no finished cells")
+    df = pd.concat([pd.read_csv(f, **READ) for f in files], ignore_index=True)
+    return df.sort_values(["cell_index", "role", "bound", "sample", "head", "block"], kind="stable",
+                          ignore_index=True)
+
+
+def consolidate(out: Path) -> Path:
+    atomic_write(out / TABLE, gather(out).to_csv(index=False))
+    return out / TABLE
+
+
+def _as_bool(df: pd.DataFrame, col: str, where: Path, nullable: bool = False) -> None:
+    """Booleans from their text; ``nullable`` keeps empty cells as <NA> (pandas' boolean dtype)."""
+    if df[col].dtype == bool:
+        return
+    text = df[col].astype(str).str.strip().str.lower()
+    missing = df[col].isna() if nullable else pd.Series(False, index=df.index)
+    ok = text.isin(["true", "false", "1", "0"]) | missing
+    if not ok.all():
+        raise InputError(f"{where}: column {col!r} holds a non-boolean value "
+                         f"{df[col][~ok].iloc[0]!r}")
+    if nullable:
+        df[col] = pd.array([pd.NA if m else t in ("true", "1") for m, t in zip(missing, text, strict=True)],
+                           dtype="boolean")
+    else:
+        df[col] = text.isin(["true", "1"])
+
+
+def _as_number(df: pd.DataFrame, col: str, where: Path) -> None:
+    num = pd.to_numeric(df[col], errors="coerce")
+    bad = num.isna() & df[col].notna()
+    if bad.any():
+        raise InputError(f"{where}: column {col!r} holds a non-numeric value {df[col][bad].iloc[0]!r}")
+    df[col] = num
+
+
+def load(path: str | Path) -> pd.DataFrame:
+    """A results table from a CSV file, or from a run directory (its results.csv, else its cells).
+
+    Refuses (InputError) a table with no rows, missing columns, values that are not numbers or
+    booleans, another schema version, a key (:data:`KEY`) held by more than one row, or whatever
+    :func:`bench.core.gate.check` refuses (stored flags that contradict the numbers, NaN and infinite
+    values): every reader judges only tables whose stored columns say what their numbers say.
+    """
+    path = Path(path)
+    try:
+        if path.is_dir():
+            df = pd.read_csv(path / TABLE, **READ) if (path / TABLE).exists() else gather(path)
+        else:
+            df = pd.read_csv(path, **READ)
+    except FileNotFoundError:
+        raise InputError(f"no results at {path}") from None
+    except pd.errors.EmptyDataError:
+        raise InputError(f"{path}: empty file, not a results table") from None
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError) as e:
+        raise InputError(f"cannot read results {path}: {e}") from None
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise InputError(f"{path}: not a results table of this suite (missing columns {missing})")
+    if df.empty:
+        raise InputError(f"{path}: the results table has no rows")
+    versions = set(pd.to_numeric(df["schema_version"], errors="coerce").tolist())
+    if versions != {SCHEMA_VERSION}:
+        raise InputError(f"{path}: results schema version {sorted(map(str, versions))}, this suite "
+                         f"reads {SCHEMA_VERSION}; rerun the profile with --fresh")
+    for col in NUMERIC + [c for c in OPTIONAL_NUMERIC if c in df.columns]:
+        _as_number(df, col, path)
+    for col in BOOLEAN:
+        _as_bool(df, col, path)
+    for col in OPTIONAL_BOOLEAN:
+        if col in df.columns:
+            _as_bool(df, col, path, nullable=True)
+    repeated = df.duplicated(KEY)
+    if repeated.any():
+        raise InputError(f"{path}: {int(repeated.sum())} row(s) repeat the key of an earlier row "
+                         f"(first: {gate.describe(df[repeated].iloc[0])})")
+    gate.check(df, path)
+    return df

@@ -1,0 +1,261 @@
+"""Certified and empirical robustness of a ViT over test images (docs/bounds.md §5): every network
+bound at every ε (LoFAST Proposition 1 and the pairwise-head test), PGD on the margin at every ε,
+and the soundness check that joins them. ``python -m bench certify`` and the ``certify`` task both
+compute through :func:`run_certify`; the Cauchy task's per-block Jacobian norms are here too.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from attacks.margin import attack_margin, margin
+from bounds.certificates import Certificate, exact_norm, reuse
+from bounds.netcrown import METHODS, RELAXATION, TracedViT, verify
+from bounds.network import Certifier, network_bound, network_bounds
+from models import InputError, check_eps
+from models.data import load_dataset
+from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
+from models.vit import ViT
+from models.vit_io import load_vit
+
+from ..core.arglists import split_list
+
+# Samples per batch: the dense certified norms hold [chunk, nd, nd] float64 matrices (8 MB each at
+# n·d = 1024), so a chunk of 32 keeps a few hundred MB at most. On a GPU a chunk is one batch of every
+# kernel of the ≈ 280 Lanczos steps per norm: 256 samples amortise the launches (≈ 2 GB at nd = 1024)
+CHUNK = 32
+GPU_CHUNK = 256
+# The cascade: the suite's cheapest sound network bound first, CROWN on the images it leaves
+# uncertified. naive is the cheapest by measurement (README, "Certified accuracy of a ViT").
+CASCADE = "cascade_crown"
+CASCADE_FIRST = "naive"
+
+
+def chunk_size(device: torch.device | str) -> int:
+    """Samples certified as one batch on ``device``."""
+    return GPU_CHUNK if torch.device(device).type == "cuda" else CHUNK
+
+
+@dataclass
+class CertifyRun:
+    """Per sample (the first N test images): label, clean margin, and per (bound, ε) δ_features
+    and both tests; per ε the attack's worst margin, its verdict and the feature change it caused
+    (‖φ(x + γ) − φ(x)‖, attained, so a lower bound of the true δ_features)."""
+
+    labels: Tensor
+    margin: Tensor
+    correct: Tensor
+    eps: list[float]
+    bounds: list[str]
+    delta: dict[tuple[str, float], Tensor] = field(default_factory=dict)
+    prop1: dict[tuple[str, float], Tensor] = field(default_factory=dict)
+    pairwise: dict[tuple[str, float], Tensor] = field(default_factory=dict)
+    certificates: dict[tuple[str, float], Certificate] = field(default_factory=dict)
+    seconds: dict[tuple[str, float], float] = field(default_factory=dict)  # whole batch, on its own
+    pgd_margin: dict[float, Tensor] = field(default_factory=dict)
+    pgd_broken: dict[float, Tensor] = field(default_factory=dict)
+    pgd_features: dict[float, Tensor] = field(default_factory=dict)
+    pgd_seconds: dict[float, float] = field(default_factory=dict)
+    # per (cascade, ε): whether the cascade sent the image on to CROWN
+    sent: dict[tuple[str, float], Tensor] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.labels)
+
+
+def parse_eps(text: str) -> list[float]:
+    """``0.02,0.05,0.1`` → [0.02, 0.05, 0.1]: each finite and > 0, no repeats."""
+    values = [check_eps(s) for s in split_list("--eps", text)]
+    if len(set(values)) != len(values):
+        raise InputError(f"--eps lists a value twice: {text!r}")
+    return values
+
+
+def first_test_images(dataset: str, net: ViT, limit: int | None) -> tuple[Tensor, Tensor]:
+    """The first ``limit`` test images and labels of a bundled dataset, checked against the network."""
+    if limit is not None and (isinstance(limit, bool) or limit < 1):
+        raise InputError(f"the number of test samples must be at least 1, got {limit}")
+    _, _, X, y = load_dataset(dataset)
+    if tuple(X.shape[1:]) != (net.cfg.image, net.cfg.image) or int(y.max()) >= net.cfg.classes:
+        raise InputError(f"{dataset} images are {list(X.shape[1:])} with {int(y.max()) + 1} classes; "
+                         f"the model takes {net.cfg.image}×{net.cfg.image} images and {net.cfg.classes}")
+    if limit is not None and limit > len(X):
+        raise InputError(f"{dataset} has {len(X)} test images, fewer than the {limit} asked for")
+    return X[:limit], y[:limit]
+
+
+def load_model(path: str | Path) -> tuple[ViT, dict]:
+    """``load_vit``, refusing a path that is not a file with one InputError line."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such model file")
+    return load_vit(path)
+
+
+def _cat(parts: list[Tensor]) -> Tensor:
+    return torch.cat(parts) if parts else torch.empty(0)
+
+
+def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], names: list[str] | None = None,
+                *, steps: int = 100, restarts: int = 8, seed: int = 0,
+                device: torch.device | str = "cpu", memo: dict | None = None,
+                progress: bool = False, cascade: bool = False) -> CertifyRun:
+    """Every bound (``names``, default those of :func:`bounds.network.network_bounds` that are not
+    opt-in) and PGD on the margin at every ε, in chunks of :func:`chunk_size` samples. ``memo`` (a
+    dict, filled by the first call) keeps each chunk's trace and certified norms for a later call on
+    the same network and images at other ε: the norms do not depend on ε. ``progress``: a bar over
+    the images on stderr (450 images are minutes of work).
+
+    ``crown`` and ``alpha_crown`` verify the margins of the whole network directly
+    (:mod:`bounds.netcrown`): their δ_features is NaN, their verdict that of both tests. ``cascade``
+    adds :data:`CASCADE`: :data:`CASCADE_FIRST` on every image, CROWN on those it leaves uncertified
+    (CROWN's verdicts and share of seconds reused where ``crown`` runs too)."""
+    bounds_ = [network_bound(n) for n in names] if names else network_bounds()
+    eps = [check_eps(e) for e in eps]
+    net = net.to(device)
+    images, labels = images.to(device=device, dtype=torch.float64), labels.to(device)
+    direct = [b for b in bounds_ if b.name in METHODS]
+    for b in direct:
+        b.check()
+    traced = TracedViT(net) if direct or cascade else None
+    listed = [b.name for b in bounds_] + ([CASCADE] if cascade else [])
+    keys = [(b, e) for e in eps for b in listed]
+    parts: dict = {k: {"delta": [], "prop1": [], "pairwise": [], "cert": [], "sent": [], "s": 0.0}
+                   for k in keys}
+    attack: dict = {e: {"margin": [], "broken": [], "features": [], "s": 0.0} for e in eps}
+    clean, chunk = [], chunk_size(device)
+    bar = tqdm(total=len(images), desc="certify", unit="image", file=sys.stderr, disable=not progress,
+               mininterval=2)
+    for i in range(0, len(images), chunk):
+        x, y = images[i:i + chunk], labels[i:i + chunk]
+        # without a memo each chunk's norms are dropped after it, not held to the end of the run
+        held = memo.get(i) if memo is not None else None
+        if held is None:
+            held = (Certifier(net, x, y), {})
+            if memo is not None:
+                memo[i] = held
+        cert, norms = held
+        clean.append(cert.logits)
+        with reuse(norms):  # one chunk's norms, shared by every bound and ε (they do not depend on ε)
+            for e in eps:
+                for b in bounds_:
+                    p = parts[(b.name, e)]
+                    if b in direct:
+                        v = verify(net, x, y, e, b.name, traced)
+                        p["delta"].append(torch.full((len(x),), torch.nan, dtype=torch.float64))
+                        p["prop1"].append(v.certified)
+                        p["pairwise"].append(v.certified)
+                        p["cert"].append(RELAXATION)
+                        p["s"] += v.seconds
+                        p["s_last"] = v.seconds  # this chunk's, for the cascade
+                        continue
+                    c = cert.certify(b, e)
+                    p["delta"].append(c.delta)
+                    p["prop1"].append(c.prop1)
+                    p["pairwise"].append(c.pairwise)
+                    p["cert"].append(c.certificate)
+                    p["s"] += c.seconds
+                if cascade:
+                    _cascade(parts, net, x, y, e, cert, traced, i)
+        with torch.no_grad():
+            features = net.trace(x).features  # the clean features, the same for every ε
+        for e in eps:
+            start = time.perf_counter()
+            a = attack_margin(net, x, y, e, steps=steps, restarts=restarts, seed=seed + i)
+            with torch.no_grad():
+                moved = (net.trace(x + a.delta).features - features).norm(dim=-1)
+            attack[e]["margin"].append(a.margin)
+            attack[e]["broken"].append(a.broken)
+            attack[e]["features"].append(moved)
+            attack[e]["s"] += time.perf_counter() - start
+        bar.update(len(x))
+    bar.close()
+    logits = torch.cat(clean)
+    out = CertifyRun(labels.cpu(), margin(logits, labels).cpu(), (logits.argmax(-1) == labels).cpu(),
+                     eps, listed)
+    for k, p in parts.items():
+        out.delta[k], out.prop1[k], out.pairwise[k] = (_cat(p[f]).cpu()
+                                                       for f in ("delta", "prop1", "pairwise"))
+        out.certificates[k] = per_sample(p["cert"])
+        out.seconds[k] = p["s"]
+        if p["sent"]:
+            out.sent[k] = _cat(p["sent"]).cpu()
+    for e, a in attack.items():
+        out.pgd_margin[e], out.pgd_broken[e], out.pgd_features[e] = (
+            _cat(a[f]).cpu() for f in ("margin", "broken", "features"))
+        out.pgd_seconds[e] = a["s"]
+    return out
+
+
+def _cascade(parts: dict, net: ViT, x: Tensor, y: Tensor, eps: float, cert: Certifier,
+             traced: TracedViT, i: int) -> None:
+    """One chunk of :data:`CASCADE` at ``eps``: :data:`CASCADE_FIRST`'s pairwise test on every image
+    (its norms reused from the chunk's other bounds where they ran), CROWN on the correctly
+    classified rest. Where ``crown``
+    ran on the chunk as well its verdicts are the same computation, so they are taken with its
+    seconds per image times the number sent, not computed twice."""
+    first = cert.certify(CASCADE_FIRST, eps)
+    sent = ~first.pairwise & cert.correct  # a misclassified image is certified by nothing
+    verdict, seconds = first.pairwise.cpu().clone(), first.seconds
+    crown = parts.get(("crown", eps))
+    if sent.any():
+        if crown is not None:
+            verdict[sent.cpu()] = crown["pairwise"][-1][sent.cpu()]
+            seconds += crown["s_last"] * int(sent.sum()) / len(x)
+        else:
+            v = verify(net, x[sent], y[sent], eps, "crown", traced)
+            verdict[sent.cpu()] = v.certified
+            seconds += v.seconds
+    p = parts[(CASCADE, eps)]
+    p["delta"].append(torch.full((len(x),), torch.nan, dtype=torch.float64))
+    p["prop1"].append(verdict)
+    p["pairwise"].append(verdict)
+    p["cert"].append(first.certificate & RELAXATION)
+    p["sent"].append(sent.cpu())
+    p["s"] += seconds
+
+
+def per_sample(certs: list[Certificate]) -> Certificate:
+    """The certificate of one sample's value when chunks were certified apart: the weakest kind and
+    the largest per-value failure probability (a value rests on its own chunk's norms only)."""
+    out = Certificate("exact")
+    for c in certs:
+        joined = out & c
+        out = Certificate(joined.kind, max(out.p, c.p), joined.seeds)
+    return out
+
+
+def block_inputs(net: ViT, images: Tensor) -> list[Tensor]:
+    """Each block's input before its LayerProject or LayerNorm: the point where the Cauchy view takes
+    the block's Jacobian (``net.blocks[k]`` as the function)."""
+    X, out = net.tokens(images), []
+    with torch.no_grad():
+        for block in net.blocks:
+            out.append(X)
+            X = block(X)
+    return out
+
+
+def block_sigmas(net: ViT, images: Tensor) -> tuple[list[Tensor], list[float], str]:
+    """σ_max of every block's Jacobian at every image ([B] per block), the seconds per block, and how
+    it is known: exact (the dense Jacobian's top Gram eigenvalue in float64, rounded up; twice as fast
+    as its SVD) when n·d ≤ DENSE_LIMIT, else a Lanczos estimate."""
+    sigmas, seconds = [], []
+    dense = net.cfg.n_tokens * net.cfg.d <= DENSE_LIMIT
+    with torch.no_grad():
+        inputs = block_inputs(net, images.to(torch.float64))
+    for block, X in zip(net.blocks, inputs, strict=True):
+        start = time.perf_counter()
+        parts = [exact_norm(jacobian_matrix(block, X[i:i + CHUNK])) if dense
+                 else jacobian_lanczos(block, X[i:i + CHUNK]).sigma for i in range(0, len(X), CHUNK)]
+        sigmas.append(torch.cat(parts).detach())
+        seconds.append(time.perf_counter() - start)
+    return sigmas, seconds, "exact" if dense else "estimate"

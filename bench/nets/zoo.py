@@ -1,0 +1,226 @@
+"""The committed zoo of trained ViTs (``zoo/``): which models, how to retrain them, its README.
+
+``python -m bench train --zoo`` retrains every model below into ``zoo/`` and rewrites
+``zoo/README.md`` from the cards.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+from models.data import SHAPES
+from models.vit import ViTConfig
+from models.vit_io import save_vit
+
+from .train import BATCH_SIZE, DEFAULTS, command, model_name, train
+
+
+class Entry(NamedTuple):
+    """One zoo model: its architecture (``ViTConfig`` fields but image and classes; ``patch`` defaults
+    to the dataset's), epochs (None: the dataset's default), name (None: ``model_name``), the
+    Lipschitz-margin ε of its training (0: plain cross-entropy), its dataset and batch size."""
+
+    arch: dict
+    epochs: int | None = None
+    name: str | None = None
+    margin_eps: float = 0.0
+    dataset: str = "digits"
+    batch_size: int = BATCH_SIZE
+
+    def config(self) -> ViTConfig:
+        image, classes = SHAPES[self.dataset]
+        return ViTConfig(image=image, classes=classes,
+                         **{"patch": DEFAULTS[self.dataset]["patch"], **self.arch})
+
+    @property
+    def stem(self) -> str:
+        return self.name or model_name(self.dataset, self.config(), self.margin_eps)
+
+
+# digits, d = 32, certifiable (logit weights capped at 1, Lipschitz-margin training at ε 0.003, 120
+# epochs): depth {1,2,3} at h=2, c=0.5; heads {1,2,4} at depth 2, c=0.5; c {0.25,0.5,1} at depth 2,
+# h=2 (7 models). The published recipe (logits uncapped, cross-entropy) at depth 2, h=2, c=0.5, for
+# contrast: it is as accurate and certifies nothing at ε ≥ 1e-3 (docs/bounds.md §5). Vanilla at
+# d=16 over depth {2,4} × heads {1,4} for the Cauchy rows; and a tiny model (2 epochs, a second or
+# two) that tests/test_vit.py retrains bit for bit.
+LOFAST = {"d": 32, "ffn": 64, "variant": "lofast", "ffn_constraint": 1.0}
+CERTIFIABLE = {**LOFAST, "qk_constraint": 1.0}
+MARGIN_EPS, CERTIFIABLE_EPOCHS = 0.003, 120
+FASHION = {**CERTIFIABLE, "d": 128, "ffn": 256, "heads": 4, "patch": 7, "constraint": 0.5}
+VANILLA = {"d": 16, "ffn": 32, "variant": "vanilla", "constraint": None, "ffn_constraint": None}
+ZOO: list[Entry] = [
+    *(Entry({**CERTIFIABLE, "depth": b, "heads": 2, "constraint": 0.5}, CERTIFIABLE_EPOCHS, None, MARGIN_EPS)
+      for b in (1, 2, 3)),
+    *(Entry({**CERTIFIABLE, "depth": 2, "heads": h, "constraint": 0.5}, CERTIFIABLE_EPOCHS, None, MARGIN_EPS)
+      for h in (1, 4)),
+    *(Entry({**CERTIFIABLE, "depth": 2, "heads": 2, "constraint": c}, CERTIFIABLE_EPOCHS, None, MARGIN_EPS)
+      for c in (0.25, 1.0)),
+    Entry({**LOFAST, "depth": 2, "heads": 2, "constraint": 0.5}),
+    # where the bounds disagree (README "Where the bounds disagree"): logits capped at q = 2 and plain
+    # cross-entropy leave the attention nonlinear on the data; at ε = 0.005 Taylor (= best) certifies
+    # 63% of the first 150 test images and LoFAST none
+    Entry({**LOFAST, "qk_constraint": 2.0, "depth": 2, "heads": 2, "constraint": 0.5}, CERTIFIABLE_EPOCHS),
+    *(Entry({**VANILLA, "depth": b, "heads": h}) for b in (2, 4) for h in (1, 4)),
+    # the Cauchy table's vanilla row at the constrained models' width (d = 32, depth 2, 2 heads)
+    Entry({**VANILLA, "d": 32, "ffn": 64, "depth": 2, "heads": 2}),
+    # Fashion-MNIST, d = 128, 4 heads (LoFAST's Table 1), patch 7 (16 tokens of 7×7 pixels), caps as
+    # the certifiable digits zoo; one epoch at batch 256, which already takes 6 (3 blocks) to 9–13 min
+    # (4 blocks) on one shared core. The margin ε_t keeps ε_t · L (bench/nets/train.py's surrogate, 33 at
+    # 3 blocks and 148 at 4 at initialisation) alike: at ε_t = 0.01 the 4-block model collapsed to
+    # one class (10% test accuracy), at 0.002 it reaches 0.60.
+    *(Entry({**FASHION, "depth": b}, 1, f"fashion-mnist-d128-b{b}-h4-p7-c0.5-q1-m{m:g}", m,
+            "fashion-mnist", 256) for b, m in ((3, 0.01), (4, 0.002))),
+    Entry({**LOFAST, "d": 16, "ffn": 32, "depth": 1, "heads": 1, "constraint": 0.5}, 2,
+          "tiny-digits-d16-b1-h1-c0.5"),
+]
+TINY = next(e.name for e in ZOO if e.epochs == 2)
+
+HEADER = """# The ViT zoo
+
+Small ViTs (models/vit.py, docs/bounds.md §5) trained on scikit-learn's 8×8 digits (1,347 training,
+450 test images; `models.data.load_digits`) and on Fashion-MNIST (28×28, 60,000 training and 10,000
+test images, from Debian's dataset-fashion-mnist; `models.data.load_fashion_mnist`), on the CPU with
+one thread, float64, seed 0. Each model is `NAME.safetensors` (the weights, capped ones as trained)
+and `NAME.json` (its card: dataset, architecture, training settings, clean test accuracy, training
+seconds and device, suite version and git commit). `models.vit_io.load_vit("zoo/NAME.safetensors")`
+returns the network and its card.
+
+`lofast` models: LayerProject R = 1 before every attention, per-head ‖W^V_l‖₂, ‖W^O_l‖₂ ≤ c, FFN
+‖W₁‖₂, ‖W₂‖₂ ≤ 1 (Lip(FFN) ≤ 2); digits ones have patch 2 (16 tokens of 2×2 pixels). A `-qQ` in the
+name caps every per-head ‖W^Q_l‖₂, ‖W^K_l‖₂ at Q, and `-mE` means training on
+Lipschitz-margin logits at ε = E (`bench/nets/train.py: margin_loss`). Those ending in `-q1-m0.003` are
+the certifiable digits zoo; `digits-d32-b2-h2-c0.5` is LoFAST's recipe (logits uncapped,
+cross-entropy), as accurate and certified at no ε ≥ 1e-3 (docs/bounds.md §5). `vanilla` models:
+pre-LayerNorm instead of LayerProject, nothing capped (for the Jacobian σ_max rows of the Cauchy
+view). `tiny-…` is a 2-epoch model that `tests/test_vit.py` retrains and compares bit for bit.
+
+Retrain everything (from the checkout's root; half an hour or more on one core, most of it Fashion-MNIST):
+`python -m bench train --zoo`. On the same machine and torch build the weights come out
+bit-identical; elsewhere expect tiny floating-point differences. Training seconds are wall-clock on
+a shared 2-core box: indicative only.
+The commands below write over the committed model they name only with `--force` added (`train`
+does not overwrite a file unless told to).
+
+"""
+
+
+# Hand-written (the README is regenerated from this module): what was measured on the zoo, with
+# the commands. Numbers here are measurements; rerun the command to check them.
+NOTES = """## Where the bounds disagree
+
+On the margin-trained zoo every bound certifies the same images. The logit cap q and the training
+margin ε_t were swept at depth 2, 2 heads, c = 0.5, 120 epochs, each model certified on the first
+150 digits test images (pairwise test / Proposition 1; PGD 100 steps, 8 + 1 starts; 0 soundness
+violations in every run):
+
+```bash
+python -m bench certify --model zoo/NAME.safetensors --dataset digits --eps 0.005,0.01,0.02,0.05 \\
+    --limit 150 --bounds lofast_M,best,naive,taylor --threads 1
+```
+
+| model (q, ε_t) | clean | bound | ε = 0.005 | 0.01 | 0.02 | 0.05 |
+|---|---|---|---|---|---|---|
+| `digits-d32-b2-h2-c0.5-q2` (2, 0) | 0.940 | LoFAST (‖M‖), naive | 0/0 | 0/0 | 0/0 | 0/0 |
+| | | Taylor = best | **0.627**/0.067 | 0/0 | 0/0 | 0/0 |
+| | | PGD robust | 0.933 | 0.920 | 0.907 | 0.867 |
+| `…-q2-m0.003`(2, 0.003)¹ | 0.933 | LoFAST, Taylor, best| 0.867/0.727 | 0.807/0.440 | 0.547/0.040 | 0.013/0 |
+| | | naive | 0.867/0.727 | 0.793/0.420 | 0.540/0.033 | 0.013/0 |
+| | | PGD robust | 0.933 | 0.933 | 0.893 | 0.860 |
+| `…-q8-m0.001`(8, 0.001)¹ | 0.940 | LoFAST, Taylor, best| 0.860/0.680 | 0.727/0.227 | 0.333/0 | 0/0 |
+| | | naive | 0.853/0.673 | 0.727/0.207 | 0.313/0 | 0/0 |
+| | | PGD robust | 0.940 | 0.927 | 0.927 | 0.880 |
+
+`digits-d32-b2-h2-c0.5-q2` is kept (bench/nets/zoo.py's ZOO): trained on plain cross-entropy, its
+attention logits sit at the cap, ‖W^Q_l W^K_lᵀ‖₂ = 4.0 in every head of both blocks. LoFAST's slack
+δ₂ is of the order of ε itself, Taylor's remainder O(ε²) (docs/bounds.md §2.3): at ε = 0.005 Taylor
+(and best, which takes it) certifies 63% of the images and LoFAST none; from ε = 0.01 on nothing
+certifies. The quick profile's sweep `certify_disagree` is this model at ε = 0.005 on 50 images
+(measured: Taylor = best 0.54, every LoFAST variant and naive 0).
+
+The margin-trained models tie because margin training drives the logits to zero:
+`digits-d32-b2-h2-c0.5-q1-m0.003` has ‖W^Q_l W^K_lᵀ‖₂ < 3·10⁻⁴ in both blocks, so each attention is
+linear in its input (uniform weights) and LoFAST, Taylor and naive reduce to nearly the same
+Lipschitz product. Looser caps with margin training tie the same way (table: LoFAST = Taylor =
+best, naive a few images fewer): q = 2 at ε_t = 0.003, and q = 8 at ε_t = 0.001, whose logits
+training also drove to ‖W^Q_l W^K_lᵀ‖₂ ≤ 2·10⁻⁵ although the cap allowed 64. Neither was kept
+(¹: deleted after the sweep). Not run for lack of time: q = 4 and the rest of the (q, ε_t) grid.
+
+## Fashion-MNIST
+
+LoFAST's Table 1 setting (d = 128, 4 heads) on Fashion-MNIST, patch 7 (16 tokens), caps as the
+certifiable digits zoo (c = 0.5, ‖W^Q_l‖, ‖W^K_l‖ ≤ 1, Lip(FFN) ≤ 2), one epoch at batch 256: on
+this shared box one epoch took 358 s at 3 blocks and 520 s at 4 (808 s in a busier spell;
+wall-clock; evaluating the 70,000 images for the card adds 4–5 min), so clean accuracy is what
+one epoch gives. The training margin is scaled with depth to keep ε_t · L alike (bench/nets/train.py's
+Lipschitz surrogate L is 33 at 3 blocks and 148 at 4 at initialisation): at ε_t = 0.01 the 4-block
+model collapsed to one class (loss 2.36, 10% test accuracy; not kept), at ε_t = 0.002 it learns.
+Certified on the first 32 test images (pairwise test / Proposition 1; 0
+soundness violations):
+
+```bash
+python -m bench certify --model zoo/NAME.safetensors --dataset fashion-mnist --eps 0.02,0.05,0.1 \\
+    --limit 32 --bounds lofast_M,best --pgd-steps 20 --pgd-restarts 2 --threads 1
+```
+
+| model | test acc. (10,000) | clean (32) | bound | ε = 0.02 | 0.05 | 0.1 | s/sample |
+|---|---|---|---|---|---|---|---|
+| `fashion-mnist-d128-b3-h4-p7-c0.5-q1-m0.01` | 0.569 | 0.594 | lofast_M | 0.438/0 | 0.344/0 | 0/0 | 0.91 |
+| | | | best | 0.438/0 | 0.344/0 | 0.031/0 | 5.10 |
+| | | | PGD robust | 0.594 | 0.563 | 0.531 | 0.22 |
+| `fashion-mnist-d128-b4-h4-p7-c0.5-q1-m0.002` | 0.597 | 0.656 | lofast_M | 0.188/0 | 0/0 | 0/0 | 1.36 |
+| | | | best | 0.188/0 | 0/0 | 0/0 | 7.00 |
+| | | | PGD robust | 0.625 | 0.625 | 0.625 | 0.19 |
+
+At 3 blocks best certifies one image more than LoFAST at ε = 0.1; otherwise the two agree, as on
+the margin-trained digits zoo. The 4-block model, deeper and trained at the smaller margin,
+certifies less: 0.19 at ε = 0.02 against the 3-block model's 0.44.
+
+The issue asked for the first 100 images and PGD's defaults (100 steps, 8 + 1 starts): on this box
+that run had not finished the first 32 images of the 3-block model after 8 minutes, so the
+measurement is on 32 images with a weaker attack (its robust accuracy is a looser upper bound, and
+the soundness check weaker). A 5-block model was not trained: scaling the 4-block times, one epoch
+would take 11–17 min here plus the card's evaluation, past this work's time; its margin by the same
+rule would be ε_t ≈ 0.0005 (L = 660 at initialisation).
+"""
+
+
+def train_zoo(out_dir: Path, device: str = "cpu", only: str | None = None) -> Path:
+    """Trains every model of ``ZOO`` (or the one named ``only``) into ``out_dir``; returns the README
+    written there."""
+    for e in ZOO:
+        if only is not None and e.stem != only:
+            continue
+        cfg, out = e.config(), out_dir / f"{e.stem}.safetensors"
+        net, card = train(cfg, e.dataset, epochs=e.epochs or DEFAULTS[e.dataset]["epochs"],
+                          batch_size=e.batch_size, margin_eps=e.margin_eps, device=device)
+        save_vit(out, net, {**card, "command": command(cfg, card, out)})
+    return write_readme(out_dir)
+
+
+def write_readme(out_dir: Path) -> Path:
+    """``out_dir/README.md``: one table row per card found there, then each model's command."""
+    cards = [(p, json.loads(p.read_text())) for p in sorted(out_dir.glob("*.json"))]
+    rows = ["| model | variant | depth | heads | d | patch | c | q | margin ε | epochs | batch | test acc. | "
+            "train s | KB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    total = 0
+    for p, c in cards:
+        a, kb = c["architecture"], (p.with_suffix(".safetensors").stat().st_size + p.stat().st_size) / 1024
+        total += kb
+        cap = lambda v: "—" if v is None else f"{v:g}"
+        rows.append(f"| `{p.stem}` | {a['variant']} | {a['depth']} | {a['heads']} | {a['d']} | "
+                    f"{a['patch']} | {cap(a['constraint'])} | {cap(a.get('qk_constraint'))} | "
+                    f"{c.get('margin_eps', 0.0):g} | {c['epochs']} | {c['batch_size']} | "
+                    f"{c['test_accuracy']:.4f} | {c['train_seconds']:.1f} | {kb:.0f} |")
+    seconds = sum(c["train_seconds"] for _, c in cards)
+    rows.append(f"\n{len(cards)} models, {total:.0f} KB with their cards, {seconds:.0f} s of training in all "
+                f"(on {cards[0][1]['device_name'] if cards else '—'}).")
+    commands = "\n".join(c["command"] for _, c in cards)
+    text = (HEADER + "\n".join(rows) + "\n\n" + NOTES
+            + f"\n## One model at a time\n\n```bash\n{commands}\n```\n")
+    path = out_dir / "README.md"
+    path.write_text(text)
+    return path
+

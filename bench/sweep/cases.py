@@ -1,0 +1,347 @@
+"""Cells: one (layer, input, ε) of a sweep, rebuilt bit-identically from its parameters alone; or one
+(trained zoo model, its first test images, ε) for the whole-network tasks (docs/bounds.md §5)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from models import (
+    InputError,
+    Stack,
+    check_eps,
+    check_heads,
+    projected_input,
+    random_input,
+    random_layer,
+    random_stack,
+)
+from models.build import with_spectral_norm
+from models.data import DATASETS
+from models.errors import MAX_MAGNITUDE
+from models.sentences import SENTENCES
+
+from ..core.env import ROOT
+
+KINDS = ("dot", "l2", "olsa")
+INPUTS = ("gauss", "fro", "proj", "data")
+PERTURB = ("none", "W_q", "W_k", "W_v", "W_o", "X")
+TASKS = ("bounds", "lofast", "totals", "scaling", "cauchy", "certify", "cauchy_model", "pretrained",
+         "cost", "crown", "alpha_crown")
+MODEL_TASKS = ("certify", "cauchy_model")  # the whole-network tasks: they need ``model`` and ``dataset``
+# the layer tasks that also run on a trained model's first attention layer at real inputs (x = data)
+LAYER_TASKS = ("bounds", "lofast", "totals")
+PRETRAINED_LAYERS = 6  # all-MiniLM-L6-v2 (models/pretrained.py, which needs the extras to import)
+# its width and heads, for the rows of a pretrained cell (tests/test_pretrained_cells.py checks them
+# against the loaded model); n is the sentence's token count, stored in the ``tokens`` column
+PRETRAINED_SHAPE = {"d": 384, "h": 12}
+# a pretrained cell reads its layer and input from the model: these fields are not read, so a profile
+# may not set them, its id does not carry them and its rows leave them empty (or say the model's d, h)
+PRETRAINED_UNREAD = ("kind", "n", "d", "h", "residual", "w_qk", "w_vo", "x", "x_norm", "depth", "R",
+                     "perturb", "noise", "samples", "model", "dataset")
+ZOO = ROOT / "zoo"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A case (kind, n, d, h, H, weights, input, seed) at one ε, with what to compute on it.
+
+    ``w_qk`` is the per-head spectral norm of W^Q and W^K, ``w_vo`` that of W^V and W^O (OLSA is
+    orthogonal and ignores both). ``x = gauss``: Gaussian X rescaled to spectral norm ``x_norm``;
+    ``x = fro``: the same Gaussian X rescaled to Frobenius norm ``x_norm``; ``x = proj``: Gaussian
+    rows of norm about 3 through LayerProject(R = x_norm); ``x = data``: a trained ``model``'s first
+    attention layer (its own weights, n, d, h) at the tokens it sees on its first ``samples`` test
+    images, after LayerProject, times ``x_norm`` (LoFAST Fig. 3 and 4 on a trained layer).
+    ``samples`` inputs are drawn as one batch. ``perturb``/``noise`` add Gaussian noise of spectral
+    norm ``noise`` to one weight family (or X), drawn with ``seed`` (LoFAST Fig. 3). ``task``:
+    ``bounds`` (every bound and PGD), ``lofast`` (LoFAST and naive only), ``totals`` (the certified end-to-end
+    bounds: LoFAST, its halves, naive, Taylor and best), ``scaling`` (timings of the matrix-free,
+    certified and dense solvers), ``cost`` (seconds and peak memory of the certified bounds and their
+    PGD, with the machine's matmul rate: bench/sweep/cost.py), ``cauchy`` (per-block Jacobian norms of a
+    stack), ``crown`` (CROWN beside Taylor, LoFAST (ξ) and best, docs/bounds.md §2.5) or
+    ``alpha_crown`` (the same and α-CROWN).
+
+    The whole-network tasks read a trained ``model`` (a file stem under zoo/), its ``dataset`` and
+    its first ``samples`` test images, and ignore the layer fields: ``certify`` (every network bound
+    at ε with both certification tests, and PGD on the margin) and ``cauchy_model`` (per-block
+    Jacobian σ_max, clean and PGD-20 robust accuracy at ε).
+
+    The pretrained study (``task = "pretrained"``, docs/bounds.md §1.6) reads attention sub-layer
+    ``layer_index`` (1..6) of all-MiniLM-L6-v2 at its real input for sentence ``sentence`` (an index
+    into models/sentences.py) and ignores the layer and input fields; there ``eps`` is relative: the
+    radius is ``eps`` × the median token norm ‖x_i‖ of that input.
+    """
+
+    kind: str = "dot"
+    n: int = 16
+    d: int = 64
+    h: int = 4
+    residual: bool = True
+    w_qk: float = 1.0
+    w_vo: float = 1.0
+    x: str = "gauss"
+    x_norm: float = 1.0
+    depth: int = 1
+    R: float = 1.0
+    eps: float = 0.05
+    perturb: str = "none"
+    noise: float = 0.0
+    samples: int = 1
+    seed: int = 0
+    task: str = "bounds"
+    model: str = ""
+    dataset: str = "digits"
+    layer_index: int = 0  # 0: not a pretrained cell
+    sentence: int = 0
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise InputError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.x not in INPUTS:
+            raise InputError(f"x must be one of {INPUTS}, got {self.x!r}")
+        if self.perturb not in PERTURB:
+            raise InputError(f"perturb must be one of {PERTURB}, got {self.perturb!r}")
+        if self.task not in TASKS:
+            raise InputError(f"task must be one of {TASKS}, got {self.task!r}")
+        check_heads(self.d, self.h)
+        check_eps(self.eps)
+        for name in ("n", "depth", "samples"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.seed < 0:  # as [run] seed (bench/sweep/profiles.py): a negative seed is a typo, not a cell
+            raise InputError(f"seed must be >= 0, got {self.seed}")
+        for name in ("w_qk", "w_vo", "x_norm", "R"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v <= 0:
+                raise InputError(f"{name} must be finite and > 0, got {v}")
+        if not math.isfinite(self.noise) or self.noise < 0:
+            raise InputError(f"noise must be finite and >= 0, got {self.noise}")
+        for name in ("w_qk", "w_vo", "x_norm", "R", "noise"):  # the cell's weights and input scale
+            if getattr(self, name) > MAX_MAGNITUDE:
+                raise InputError(f"{name} = {getattr(self, name):g} is beyond {MAX_MAGNITUDE:g}: the "
+                                 f"bounds would overflow float64")
+        self._check_model()
+        self._check_pretrained()
+
+    def _check_pretrained(self) -> None:
+        """Only a pretrained cell names a layer and a sentence, and it must name valid ones; checked
+        from the shipped sentences alone, so a profile is refused before the extras are needed."""
+        if self.task != "pretrained":
+            if self.layer_index or self.sentence:
+                raise InputError(f"layer_index and sentence are read only by task 'pretrained' "
+                                 f"(task {self.task!r})")
+            return
+        fixed = [f"{f.name} = {getattr(self, f.name)!r}" for f in fields(self)
+                 if f.name in PRETRAINED_UNREAD and getattr(self, f.name) != f.default]
+        if fixed:
+            raise InputError(f"task pretrained reads its layer and input from all-MiniLM-L6-v2 and "
+                             f"does not read {', '.join(fixed)}")
+        if not 1 <= self.layer_index <= PRETRAINED_LAYERS:
+            raise InputError(f"task pretrained needs layer_index in 1..{PRETRAINED_LAYERS}, "
+                             f"got {self.layer_index}")
+        if not 0 <= self.sentence < len(SENTENCES):
+            raise InputError(f"sentence must be 0..{len(SENTENCES) - 1} (models/sentences.py), "
+                             f"got {self.sentence}")
+
+    def _check_model(self) -> None:
+        """A model cell names a zoo file with its card, trained on the cell's dataset, with at least
+        ``samples`` test images; any other cell names none (checked before a run writes anything)."""
+        if self.dataset not in DATASETS:
+            raise InputError(f"dataset must be one of {tuple(DATASETS)}, got {self.dataset!r}")
+        data = self.x == "data"
+        if data and self.task not in LAYER_TASKS:
+            raise InputError(f"x = data (a trained layer at real inputs) is for the tasks {LAYER_TASKS}")
+        if (self.task in MODEL_TASKS or data) != bool(self.model):
+            raise InputError(f"the tasks {MODEL_TASKS} and x = data need a model, and nothing else "
+                             f"takes one (task {self.task!r}, x {self.x!r}, model {self.model!r})")
+        if not self.model and self.dataset == "digits":
+            return
+        if not self.model:
+            raise InputError(f"dataset is read only by the tasks {MODEL_TASKS}")
+        if any(ch in self.model for ch in ",=[]/\\:") or self.model.startswith("."):
+            raise InputError(f"model must be a file stem under zoo/, got {self.model!r}")
+        card = self.model_path.with_suffix(".json")
+        if not (self.model_path.is_file() and card.is_file()):
+            raise InputError(f"model {self.model!r}: no {self.model_path.name} with its card in {ZOO}")
+        try:
+            info = json.loads(card.read_text())
+        except (OSError, ValueError) as e:
+            raise InputError(f"model {self.model!r}: unreadable card ({e})") from None
+        if info.get("dataset") != self.dataset:
+            raise InputError(f"model {self.model!r} was trained on {info.get('dataset')!r}, not "
+                             f"{self.dataset!r}")
+        if self.samples > int(info.get("n_test", 0)):
+            raise InputError(f"model {self.model!r}: {self.dataset} has {info.get('n_test')} test "
+                             f"images, fewer than samples = {self.samples}")
+        if data:
+            self._check_layer(info.get("architecture", {}))
+
+    def _check_layer(self, arch: dict) -> None:
+        """A trained-layer cell states the layer it gets, so that its id and rows say what ran."""
+        want = {"kind": "dot", "n": (arch.get("image", 0) // arch.get("patch", 1)) ** 2, "d": arch.get("d"),
+                "h": arch.get("heads"), "residual": True, "depth": 1}
+        got = {k: getattr(self, k) for k in want}
+        if got != want or arch.get("variant") != "lofast":
+            raise InputError(f"model {self.model!r}: its first attention layer is "
+                             f"{', '.join(f'{k} = {v}' for k, v in want.items())} behind LayerProject "
+                             f"(a lofast model); the cell says {got}")
+
+    @property
+    def model_path(self) -> Path:
+        return ZOO / f"{self.model}.safetensors"
+
+    @property
+    def id(self) -> str:
+        """``dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]``, plus the
+        non-default extras (perturbation, samples, task, model, dataset). A pretrained cell's id
+        names only what it reads: ``minilm[layer=1,sentence=0,eps=0.01,seed=0]``."""
+        if self.task == "pretrained":
+            return (f"minilm[layer={self.layer_index},sentence={self.sentence},eps={_num(self.eps)},"
+                    f"seed={self.seed}]")
+        parts = [f"n={self.n}", f"d={self.d}", f"h={self.h}", f"H={'I' if self.residual else '0'}",
+                 f"wqk={_num(self.w_qk)}", f"wvo={_num(self.w_vo)}", f"x={self.x}:{_num(self.x_norm)}",
+                 f"depth={self.depth}"]
+        if self.depth > 1:
+            parts.append(f"R={_num(self.R)}")
+        parts += [f"eps={_num(self.eps)}", f"seed={self.seed}"]
+        if self.perturb != "none":
+            parts.append(f"perturb={self.perturb}:{_num(self.noise)}")
+        if self.samples != 1:
+            parts.append(f"samples={self.samples}")
+        if self.task != "bounds":
+            parts.append(f"task={self.task}")
+        if self.model:
+            parts.append(f"model={self.model}")
+        if self.dataset != "digits":
+            parts.append(f"dataset={self.dataset}")
+        return f"{self.kind}[{','.join(parts)}]"
+
+    @classmethod
+    def from_id(cls, cell_id: str) -> Cell:
+        """The cell an id names: ``Cell.from_id(c.id) == c`` for every cell."""
+        try:
+            kind, rest = cell_id.split("[", 1)
+            items = dict(p.split("=", 1) for p in rest.rstrip("]").split(","))
+            kw = {"eps": float(items.pop("eps")), "seed": int(items.pop("seed"))}
+            if kind == "minilm":
+                kw.update(task="pretrained", layer_index=int(items.pop("layer")),
+                          sentence=int(items.pop("sentence")))
+            else:
+                kw.update(_layer_fields(kind, items))
+        except (ValueError, KeyError):
+            raise InputError(f"not a cell id: {cell_id!r}") from None
+        if items:
+            raise InputError(f"not a cell id: {cell_id!r} (unknown keys {sorted(items)})")
+        return cls(**kw)
+
+    def params(self) -> dict:
+        """The cell's fields as row columns; a pretrained cell's unread layer fields are left empty,
+        but for the model's kind, d and h (its n varies by sentence: the ``tokens`` column)."""
+        p = asdict(self)
+        if self.task == "pretrained":
+            p.update(dict.fromkeys(("n", "w_qk", "w_vo", "x", "x_norm", "R", "dataset")),
+                     **PRETRAINED_SHAPE)
+        return p
+
+    def network(self):
+        """(ViT, card, the first ``samples`` test images [B, H, W], their labels) of a model cell."""
+        from ..nets.accuracy import first_test_images, load_model  # torch-heavy; only model cells need it
+
+        net, card = load_model(self.model_path)
+        return (net, card, *first_test_images(self.dataset, net, self.samples))
+
+    def build(self):
+        """(layer or stack, X [samples, n, d]) in float64 on the CPU, the same bits on every call;
+        for a pretrained cell the model's layer and its input [1, n, d] (needs the extras)."""
+        if self.task == "pretrained":
+            from models import pretrained  # imports transformers: only pretrained cells need it
+
+            layer, X = pretrained.case(self.layer_index, self.sentence)
+            return layer, X[None]
+        if self.x == "data":
+            return self._trained()
+        c = self.x_norm  # sets OLSA's default alpha2; its bound re-takes c = ‖X‖_F + ε per input
+        kw = {"weight_norm": 1.0, "residual": self.residual, "n": self.n, "c": c}
+        if self.depth == 1:
+            layer = random_layer(self.kind, self.d, self.h, seed=self.seed, **kw)
+        else:
+            layer = random_stack(self.kind, self.depth, self.d, self.h, seed=self.seed, R=self.R, **kw)
+        layer = _scale(layer, self)
+        if self.x in ("gauss", "fro"):
+            X = random_input(self.n, self.d, norm=self.x_norm, seed=self.seed + 10_000,
+                             batch=self.samples)
+            if self.x == "fro":  # the same draw, so a gauss and a fro cell differ by a scale only
+                X = X * (self.x_norm / X.flatten(1).norm(dim=-1))[:, None, None]
+        else:
+            X = projected_input(self.n, self.d, R=self.x_norm, seed=self.seed + 10_000,
+                                batch=self.samples)
+        if self.perturb == "X":
+            X = X + _noise(X.shape, self.noise, self.seed + 20_000)
+        return layer, X
+
+
+    def _trained(self):
+        net, _, images, _ = self.network()
+        with torch.no_grad():
+            X = net.trace(images.to(torch.float64)).inputs[0] * self.x_norm
+        layer = net.attention_layers()[0]
+        if self.perturb == "X":
+            X = X + _noise(X.shape, self.noise, self.seed + 20_000)
+        elif self.perturb != "none":
+            W = getattr(layer, self.perturb)
+            W = W + _noise(tuple(W.shape), self.noise, self.seed + 20_000)
+            layer = replace(layer, **{self.perturb: W})
+        return layer, X
+
+
+
+def _layer_fields(kind: str, items: dict[str, str]) -> dict:
+    """The fields of a layer or model cell's id, popped from ``items`` (what is left is unknown)."""
+    x, x_norm = items.pop("x").split(":")
+    kw = {"kind": kind, "n": int(items.pop("n")), "d": int(items.pop("d")), "h": int(items.pop("h")),
+          "residual": items.pop("H") == "I", "w_qk": float(items.pop("wqk")),
+          "w_vo": float(items.pop("wvo")), "x": x, "x_norm": float(x_norm),
+          "depth": int(items.pop("depth"))}
+    if "R" in items:
+        kw["R"] = float(items.pop("R"))
+    if "perturb" in items:
+        target, noise = items.pop("perturb").split(":")
+        kw.update(perturb=target, noise=float(noise))
+    if "samples" in items:
+        kw["samples"] = int(items.pop("samples"))
+    for key in ("task", "model", "dataset"):
+        if key in items:
+            kw[key] = items.pop(key)
+    return kw
+
+def _num(v: float) -> str:
+    """The shortest text that reads back as the same float (0.05, 1, 1e-05)."""
+    return repr(float(v)).removesuffix(".0")
+
+
+def _noise(shape: tuple[int, ...], norm: float, seed: int) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return with_spectral_norm(torch.randn(*shape, generator=g, dtype=torch.float64), norm)
+
+
+def _scale(layer, cell: Cell):
+    """Sets the per-head weight norms of the cell and adds its weight perturbation."""
+    if isinstance(layer, Stack):
+        return replace(layer, blocks=tuple(_scale(b, cell) for b in layer.blocks))
+    if layer.kind == "olsa":
+        return layer  # orthogonal by construction; the theorem needs it so
+    new = {}
+    for f in fields(layer):
+        W = getattr(layer, f.name)
+        if not isinstance(W, Tensor):
+            continue
+        W = with_spectral_norm(W, cell.w_qk if f.name in ("W_q", "W_k") else cell.w_vo)
+        if f.name == cell.perturb:
+            W = W + _noise(tuple(W.shape), cell.noise, cell.seed + 20_000)
+        new[f.name] = W
+    return replace(layer, **new)

@@ -1,0 +1,196 @@
+"""Cells as Dask tasks: ``run --workers N`` (a LocalCluster here) or ``run --scheduler ADDRESS`` (a
+running Dask cluster, e.g. started by dask-jobqueue on SLURM).
+
+A worker gets a cell's id and the run options, rebuilds the cell (``Cell.from_id`` is bit for bit),
+resolves ``--device`` itself and returns the task's rows: it needs no file system of the client's.
+The client writes every finished cell as today, so the lock, resume and the manifest are the
+runner's alone. Dask is an optional dependency, imported only here and only when asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from models import InputError
+
+from ..core.env import device_name, git_state, resolve_device, resolve_dtype
+from .cases import Cell
+from .tasks import TASKS
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+# how long a --scheduler address may take to answer: an unreachable one is a typo or a cluster that
+# is not up yet, and either should be said within seconds, not after distributed's 30 s default
+CONNECT_TIMEOUT_S = 10.0
+# how long a run waits while the cluster has no worker at all (a scheduler started without workers,
+# or every worker gone): SLURM jobs may queue a while, so minutes, but never silently forever
+WORKER_TIMEOUT_S = 120.0
+TIMEOUT_ENV = "BENCH_DASK_WORKER_TIMEOUT"
+POLL_S = 2.0  # seconds between the checks for a worker while no task finishes
+INSTALL = "pip install 'attnbounds[dask]'"
+
+
+def _distributed():
+    try:
+        import distributed
+    except ImportError:
+        raise InputError(f"--workers and --scheduler need Dask's distributed scheduler: {INSTALL}") from None
+    return distributed
+
+
+@dataclass
+class Cluster:
+    """A connected Dask client and the words for the progress bar."""
+
+    client: Client
+    where: str
+
+    def rows(self, todo: list[tuple[int, str, Cell]], run: dict, device_arg: str, threads: int,
+             commit: str) -> Iterator[tuple[int, str, Cell, list[dict], dict]]:
+        """(index, sweep, cell, rows, worker env) of every cell in ``todo``, as each finishes.
+
+        A task's exception (an InputError, say) is raised here, after the cells finished before it
+        were yielded; the cells still queued are cancelled.
+        """
+        from distributed import wait
+
+        # pure=False: two sweeps may hold the same cell id, and each needs its own future
+        futures = {self.client.submit(compute, cell.id, run, device_arg, threads, pure=False):
+                   (i, sweep, cell) for i, sweep, cell in todo}
+        pending, idle_since = set(futures), None
+        try:
+            while pending:
+                try:
+                    done, pending = wait(pending, timeout=POLL_S, return_when="FIRST_COMPLETED")
+                except TimeoutError:  # nothing finished: fine while some worker is there to run it
+                    idle_since = self._check_workers(idle_since)
+                    continue
+                idle_since = None
+                for future in done:
+                    rows, env = _result(future, futures[future][2])
+                    theirs = env.pop("git_commit")
+                    if "unknown" not in (theirs, commit) and theirs != commit:
+                        raise InputError(f"a Dask worker runs commit {theirs[:12]}, this checkout "
+                                         f"{commit[:12]}: give every worker a checkout of the same commit")
+                    yield (*futures[future], rows, env)
+        finally:
+            self.client.cancel(list(futures))
+
+    def _check_workers(self, idle_since: float | None) -> float | None:
+        """None while the cluster has a worker; else since when it has none, until that has lasted
+        :func:`worker_timeout` seconds: then an InputError (queued tasks would wait forever)."""
+        if self.client.nthreads():
+            return None
+        now = time.monotonic()
+        if idle_since is None:
+            print(f"waiting for a Dask worker at {self.where} (up to {worker_timeout():g} s, "
+                  f"${TIMEOUT_ENV})", file=sys.stderr)
+            return now
+        if now - idle_since > worker_timeout():
+            raise InputError(f"{self.where}: no Dask worker for {worker_timeout():g} s, and cells are "
+                             f"still queued; start workers (`dask worker ADDRESS`) or raise ${TIMEOUT_ENV}")
+        return idle_since
+
+
+def _result(future, cell: Cell):
+    """A finished task's value; its failure as one InputError: a worker killed while running it
+    (distributed's KilledWorker), or any exception of the task that is not an InputError."""
+    try:
+        return future.result()
+    except InputError:
+        raise
+    except Exception as e:
+        raise InputError(f"cell {cell.id} failed on a Dask worker: {type(e).__name__}: {e}") from None
+
+
+def worker_timeout() -> float:
+    """Seconds a run waits while its cluster has no worker (${TIMEOUT_ENV}, default 120)."""
+    text = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        value = float(text) if text else WORKER_TIMEOUT_S
+    except ValueError:
+        raise InputError(f"${TIMEOUT_ENV} must be a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise InputError(f"${TIMEOUT_ENV} must be > 0 seconds, got {text!r}")
+    return value
+
+
+@contextlib.contextmanager
+def cluster(workers: int | None = None, scheduler: str | None = None) -> Iterator[Cluster]:
+    """A LocalCluster of ``workers`` processes (one thread each), or a client of ``scheduler``;
+    closed on exit, also on error."""
+    if workers is not None and scheduler is not None:
+        raise InputError("--workers and --scheduler exclude each other: a local cluster or a running one")
+    distributed = _distributed()
+    if workers is not None:
+        if workers < 1:
+            raise InputError(f"--workers must be >= 1, got {workers}")
+        # processes, not threads: the GIL would serialise much of a cell's Python; one Dask thread
+        # each, since a cell sets its own torch thread count. The workers' logs are silenced: a
+        # task's exception reaches the client and is said there once, as one error line. The
+        # scheduler's HTTP server always starts; on any free local port, since a second run here (or
+        # anything else on Dask's 8787) would draw a warning about the port
+        with _local_config(), \
+                distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                         dashboard_address="127.0.0.1:0",
+                                         silence_logs=logging.CRITICAL) as local, \
+                distributed.Client(local) as client:
+            yield Cluster(client, f"{workers} local Dask workers")
+        return
+    try:
+        client = distributed.Client(scheduler, timeout=CONNECT_TIMEOUT_S)
+    # refused, timed out, not an address, or another server's bytes misread as a handshake (a
+    # MemoryError from numpy, seen with a non-Dask port): whatever fails here, no scheduler is there
+    except Exception as e:
+        raise InputError(f"--scheduler {scheduler}: no Dask scheduler there "
+                         f"({type(e).__name__}: {e})") from None
+    with client:
+        yield Cluster(client, f"Dask at {scheduler}")
+
+
+def _local_config():
+    """Dask's settings for the workers we start, each measured on the quick profile's cells: no
+    statistical profiler (it samples the running task's stack every 10 ms: 10–20 % more CPU time),
+    and glibc's own malloc trimming (Dask's MALLOC_TRIM_THRESHOLD_ turns off glibc's adaptive mmap
+    threshold, so torch's tensors are mapped and unmapped afresh: three times the system time)."""
+    import dask
+
+    return dask.config.set({"distributed.worker.profile.enabled": False,
+                            "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+                            "distributed.worker.preload": [__name__]})
+
+
+def dask_setup(worker) -> None:
+    """Run by each worker of ``--workers`` once it has started (Dask's preload, set above): Ctrl-C
+    in a terminal reaches the whole process group, and each worker would die of it with a traceback
+    of its own; the client alone stops a run, and closing the cluster stops the workers. Workers of
+    a ``--scheduler`` cluster are not ours and keep their signals."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def compute(cell_id: str, run: dict, device_arg: str, threads: int) -> tuple[list[dict], dict]:
+    """On a worker: the rows of one cell, and where they were computed."""
+    torch.set_num_threads(threads)  # the client's count, so that a cell runs as it would serially
+    device = resolve_device(device_arg)  # the worker's own: auto is its GPU if it has one
+    cell = Cell.from_id(cell_id)
+    rows = TASKS[cell.task](cell, run, device, resolve_dtype(run["dtype"]))
+    return rows, {"torch_version": torch.__version__, "device": device.type,
+                  "device_name": device_name(device), "git_commit": _commit()}
+
+
+@functools.lru_cache(maxsize=1)
+def _commit() -> str:
+    """The worker's checkout, asked once per worker process (git is a subprocess)."""
+    return git_state()[0]

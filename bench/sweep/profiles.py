@@ -1,0 +1,163 @@
+"""Sweeps as data: a profile (TOML) lists named sweeps, each a grid over Cell's parameters.
+
+    [run]                       # run options: pgd_steps, pgd_restarts, dtype, seed
+    pgd_steps = 100
+    [[sweep]]
+    name = "eps"
+    kind = "dot"
+    h = [1, 8]                  # a list is an axis; the sweep is the product of its axes
+    eps = [0.01, 0.05]
+
+``quick``, ``paper`` and ``crown`` ship in bench/profiles/; any other TOML file is a user profile. CLI
+overrides (``--eps 0.01,0.05``) replace that axis in every sweep.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from models import InputError
+
+from ..core.arglists import split_list
+from ..core.env import DTYPES
+from .cases import Cell
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"  # bench/profiles
+CELL_FIELDS = {f.name: f.type for f in fields(Cell)}
+RUN_DEFAULTS = {"pgd_steps": 100, "pgd_restarts": 8, "dtype": "float64", "seed": 0}
+# CLI override flag -> Cell field
+OVERRIDES = {"eps": "eps", "heads": "h", "n": "n", "d": "d", "depth": "depth", "x_norm": "x_norm",
+             "kind": "kind", "w_vo": "w_vo", "w_qk": "w_qk", "residual": "residual",
+             "samples": "samples"}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    run: dict
+    sweeps: dict[str, list[Cell]]
+
+    def cells(self) -> list[tuple[str, Cell]]:
+        return [(s, c) for s, cells in self.sweeps.items() for c in cells]
+
+
+def _convert(key: str, value, where: str):
+    kind = CELL_FIELDS[key]
+    try:
+        if kind in ("int", int):
+            if isinstance(value, bool) or float(value) != int(float(value)):
+                raise ValueError
+            return int(float(value))
+        if kind in ("float", float):
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if kind in ("bool", bool):
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes", "i"):
+                return True
+            if str(value).lower() in ("0", "false", "no"):
+                return False
+            raise ValueError
+        return str(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: {key} = {value!r} is not a valid {kind}") from None
+
+
+def expand(name: str, spec: dict) -> list[Cell]:
+    """The cells of one sweep: the product of its list-valued keys."""
+    unknown = set(spec) - set(CELL_FIELDS)
+    if unknown:
+        raise InputError(f"sweep {name!r}: unknown keys {sorted(unknown)}; known: {sorted(CELL_FIELDS)}")
+    axes = {k: (v if isinstance(v, list) else [v]) for k, v in spec.items()}
+    for k, vs in axes.items():
+        if not vs:
+            raise InputError(f"sweep {name!r}: axis {k} is empty")
+    keys = list(axes)
+    cells = []
+    for combo in itertools.product(*(axes[k] for k in keys)):
+        params = {k: _convert(k, v, f"sweep {name!r}") for k, v in zip(keys, combo, strict=False)}
+        try:
+            cells.append(Cell(**params))
+        except InputError as e:
+            raise InputError(f"sweep {name!r}: {e}") from None
+    return cells
+
+
+def parse_list(flag: str, text: str) -> list:
+    """``--eps 0.01,0.05`` -> [0.01, 0.05], checked against the Cell field's type."""
+    option = f"--{flag.replace('_', '-')}"
+    values = [_convert(OVERRIDES[flag], s, option) for s in split_list(option, text)]
+    if len(set(values)) != len(values):  # 0.05 and 0.050 name the same cells
+        raise InputError(f"{option} lists a value twice: {text!r}")
+    return values
+
+
+def _run_int(run: dict, key: str, low: int, where: str) -> None:
+    v = run[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise InputError(f"{where}: [run] {key} must be an integer >= {low}, got {v!r}")
+
+
+def check_run(run, where: str) -> dict:
+    """The [run] options with their defaults, each checked before anything is written."""
+    if not isinstance(run, dict):
+        raise InputError(f"{where}: [run] must be a table, got {run!r}")
+    bad = set(run) - set(RUN_DEFAULTS)
+    if bad:
+        raise InputError(f"{where}: unknown run options {sorted(bad)}; known: {sorted(RUN_DEFAULTS)}")
+    run = RUN_DEFAULTS | run
+    _run_int(run, "pgd_steps", 0, where)
+    _run_int(run, "pgd_restarts", 1, where)
+    _run_int(run, "seed", 0, where)
+    if run["dtype"] not in DTYPES:
+        raise InputError(f"{where}: [run] dtype must be one of {sorted(DTYPES)}, got {run['dtype']!r}")
+    return run
+
+
+def load_profile(name_or_path: str, overrides: dict[str, list] | None = None) -> Profile:
+    path = Path(name_or_path)
+    if not path.suffix and (PROFILES / f"{name_or_path}.toml").exists():
+        path = PROFILES / f"{name_or_path}.toml"
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        known = ", ".join(p.stem for p in PROFILES.glob("*.toml"))
+        raise InputError(f"no profile {name_or_path!r}: not a file, nor one of {known}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read profile {path}: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"profile {path} is not valid TOML: {e}") from None
+    run = check_run(data.get("run", {}), f"profile {path}")
+    specs = data.get("sweep", [])
+    if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
+        raise InputError(f"profile {path}: 'sweep' must be an array of tables ([[sweep]]), "
+                         f"got {specs!r}")
+    sweeps: dict[str, list[Cell]] = {}
+    for i, spec in enumerate(specs):
+        spec = dict(spec)
+        # every row carries its sweep's name and the report selects by it: a made-up or converted
+        # name would file the rows under something the profile never said
+        if "name" not in spec:
+            raise InputError(f"profile {path}: sweep #{i + 1} has no name (name = \"...\")")
+        name = spec.pop("name")
+        if not isinstance(name, str) or not name.strip():
+            raise InputError(f"profile {path}: sweep #{i + 1}: name must be a non-empty string, "
+                             f"got {name!r}")
+        for flag, values in (overrides or {}).items():
+            spec[OVERRIDES[flag]] = values
+        if name in sweeps:
+            raise InputError(f"profile {path}: two sweeps named {name!r}")
+        sweeps[name] = expand(name, spec)
+    if not sweeps:
+        raise InputError(f"profile {path}: no [[sweep]] tables")
+    return Profile(path.stem, run, sweeps)

@@ -1,0 +1,194 @@
+"""``python -m bench run``: every cell of a profile, each written as soon as it is finished.
+
+A run directory knows what it is: ``run.json`` holds the results schema version, the suite version
+and commit, the options and the full list of (sweep, cell id). Resuming into a directory whose
+manifest differs is refused, naming ``--fresh``; a lock keeps a second concurrent run out; temp
+files left by a killed run are removed. A certified bound below its PGD value is a soundness
+violation: it is printed at once and counted at the end, never dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from bounds import crown
+from models import InputError
+
+from ..core.env import device_name, git_state, resolve_device, resolve_dtype, versions
+from ..core.store import (
+    SCHEMA_VERSION,
+    cell_file,
+    consolidate,
+    lock,
+    remove_stale_temps,
+    writable_dir,
+    write_cell,
+    write_json,
+)
+from .profiles import Profile
+from .tasks import CROWN_TASKS, TASKS
+
+if TYPE_CHECKING:
+    from .distributed import Cluster
+
+MANIFEST = "run.json"
+# what a run directory may hold besides run.json and cells/ (results, compare, report, the lock, the
+# temp files of a killed write): a directory holding anything else is somebody's, not a run's
+RUN_FILES = {MANIFEST, "cells", "results.csv", "compare.md", "report", ".lock"}
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a run, after the finished cells were kept, the temp files removed and the lock
+    released: the CLI says how to resume."""
+
+    def __init__(self, out: Path, kept: int, total: int):
+        super().__init__(f"{kept} of {total} cells kept in {out}")
+        self.out, self.kept, self.total = out, kept, total
+
+
+def check_run_dir(out: Path) -> None:
+    """Refuses an existing directory that is not a run directory (empty, or holding run.json or
+    cells/): --fresh would delete in it, and its results.csv or report/ would be overwritten."""
+    if not out.is_dir() or (out / MANIFEST).exists() or (out / "cells").is_dir():
+        return
+    theirs = sorted(p.name for p in out.iterdir()
+                    if p.name not in RUN_FILES and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+    if theirs:
+        shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
+        raise InputError(f"--out {out} is not a run directory: it holds {shown} and no {MANIFEST}; "
+                         f"use a new or empty directory")
+
+
+def _manifest(profile: Profile, run: dict, overrides: dict | None) -> dict:
+    commit, _ = git_state()
+    return {"schema_version": SCHEMA_VERSION, "suite_version": versions()["suite"],
+            "git_commit": commit,
+            "options": {"profile": profile.name, "run": run, "overrides": overrides or {}},
+            "cells": [[s, c.id] for s, c in profile.cells()]}
+
+
+def _check_resume(out: Path, want: dict) -> None:
+    """Refuses a directory that holds another run: other schema, options or cells."""
+    path = out / MANIFEST
+    if not path.exists():
+        if (out / "cells").exists() and any((out / "cells").glob("*.csv")):
+            raise InputError(f"{out} holds finished cells but no {MANIFEST}; rerun with --fresh "
+                             f"to discard them, or use another --out")
+        return
+    try:
+        have = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path} is unreadable ({e}); rerun with --fresh to start over") from None
+    for key, what in (("schema_version", "results schema version"), ("options", "options"),
+                      ("cells", "cells")):
+        if have.get(key) != json.loads(json.dumps(want[key])):
+            raise InputError(f"{out} holds a run with other {what}; rerun with --fresh to discard "
+                             f"it, or use another --out")
+
+
+def _discard(out: Path) -> None:
+    for stale in (out / "cells", out / MANIFEST, out / "results.csv", out / "compare.md",
+                  out / "report"):
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink(missing_ok=True)
+
+
+def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg: str | None = None,
+                overrides: dict | None = None, fresh: bool = False, workers: int | None = None,
+                scheduler: str | None = None) -> tuple[Path, int]:
+    """Runs (or resumes) every cell into ``out``; returns (results table, violations found).
+
+    Cells run in this process, or as Dask tasks on ``workers`` local processes or the cluster at
+    ``scheduler`` (bench/sweep/distributed.py); either way this process writes every file.
+    Everything that can be checked is checked before anything is written.
+    """
+    dask = workers is not None or scheduler is not None
+    device = None if dask else resolve_device(device_arg)  # Dask workers resolve their own
+    run = dict(profile.run)
+    if dtype_arg is not None:
+        run["dtype"] = dtype_arg
+    dtype = resolve_dtype(run["dtype"])
+    want = _manifest(profile, run, overrides)
+    if any(c.task == "pretrained" for _, c in profile.cells()):
+        from models.pretrained import require  # the study's extras, before anything is written
+
+        require()
+    if any(c.task in CROWN_TASKS for _, c in profile.cells()) and not crown.available():
+        print(f"note: the CROWN rows are left out: {crown.INSTALL}", file=sys.stderr)
+    # the cluster first: a missing Dask or an unreachable scheduler then leaves nothing written
+    with _cluster(workers, scheduler) if dask else contextlib.nullcontext() as cluster:
+        writable_dir(out, "--out")
+        check_run_dir(out)
+        with lock(out):
+            if fresh:
+                _discard(out)
+            remove_stale_temps(out)
+            _check_resume(out, want)
+            try:
+                table = _run_cells(profile, out, run, want, device, dtype, cluster, device_arg)
+            except KeyboardInterrupt:
+                remove_stale_temps(out)  # a write cut short; we still hold the lock, so none is live
+                cells = profile.cells()
+                kept = sum(cell_file(out, s, c.id).exists() for s, c in cells)
+                raise Interrupted(out, kept, len(cells)) from None
+    return table, int(pd.read_csv(table, usecols=["violation"])["violation"].sum())
+
+
+def _cluster(workers: int | None, scheduler: str | None):
+    from .distributed import cluster  # Dask is optional: imported only when asked for
+
+    return cluster(workers, scheduler)
+
+
+def _run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: torch.device | None,
+               dtype: torch.dtype, cluster: Cluster | None = None, device_arg: str = "auto") -> Path:
+    _, dirty = git_state()
+    where = device_name(device) if device is not None else cluster.where
+    # on Dask, device, device_name and torch_version are each worker's, set per cell below
+    meta = {"schema_version": SCHEMA_VERSION, "profile": profile.name,
+            "suite_version": manifest["suite_version"], "git_commit": manifest["git_commit"],
+            "git_dirty": dirty, "torch_version": torch.__version__,
+            "device": device.type if device is not None else "", "device_name": where,
+            "dtype": run["dtype"], "run_seed": run["seed"],
+            "pgd_steps": run["pgd_steps"], "pgd_restarts": run["pgd_restarts"],
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    write_json(out / MANIFEST, manifest)
+    cells = profile.cells()
+    todo = [(i, s, c) for i, (s, c) in enumerate(cells) if not cell_file(out, s, c.id).exists()]
+    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=f"{profile.name} on {where}",
+               unit="cell", file=sys.stderr, mininterval=5)
+    if cluster is None:
+        results = ((i, s, c, TASKS[c.task](c, run, device, dtype), {}) for i, s, c in todo)
+    else:  # in the order they finish; consolidate() restores the run order
+        results = cluster.rows(todo, run, device_arg, torch.get_num_threads(), manifest["git_commit"])
+    try:
+        for i, sweep, cell, rows, env in results:
+            df = pd.DataFrame(rows)
+            head = {"cell_index": i, "sweep": sweep, "cell_id": cell.id} | cell.params()
+            df = pd.concat([pd.DataFrame([head] * len(df)), df, pd.DataFrame([meta | env] * len(df))],
+                           axis=1)
+            for r in df[df["violation"]].itertuples():
+                # a certify row is also refuted when PGD breaks a sample it certifies (bench/sweep/rows.py)
+                broken = r.role == "certify" and bool(r.certified_pairwise) and bool(r.pgd_broken)
+                what = (f"{r.bound} certifies a sample PGD breaks" if broken
+                        else f"{r.bound} = {r.value:.6g} < PGD {r.pgd:.6g}")
+                tqdm.write(f"SOUNDNESS VIOLATION: {what} in {sweep} {cell.id} sample {r.sample} "
+                           f"head {r.head}", file=sys.stderr)
+            write_cell(out, sweep, cell.id, df)
+            bar.update(1)
+    finally:
+        results.close()  # cancels the Dask tasks still queued, while the cluster is still open
+        bar.close()  # ends the bar's line, so an error printed after it stands on its own line
+    return consolidate(out)

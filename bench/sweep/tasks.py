@@ -1,0 +1,190 @@
+"""What a cell computes, by its ``task``: a dict from task name to a function returning rows
+(as auto_LiRPA's ``bound_op_map``), so that the runner is only the run loop."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+
+import bounds
+from attacks.margin import attack_margin
+from bounds import crown
+from bounds import jacobian as jac
+from bounds import lofast as lf
+from bounds.taylor import sigma_J
+from models import Stack
+from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
+from models.spectral import spectral
+
+from ..core.env import timed
+from ..nets.accuracy import block_sigmas, run_certify
+from .cases import Cell
+from .cost import cost_task
+from .evaluate import evaluate
+from .rows import accuracy_rows, measured, network_rows, pretrained_rows, unroll, with_model
+
+LOFAST_ONLY = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "naive"]
+CAUCHY_PGD_STEPS = 20  # the Cauchy paper's Table 1 reports PGD-20 robust accuracy
+TOTALS = [*LOFAST_ONLY, "taylor", "best"]
+# CROWN beside this suite's bounds (docs/bounds.md §2.5); α-CROWN costs minutes at n=16, d=32 on a CPU
+CROWN_TASKS = {"crown": ["crown", "taylor", "lofast_xi", "best"],
+               "alpha_crown": ["crown", "alpha_crown", "taylor", "lofast_xi", "best"]}
+
+Task = Callable[[Cell, dict, torch.device, torch.dtype], list[dict]]
+
+
+def bounds_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype,
+                names: list[str] | None = None) -> list[dict]:
+    """Every applicable bound (or ``names``) and the PGD value of each objective they refer to."""
+    layer, X = cell.build()
+    ev = evaluate(layer, X, cell.eps, names=names, device=device, dtype=dtype,
+                  pgd_steps=run["pgd_steps"], pgd_restarts=run["pgd_restarts"], seed=run["seed"])
+    return unroll(ev)
+
+
+def lofast_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """LoFAST's totals and naive only (the ablation of LoFAST Fig. 3)."""
+    return bounds_task(cell, run, device, dtype, names=LOFAST_ONLY)
+
+
+def totals_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """The certified end-to-end bounds of a dot layer: where each wins along ε (docs/bounds.md §2.3)."""
+    return bounds_task(cell, run, device, dtype, names=TOTALS)
+
+
+def crown_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """CROWN (and α-CROWN for task ``alpha_crown``) beside Taylor, LoFAST (ξ) and best; without
+    auto_LiRPA the CROWN rows are left out (the runner says so once)."""
+    names = CROWN_TASKS[cell.task]
+    if not crown.available():
+        names = [n for n in names if not bounds.get(n).check]
+    return bounds_task(cell, run, device, dtype, names=names)
+
+
+def _on(cell: Cell, device: torch.device, dtype: torch.dtype):
+    layer, X = cell.build()
+    X = X.to(device=device, dtype=dtype)
+    return layer.to(X), X
+
+
+def _time(rows: list, name: str, fn, device: torch.device, role: str = "timing",
+          block: int = -1, certificate: str = "estimate") -> None:
+    values, seconds = timed(fn, device)
+    rows += measured(role, name, values, seconds, block, certificate)
+
+
+def scaling_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """Seconds of each way to get ζ, ‖M_l‖ and σ_max(J): the restarted-Lanczos estimate, the
+    probabilistic certificate (docs/bounds.md §2.4, in float64) and, where they fit, the dense SVD."""
+    layer, X = _on(cell, device, dtype)
+    rows: list[dict] = []
+    dense = not isinstance(layer, Stack) and cell.n * cell.d <= DENSE_LIMIT
+    X64, layer64 = X.to(torch.float64), layer.to(X.to(torch.float64))
+    if layer.kind == "dot":
+        _time(rows, "zeta_lanczos", lambda: lf.zeta(layer, X, method="lanczos"), device)
+        _time(rows, "M_lanczos", lambda: lf.m_norms(layer, X, method="lanczos"), device)
+        _time(rows, "zeta_probabilistic", lambda: lf.zeta(layer64, X64, method="probabilistic"),
+              device, certificate="probabilistic")
+        _time(rows, "M_probabilistic", lambda: lf.m_norms(layer64, X64, method="probabilistic"),
+              device, certificate="probabilistic")
+        if dense:
+            _time(rows, "zeta_dense", lambda: lf.zeta(layer64, X64, method="dense"), device,
+                  certificate="exact")
+            _time(rows, "M_dense", lambda: lf.m_norms(layer64, X64, method="dense"), device,
+                  certificate="exact")
+    _time(rows, "jacobian_lanczos", lambda: jacobian_lanczos(layer.forward, X).sigma, device)
+    if not isinstance(layer, Stack):
+        _time(rows, "jacobian_probabilistic", lambda: sigma_J(layer64, X64, probabilistic=True),
+              device, certificate="probabilistic")
+    if dense:
+        _time(rows, "jacobian_dense", lambda: jac.sigma_exact(layer64, X64), device,
+              certificate="exact")
+    return rows
+
+
+def cauchy_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """Per block k of a stack: σ_max(J_{f_k}(X_k)) (matrix-free, and exact where it fits) and the
+    surrogate √(‖J‖₁‖J‖∞), the Cauchy view's per-layer quantities (docs/bounds.md §3.4)."""
+    stack, X = _on(cell, device, dtype)
+    if not isinstance(stack, Stack):
+        stack = Stack((stack,), R=None)
+    rows: list[dict] = []
+    for k, (block, Xk) in enumerate(zip(stack.blocks, stack.trajectory(X), strict=False)):
+        f = block.forward
+        _time(rows, "block_sigma", lambda f=f, x=Xk: jacobian_lanczos(f, x).sigma, device,
+              "block", k)
+        if cell.n * cell.d <= DENSE_LIMIT:
+            _time(rows, "block_sigma_exact",
+                  lambda f=f, x=Xk: spectral(jacobian_matrix(f, x)), device, "block", k, "exact")
+            _time(rows, "block_l1linf", lambda b=block, x=Xk: jac.jacobian_l1linf(b, x, 1.0), device,
+                  "block", k)
+    return rows
+
+
+# the certified norms of the last certify cell's network and images, for the next cell at another ε
+# (a sweep's cells are the product of its axes in the order written, so ε varies fastest when it
+# comes after model): the norms do not depend on ε, and each bound's seconds still count them
+_CERTIFY_MEMO: dict = {"key": None, "memo": {}}
+
+
+def certify_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """A zoo model's first test images at the cell's ε: every network bound with both certification
+    tests, and PGD on the margin (docs/bounds.md §5). Certified values are float64 whatever ``dtype``."""
+    net, card, images, labels = cell.network()
+    stat = os.stat(cell.model_path)
+    key = (os.path.realpath(cell.model_path), stat.st_mtime_ns, stat.st_size, cell.dataset,
+           cell.samples, str(device))
+    if _CERTIFY_MEMO["key"] != key:
+        _CERTIFY_MEMO.update(key=key, memo={})
+    res = run_certify(net, images, labels, [cell.eps], steps=run["pgd_steps"], restarts=run["pgd_restarts"],
+                      seed=run["seed"], device=device, memo=_CERTIFY_MEMO["memo"])
+    return with_model(network_rows(res), card)
+
+
+def cauchy_model_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """The Cauchy paper's Table 1 and violin for a zoo model (vanilla or lofast) over its first test
+    images: per block k the σ_max of the block's Jacobian at the block's input (exact where
+    n·d ≤ DENSE_LIMIT, docs/bounds.md §3.4), clean accuracy and PGD-20 robust accuracy at ε."""
+    net, card, images, labels = cell.network()
+    net, images, labels = net.to(device), images.to(device), labels.to(device)
+    sigmas, seconds, kind = block_sigmas(net, images)
+    rows: list[dict] = []
+    for k, (values, s) in enumerate(zip(sigmas, seconds, strict=True)):
+        name = "block_sigma_exact" if kind == "exact" else "block_sigma"
+        rows += measured("block", name, values, s, k, kind)
+    attack = attack_margin(net, images, labels, cell.eps, steps=CAUCHY_PGD_STEPS,
+                           restarts=run["pgd_restarts"], seed=run["seed"])
+    with torch.no_grad():
+        correct = net(images).argmax(-1) == labels
+    return with_model(rows + accuracy_rows(correct.cpu(), attack.broken.cpu(), CAUCHY_PGD_STEPS), card)
+
+
+def attention_entropy(P: torch.Tensor) -> float:
+    """Mean over heads and query tokens of −Σ_j p_ij ln p_ij (nats; 0·ln 0 = 0), of P [..., n, n]."""
+    return float(-(P * torch.log(P.clamp_min(torch.finfo(P.dtype).tiny))).sum(-1).mean())
+
+
+def pretrained_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """One attention sub-layer of all-MiniLM-L6-v2 at a real sentence (docs/bounds.md §1.6): every
+    bound that applies to a layer with biases and PGD at radius ε = ``cell.eps`` × the median token
+    norm ‖x_i‖ (so one relative ε means the same across layers, whose input norms differ), with
+    ‖X‖_F, the median token norm and the mean attention entropy of the layer at that input."""
+    from models.pretrained import model_version  # the extras: only this task needs them
+
+    layer, X = cell.build()
+    tokens = X[0].norm(dim=-1)
+    radius = cell.eps * float(tokens.median())
+    ev = evaluate(layer, X, radius, device=device, dtype=dtype, pgd_steps=run["pgd_steps"],
+                  pgd_restarts=run["pgd_restarts"], seed=run["seed"])
+    quantities = {"x_fro": float(X.norm()), "median_token_norm": float(tokens.median()),
+                  "attention_entropy": attention_entropy(layer.attention(X))}
+    columns = {"model_version": model_version(), "tokens": X.shape[1], "radius": radius}
+    return pretrained_rows(ev, cell.layer_index, quantities, columns)
+
+
+TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "totals": totals_task,
+                          "scaling": scaling_task, "cauchy": cauchy_task, "certify": certify_task,
+                          "cauchy_model": cauchy_model_task, "pretrained": pretrained_task,
+                          "cost": cost_task, "crown": crown_task, "alpha_crown": crown_task}
