@@ -35,6 +35,14 @@ def main_inprocess(capsys, *args: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def one_error(code: int, err: str, words: str) -> None:
+    """Exit 2 with exactly one ``error:`` line, the last, holding ``words``, and no traceback."""
+    assert code == 2, err
+    lines = err.rstrip("\n").split("\n")
+    assert lines[-1].startswith("error:") and words in lines[-1], err
+    assert sum(line.startswith("error:") for line in lines) == 1 and "Traceback" not in err, err
+
+
 def np_(t: torch.Tensor) -> np.ndarray:
     """A tensor as a float64 numpy array, for the references that must not share torch's code."""
     return t.detach().cpu().numpy().astype(np.float64)

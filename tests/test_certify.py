@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from helpers import ROOT, main_inprocess, np_, softmax_rows
+from helpers import ROOT, main_inprocess, np_, one_error, softmax_rows
 from safetensors.numpy import load_file
 
 import models.data
@@ -33,13 +33,6 @@ D32 = ZOO / "digits-d32-b2-h2-c0.5.safetensors"
 VANILLA = ZOO / "digits-d16-b2-h1-vanilla.safetensors"
 NETWORK = ["naive", "lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "specformer", "taylor",
            "best"]
-
-
-def one_error(code: int, err: str, words: str) -> None:
-    assert code == 2, err
-    lines = err.rstrip("\n").split("\n")
-    assert lines[-1].startswith("error:") and words in lines[-1], err
-    assert sum(line.startswith("error:") for line in lines) == 1 and "Traceback" not in err, err
 
 
 def test_the_network_bounds_are_the_certified_end_to_end_dot_bounds():

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import ROOT, cli, main_inprocess
+from helpers import ROOT, cli, main_inprocess, one_error
 
 from bench.cli import baseline
 from bench.core.gate import SOUND_RTOL, derive
@@ -21,13 +21,6 @@ BASELINE = ROOT / "results" / "baseline" / "results.csv"
 EPS_CELL = "dot[n=16,d=64,h=1,H=I,wqk=1,wvo=0.5,x=gauss:0.5,depth=1,eps=0.01,seed=0]"
 HEADS_CELL = "dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]"
 CERTIFY_SWEEP = "certify"
-
-
-def one_error(code: int, err: str, words: str) -> None:
-    assert code == 2, err
-    lines = err.rstrip("\n").split("\n")
-    assert lines[-1].startswith("error:") and words in lines[-1], err
-    assert sum(line.startswith("error:") for line in lines) == 1 and "Traceback" not in err, err
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import ROOT, cli, main_inprocess
+from helpers import ROOT, cli, main_inprocess, one_error
 
 from bench.cli import baseline
 from bench.core import store
@@ -34,13 +34,6 @@ eps = [0.01, 0.1]
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 # root writes through chmod 555; /sys refuses even root, where it exists
 UNWRITABLE = Path("/sys/kernel") if Path("/sys/kernel").is_dir() else None
-
-
-def one_error(code: int, err: str, words: str) -> None:
-    assert code == 2, err
-    lines = err.rstrip("\n").split("\n")
-    assert lines[-1].startswith("error:") and words in lines[-1], err
-    assert sum(line.startswith("error:") for line in lines) == 1 and "Traceback" not in err, err
 
 
 @pytest.fixture(scope="module")
