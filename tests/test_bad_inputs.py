@@ -330,7 +330,11 @@ def _interrupt(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess
     env = dict(os.environ, PYTHONPATH=str(ROOT), BENCH_THREADS="1")
     p = subprocess.Popen([sys.executable, "-m", "bench", "run", "--profile", "p.toml", "--out", "out",
                           *extra], cwd=tmp_path, env=env, start_new_session=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         # a shell without job control (CI's, nohup's) starts background jobs with
+                         # SIGINT ignored, and an ignored signal stays ignored across exec: give the
+                         # run the terminal's default, as a user pressing Ctrl-C has it
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     try:
         while not any((out / "cells").glob("*.csv")):
