@@ -14,6 +14,19 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# a profile of two tiny cells (seconds), for the tests of runs and of what they refuse
+ONE = """
+[run]
+pgd_steps = 3
+pgd_restarts = 1
+[[sweep]]
+name = "one"
+kind = "dot"
+n = 3
+d = 4
+h = 2
+eps = [0.01, 0.1]
+"""
 
 
 def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, main_inprocess
+from helpers import ONE, ROOT, main_inprocess
 from safetensors.torch import save_file
 
 import bench.cli.train_cmd
@@ -32,18 +32,6 @@ from bench.core import store
 
 # the CLI's two prefixes: argparse's ("python -m bench train: error: ...") and the library's
 ERROR = re.compile(r"^(python -m bench( [a-z]+)?: )?error: ")
-TINY_PROFILE = """
-[run]
-pgd_steps = 2
-pgd_restarts = 1
-[[sweep]]
-name = "one"
-kind = "dot"
-n = 3
-d = 4
-h = 2
-eps = [0.01, 0.1]
-"""
 
 
 def files_under(path: Path) -> set[Path]:
@@ -160,7 +148,7 @@ def test_global_threads_must_be_at_least_1(value, files, tmp_path, capsys):
 
 @pytest.fixture
 def profile(tmp_path) -> Path:
-    (tmp_path / "one.toml").write_text(TINY_PROFILE)
+    (tmp_path / "one.toml").write_text(ONE)
     return tmp_path / "one.toml"
 
 
@@ -319,7 +307,7 @@ def test_certify_seed(tmp_path, capsys):
 
 # --- Ctrl-C during run ----------------------------------------------------------------------------
 
-INTERRUPTIBLE = TINY_PROFILE.replace("eps = [0.01, 0.1]", "eps = [0.01, 0.02, 0.03, 0.04, 0.05, 0.06]")
+INTERRUPTIBLE = ONE.replace("eps = [0.01, 0.1]", "eps = [0.01, 0.02, 0.03, 0.04, 0.05, 0.06]")
 
 
 def _interrupt(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import ROOT, cli, main_inprocess, one_error
+from helpers import ONE, ROOT, cli, main_inprocess, one_error
 
 from bench.cli import baseline
 from bench.core import store
@@ -19,18 +19,6 @@ from bench.sweep import tasks
 from bench.sweep.profiles import load_profile
 from bench.sweep.runner import run_profile
 
-ONE = """
-[run]
-pgd_steps = 3
-pgd_restarts = 1
-[[sweep]]
-name = "one"
-kind = "dot"
-n = 3
-d = 4
-h = 2
-eps = [0.01, 0.1]
-"""
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 # root writes through chmod 555; /sys refuses even root, where it exists
 UNWRITABLE = Path("/sys/kernel") if Path("/sys/kernel").is_dir() else None
