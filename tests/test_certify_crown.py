@@ -13,8 +13,15 @@ import torch
 from helpers import ROOT, main_inprocess
 
 from bench.cli.certify_cmd import summary
-from bench.core import gate
-from bench.nets.accuracy import CASCADE, CASCADE_FIRST, first_test_images, load_model, run_certify
+from bench.core import gate, store
+from bench.nets.accuracy import (
+    CASCADE,
+    CASCADE_FIRST,
+    CertifyRun,
+    first_test_images,
+    load_model,
+    run_certify,
+)
 from bench.sweep.rows import network_rows
 from bounds import crown
 from bounds.netcrown import TracedViT, spec, verify
@@ -127,3 +134,70 @@ def test_certify_json_names_crown(capsys):
     assert got["certificates"]["crown"]["kind"] == "relaxation" and got["violations"] == 0
     assert got["seconds_per_sample"]["crown"] > 0
     assert len(got["samples"]["sent_to_crown"][CASCADE]["0.01"]) == 3
+
+
+@needs_lirpa
+def test_cascade_rows_pass_the_gate_and_say_what_went_on(tiny_run):
+    _, _, _, res = tiny_run
+    at = res.eps[1]
+    one = CertifyRun(res.labels, res.margin, res.correct, [at], res.bounds,
+                     **{f: {k: v for k, v in getattr(res, f).items() if k[1] == at}
+                        for f in ("delta", "prop1", "pairwise", "certificates", "seconds", "sent")},
+                     **{f: {at: getattr(res, f)[at]} for f in ("pgd_margin", "pgd_broken", "pgd_features",
+                                                                "pgd_seconds")})
+    df = pd.DataFrame(network_rows(one)).assign(sweep="s", cell_id="c")
+    gate.check(df, "rows")
+    rows = df[(df["role"] == "certify") & (df["bound"] == CASCADE)]
+    assert len(rows) == res.n and rows["value"].isna().all()
+    assert rows["sent_to_crown"].tolist() == res.sent[(CASCADE, at)].tolist()
+    assert df.loc[df["bound"] != CASCADE, "sent_to_crown"].isna().all()
+    # the gate judges the cascade's verdict as any certify row's: certified and broken is a violation
+    certified = rows.index[rows["certified_pairwise"].astype(bool)]
+    assert len(certified)
+    forged = df.copy()
+    sample = forged.loc[certified[0], "sample"]
+    forged.loc[forged["sample"] == sample, ["pgd_margin", "pgd_broken"]] = [-1.0, True]
+    assert gate.derive(forged).loc[certified[0], "violation"]
+
+
+@needs_lirpa
+def test_a_certify_crown_cell_adds_crown_and_the_cascade(tmp_path, capsys):
+    profile = tmp_path / "p.toml"
+    profile.write_text('[run]\npgd_steps = 5\npgd_restarts = 1\n[[sweep]]\nname = "c"\n'
+                       'task = "certify_crown"\nmodel = "tiny-digits-d16-b1-h1-c0.5"\n'
+                       'eps = 0.02\nsamples = 6\n')
+    code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", tmp_path / "out")
+    assert code == 0, err
+    df = store.load(tmp_path / "out")
+    cert = df[df["role"] == "certify"]
+    assert {"crown", CASCADE, "naive", "best"} <= set(cert["bound"])
+    assert cert.groupby("bound").size().eq(6).all()
+    assert not gate.derive(df)["violation"].any()
+
+
+def test_a_certify_crown_cell_without_auto_lirpa_is_a_certify_cell(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "auto_LiRPA", None)
+    profile = tmp_path / "p.toml"
+    profile.write_text('[run]\npgd_steps = 5\npgd_restarts = 1\n[[sweep]]\nname = "c"\n'
+                       'task = "certify_crown"\nmodel = "tiny-digits-d16-b1-h1-c0.5"\n'
+                       'eps = 0.02\nsamples = 2\n')
+    code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", tmp_path / "out")
+    assert code == 0, err
+    assert [ln for ln in err.splitlines() if "auto_LiRPA" in ln] == [f"note: the CROWN rows are left out: "
+                                                                      f"{crown.INSTALL}"]
+    cert = store.load(tmp_path / "out").query("role == 'certify'")
+    assert not {"crown", "alpha_crown", CASCADE} & set(cert["bound"]) and "best" in set(cert["bound"])
+
+
+@needs_lirpa
+def test_the_cascade_named_as_a_bound_is_the_cascade_flag(capsys):
+    common = ["certify", "--model", TINY, "--limit", "2", "--eps", "0.01", "--pgd-steps", "2",
+              "--pgd-restarts", "1", "--json"]
+    code, out, err = main_inprocess(capsys, *common, "--bounds", CASCADE)
+    assert code == 0, err
+    named = json.loads(out)
+    code, out, err = main_inprocess(capsys, *common, "--bounds", CASCADE_FIRST, "--cascade")
+    assert code == 0, err
+    flagged = json.loads(out)
+    assert named["certified_accuracy"] == flagged["certified_accuracy"]
+    assert set(named["certified_accuracy"]) == {CASCADE_FIRST, CASCADE}

@@ -38,7 +38,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--eps", default="0.02,0.05,0.1",
                    help="ℓ2 radii over the image in pixel space, comma-separated (default 0.02,0.05,0.1)")
     c.add_argument("--bounds", default=None, help="comma-separated bound names (default: every bound "
-                   "that certifies a network)")
+                   f"that certifies a network); {CASCADE} among them is --cascade")
     c.add_argument("--cascade", action="store_true", help=f"add the bound {CASCADE}: {CASCADE_FIRST} on "
                    "every image, whole-network CROWN on the correctly classified ones it leaves uncertified "
                    "(needs auto_LiRPA)")
@@ -130,9 +130,12 @@ def run(args: argparse.Namespace) -> int:
         set_threads(args.certify_threads)
     eps = parse_eps(args.eps)
     names = split_list("--bounds", args.bounds) if args.bounds is not None else None
+    cascade = args.cascade or CASCADE in (names or [])
+    if names is not None:  # the cascade named as a bound is --cascade (alone: beside its first bound)
+        names = [n for n in names if n != CASCADE] or [CASCADE_FIRST]
     for name in names or []:
         network_bound(name)  # refuse before loading anything
-    for name in (names or []) + (["crown"] if args.cascade else []):
+    for name in (names or []) + (["crown"] if cascade else []):
         if name in METHODS:
             network_bound(name).check()  # auto_LiRPA missing: one error line before any work
     if args.seed < 0:
@@ -145,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     check_certifiable(net)
     images, labels = first_test_images(args.dataset, net, args.limit)
     res = run_certify(net, images, labels, eps, names, steps=args.pgd_steps, restarts=args.pgd_restarts,
-                      seed=args.seed, device=device, progress=True, cascade=args.cascade)
+                      seed=args.seed, device=device, progress=True, cascade=cascade)
     s = summary(res)
     cfg = net.cfg
     s["meta"] = {"model": str(args.model), "card": {k: card.get(k) for k in (

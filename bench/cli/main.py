@@ -14,7 +14,7 @@ import torch
 
 from models import InputError
 
-from ..core.env import ROOT, set_threads
+from ..core.env import ROOT, keep_freed_memory, set_threads
 from ..sweep.profiles import OVERRIDES
 from .certify_cmd import add_parser as add_certify_parser
 from .train_cmd import add_parser as add_train_parser
@@ -174,6 +174,7 @@ def _resume_command(args, out) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    keep_freed_memory()
     try:
         set_threads(args.threads)
         if args.command == "point":

@@ -35,7 +35,7 @@ REQUIRED = [*KEY, "schema_version", "certificate", *BOOLEAN, *NUMERIC]
 OPTIONAL_NUMERIC = ["label", "margin", "pgd_margin", "attack_steps", "tokens", "radius", "peak_mib",
                     "vit_depth", "vit_heads", "vit_d", "vit_c", "vit_qk", "vit_margin_eps",
                     "vit_test_accuracy"]
-OPTIONAL_BOOLEAN = ["correct", "certified_prop1", "certified_pairwise", "pgd_broken"]
+OPTIONAL_BOOLEAN = ["correct", "certified_prop1", "certified_pairwise", "pgd_broken", "sent_to_crown"]
 LOCK = ".lock"
 # what this suite writes for a missing number; pandas' longer default list would read a stray
 # "n/a" or "NULL" in a value column as a number and let it pass

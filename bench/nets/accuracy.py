@@ -19,6 +19,7 @@ from attacks.margin import attack_margin, margin
 from bounds.certificates import Certificate, exact_norm, reuse
 from bounds.netcrown import METHODS, RELAXATION, TracedViT, verify
 from bounds.network import Certifier, network_bound, network_bounds
+from bounds.registry import CASCADE, CASCADE_FIRST
 from models import InputError, check_eps
 from models.data import load_dataset
 from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
@@ -32,10 +33,6 @@ from ..core.arglists import split_list
 # kernel of the ≈ 280 Lanczos steps per norm: 256 samples amortise the launches (≈ 2 GB at nd = 1024)
 CHUNK = 32
 GPU_CHUNK = 256
-# The cascade: the suite's cheapest sound network bound first, CROWN on the images it leaves
-# uncertified. naive is the cheapest by measurement (README, "Certified accuracy of a ViT").
-CASCADE = "cascade_crown"
-CASCADE_FIRST = "naive"
 
 
 def chunk_size(device: torch.device | str) -> int:

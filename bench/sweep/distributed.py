@@ -24,7 +24,7 @@ import torch
 
 from models import InputError
 
-from ..core.env import device_name, git_state, resolve_device, resolve_dtype
+from ..core.env import device_name, git_state, keep_freed_memory, resolve_device, resolve_dtype
 from .cases import Cell
 from .tasks import TASKS
 
@@ -176,8 +176,10 @@ def dask_setup(worker) -> None:
     """Run by each worker of ``--workers`` once it has started (Dask's preload, set above): Ctrl-C
     in a terminal reaches the whole process group, and each worker would die of it with a traceback
     of its own; the client alone stops a run, and closing the cluster stops the workers. Workers of
-    a ``--scheduler`` cluster are not ours and keep their signals."""
+    a ``--scheduler`` cluster are not ours and keep their signals. Their allocator is set as the
+    client's (:func:`bench.core.env.keep_freed_memory`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    keep_freed_memory()
 
 
 def compute(cell_id: str, run: dict, device_arg: str, threads: int) -> tuple[list[dict], dict]:

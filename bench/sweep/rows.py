@@ -53,6 +53,7 @@ CERTIFY_COLUMNS = {"label": "the image's class", "correct": "classified correctl
                    "certified_pairwise": "certified by the pairwise-head test (ours)",
                    "pgd_margin": "the smallest margin PGD found in the ball",
                    "pgd_broken": "PGD found a point of the ball not classified as the label",
+                   "sent_to_crown": "a cascade row's image went on to CROWN (the first bound left it)",
                    "attack_steps": "PGD steps of an accuracy row",
                    "peak_mib": "peak memory of a timed computation of the cost task, MiB above its start"}
 # the extra columns of the pretrained study's rows (docs/bounds.md §1.6); absent from other rows
@@ -148,7 +149,8 @@ def network_rows(res: CertifyRun) -> list[dict]:
                             certificate=res.certificates[key], finding=bool(b.finding), objective="margin",
                             pgd=float(res.pgd_features[eps][i]), seconds=res.seconds[key] / n,
                             pgd_seconds=pgd_s, refuted=attacked,
-                            extra=per[i] | {"certified_prop1": prop1, "certified_pairwise": pairwise}))
+                            extra=per[i] | {"certified_prop1": prop1, "certified_pairwise": pairwise}
+                            | ({"sent_to_crown": bool(res.sent[key][i])} if key in res.sent else {})))
     rows += [row("pgd", "pgd_margin", i, per[i]["margin"] - per[i]["pgd_margin"], certificate="attained",
                  objective="margin", seconds=pgd_s, extra=per[i]) for i in range(n)]
     return rows + accuracy_rows(res.correct, res.pgd_broken[eps], None)

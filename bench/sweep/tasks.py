@@ -13,6 +13,8 @@ from attacks.margin import attack_margin
 from bounds import crown
 from bounds import jacobian as jac
 from bounds import lofast as lf
+from bounds.network import network_bounds
+from bounds.registry import CASCADE
 from bounds.taylor import sigma_J
 from models import Stack
 from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
@@ -30,7 +32,9 @@ CAUCHY_PGD_STEPS = 20  # the Cauchy paper's Table 1 reports PGD-20 robust accura
 TOTALS = [*LOFAST_ONLY, "taylor", "best"]
 # CROWN beside this suite's bounds (docs/bounds.md §2.5); α-CROWN costs minutes at n=16, d=32 on a CPU
 CROWN_TASKS = {"crown": ["crown", "taylor", "lofast_xi", "best"],
-               "alpha_crown": ["crown", "alpha_crown", "taylor", "lofast_xi", "best"]}
+               "alpha_crown": ["crown", "alpha_crown", "taylor", "lofast_xi", "best"],
+               # whole-network CROWN beside every network bound, and LoFAST Table 2's cascade
+               "certify_crown": ["crown", CASCADE], "certify_alpha_crown": ["crown", "alpha_crown", CASCADE]}
 
 Task = Callable[[Cell, dict, torch.device, torch.dtype], list[dict]]
 
@@ -131,15 +135,23 @@ _CERTIFY_MEMO: dict = {"key": None, "memo": {}}
 
 def certify_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """A zoo model's first test images at the cell's ε: every network bound with both certification
-    tests, and PGD on the margin (docs/bounds.md §5). Certified values are float64 whatever ``dtype``."""
+    tests, and PGD on the margin (docs/bounds.md §5); tasks ``certify_crown`` and
+    ``certify_alpha_crown`` add whole-network CROWN (and α-CROWN) and the cascade. Certified values
+    are float64 whatever ``dtype``."""
     net, card, images, labels = cell.network()
     stat = os.stat(cell.model_path)
     key = (os.path.realpath(cell.model_path), stat.st_mtime_ns, stat.st_size, cell.dataset,
            cell.samples, str(device))
     if _CERTIFY_MEMO["key"] != key:
         _CERTIFY_MEMO.update(key=key, memo={})
-    res = run_certify(net, images, labels, [cell.eps], steps=run["pgd_steps"], restarts=run["pgd_restarts"],
-                      seed=run["seed"], device=device, memo=_CERTIFY_MEMO["memo"])
+    names, cascade = None, False
+    if cell.task in CROWN_TASKS:  # without auto_LiRPA these are the certify task's rows (runner: a note)
+        extra = CROWN_TASKS[cell.task] if crown.available() else []
+        names = [b.name for b in network_bounds()] + [n for n in extra if n != CASCADE]
+        cascade = CASCADE in extra
+    res = run_certify(net, images, labels, [cell.eps], names, steps=run["pgd_steps"],
+                      restarts=run["pgd_restarts"], seed=run["seed"], device=device,
+                      memo=_CERTIFY_MEMO["memo"], cascade=cascade)
     return with_model(network_rows(res), card)
 
 
@@ -187,4 +199,5 @@ def pretrained_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dt
 TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "totals": totals_task,
                           "scaling": scaling_task, "cauchy": cauchy_task, "certify": certify_task,
                           "cauchy_model": cauchy_model_task, "pretrained": pretrained_task,
-                          "cost": cost_task, "crown": crown_task, "alpha_crown": crown_task}
+                          "cost": cost_task, "crown": crown_task, "alpha_crown": crown_task,
+                          "certify_crown": certify_task, "certify_alpha_crown": certify_task}
