@@ -352,11 +352,12 @@ def test_row_refuses_unknown_extra_columns():
 
 def test_model_cells_round_trip_and_other_ids_are_unchanged():
     for cell in (Cell(task="certify", model="digits-d32-b2-h2-c0.5", samples=20, eps=0.02),
+                 Cell(task="certify_crown", model="digits-d32-b2-h2-c0.5", samples=20, eps=0.02),
                  Cell(task="cauchy_model", model="digits-d16-b2-h1-vanilla", samples=100, eps=0.1, seed=2)):
         assert Cell.from_id(cell.id) == cell and f"model={cell.model}" in cell.id
     assert Cell().id == "dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]"
     cells = [c for _, c in load_profile("paper").cells() if c.model]
-    assert {c.task for c in cells} == {"certify", "cauchy_model", "bounds", "lofast"}
+    assert {c.task for c in cells} == {"certify", "certify_crown", "cauchy_model", "bounds", "lofast"}
     assert all(Cell.from_id(c.id) == c for c in cells)
 
 
