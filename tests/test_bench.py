@@ -246,3 +246,14 @@ def test_a_mostly_empty_text_column_loads_as_text_without_a_warning(tmp_path):
         warnings.simplefilter("error")
         df = load(ROOT / "results" / "baseline")
     assert df["model_version"].dropna().map(lambda v: isinstance(v, str)).all()
+
+
+def test_the_allocator_setting_is_made_on_glibc_and_can_be_declined(monkeypatch):
+    import platform
+
+    from bench.core.env import ALLOCATOR_ENV, keep_freed_memory
+
+    monkeypatch.setenv(ALLOCATOR_ENV, "system")
+    assert keep_freed_memory() is False
+    monkeypatch.delenv(ALLOCATOR_ENV)
+    assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
