@@ -201,3 +201,20 @@ def test_the_cascade_named_as_a_bound_is_the_cascade_flag(capsys):
     flagged = json.loads(out)
     assert named["certified_accuracy"] == flagged["certified_accuracy"]
     assert set(named["certified_accuracy"]) == {CASCADE_FIRST, CASCADE}
+
+
+@needs_lirpa
+def test_a_nan_of_alpha_crown_falls_back_to_crowns_bound(monkeypatch):
+    from bounds import netcrown
+
+    net, _ = load_model(TINY)
+    X, y = first_test_images("digits", net, 4)
+    crown_only = verify(net, X, y, 1e-3, "crown")
+    real = netcrown._lower
+    monkeypatch.setattr(netcrown, "_lower", lambda b, xb, C, method: torch.full_like(
+        real(b, xb, C, "CROWN"), torch.nan) if method == "CROWN-Optimized" else real(b, xb, C, method))
+    got = verify(net, X, y, 1e-3, "alpha_crown")
+    # (batches of 1 against CROWN's 2: the same bounds up to the order of float sums)
+    assert torch.allclose(got.lower, crown_only.lower, rtol=1e-12, atol=1e-12)
+    assert torch.equal(got.certified, crown_only.certified)
+    assert crown_only.certified.any()  # (so that a NaN carried into the maximum would show)
