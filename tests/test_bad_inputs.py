@@ -24,6 +24,7 @@ from helpers import ONE, ROOT, main_inprocess
 from safetensors.torch import save_file
 
 import bench.cli.train_cmd
+import bench.nets.accuracy
 import bench.nets.train
 import bench.nets.zoo
 import bounds
@@ -367,3 +368,31 @@ def test_ctrl_c_with_dask_workers(tmp_path):
     pytest.importorskip("distributed")
     r, out = _interrupt(tmp_path, "--workers", "2")
     assert "--workers 2" in _check_interrupted(r, out)
+
+
+TINY_MODEL = ROOT / "zoo" / "tiny-digits-d16-b1-h1-c0.5.safetensors"
+ALLOCATOR = "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: 134217728 bytes"
+
+
+@pytest.mark.parametrize("error", [RuntimeError(ALLOCATOR), MemoryError()])
+def test_out_of_memory_is_one_error_line(capsys, monkeypatch, error):
+    # whole-network α-CROWN needs > 20 GB an image on the 3-block digits model: the CLI says so in one line
+    def exhausted(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(bench.nets.accuracy.Certifier, "__init__", exhausted)
+    code, out, err = main_inprocess(capsys, "certify", "--model", TINY_MODEL, "--limit", "2", "--eps", "0.01",
+                                    "--bounds", "naive")
+    assert code == 2 and out == ""
+    (line,) = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("certify:")]  # (the bar)
+    assert line.startswith("error: out of memory during certify")
+
+
+def test_other_runtime_errors_are_not_called_out_of_memory(capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(bench.nets.accuracy.Certifier, "__init__", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main_inprocess(capsys, "certify", "--model", TINY_MODEL, "--limit", "2", "--eps", "0.01",
+                       "--bounds", "naive")

@@ -131,50 +131,52 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     clean, chunk = [], chunk_size(device)
     bar = tqdm(total=len(images), desc="certify", unit="image", file=sys.stderr, disable=not progress,
                mininterval=2)
-    for i in range(0, len(images), chunk):
-        x, y = images[i:i + chunk], labels[i:i + chunk]
-        # without a memo each chunk's norms are dropped after it, not held to the end of the run
-        held = memo.get(i) if memo is not None else None
-        if held is None:
-            held = (Certifier(net, x, y), {})
-            if memo is not None:
-                memo[i] = held
-        cert, norms = held
-        clean.append(cert.logits)
-        with reuse(norms):  # one chunk's norms, shared by every bound and ε (they do not depend on ε)
-            for e in eps:
-                for b in bounds_:
-                    p = parts[(b.name, e)]
-                    if b in direct:
-                        v = verify(net, x, y, e, b.name, traced)
-                        p["delta"].append(torch.full((len(x),), torch.nan, dtype=torch.float64))
-                        p["prop1"].append(v.certified)
-                        p["pairwise"].append(v.certified)
-                        p["cert"].append(RELAXATION)
-                        p["s"] += v.seconds
-                        p["s_last"] = v.seconds  # this chunk's, for the cascade
-                        continue
-                    c = cert.certify(b, e)
-                    p["delta"].append(c.delta)
-                    p["prop1"].append(c.prop1)
-                    p["pairwise"].append(c.pairwise)
-                    p["cert"].append(c.certificate)
-                    p["s"] += c.seconds
-                if cascade:
-                    _cascade(parts, net, x, y, e, cert, traced, i)
-        with torch.no_grad():
-            features = net.trace(x).features  # the clean features, the same for every ε
-        for e in eps:
-            start = time.perf_counter()
-            a = attack_margin(net, x, y, e, steps=steps, restarts=restarts, seed=seed + i)
+    try:
+        for i in range(0, len(images), chunk):
+            x, y = images[i:i + chunk], labels[i:i + chunk]
+            # without a memo each chunk's norms are dropped after it, not held to the end of the run
+            held = memo.get(i) if memo is not None else None
+            if held is None:
+                held = (Certifier(net, x, y), {})
+                if memo is not None:
+                    memo[i] = held
+            cert, norms = held
+            clean.append(cert.logits)
+            with reuse(norms):  # one chunk's norms, shared by every bound and ε (they do not depend on ε)
+                for e in eps:
+                    for b in bounds_:
+                        p = parts[(b.name, e)]
+                        if b in direct:
+                            v = verify(net, x, y, e, b.name, traced)
+                            p["delta"].append(torch.full((len(x),), torch.nan, dtype=torch.float64))
+                            p["prop1"].append(v.certified)
+                            p["pairwise"].append(v.certified)
+                            p["cert"].append(RELAXATION)
+                            p["s"] += v.seconds
+                            p["s_last"] = v.seconds  # this chunk's, for the cascade
+                            continue
+                        c = cert.certify(b, e)
+                        p["delta"].append(c.delta)
+                        p["prop1"].append(c.prop1)
+                        p["pairwise"].append(c.pairwise)
+                        p["cert"].append(c.certificate)
+                        p["s"] += c.seconds
+                    if cascade:
+                        _cascade(parts, net, x, y, e, cert, traced, i)
             with torch.no_grad():
-                moved = (net.trace(x + a.delta).features - features).norm(dim=-1)
-            attack[e]["margin"].append(a.margin)
-            attack[e]["broken"].append(a.broken)
-            attack[e]["features"].append(moved)
-            attack[e]["s"] += time.perf_counter() - start
-        bar.update(len(x))
-    bar.close()
+                features = net.trace(x).features  # the clean features, the same for every ε
+            for e in eps:
+                start = time.perf_counter()
+                a = attack_margin(net, x, y, e, steps=steps, restarts=restarts, seed=seed + i)
+                with torch.no_grad():
+                    moved = (net.trace(x + a.delta).features - features).norm(dim=-1)
+                attack[e]["margin"].append(a.margin)
+                attack[e]["broken"].append(a.broken)
+                attack[e]["features"].append(moved)
+                attack[e]["s"] += time.perf_counter() - start
+            bar.update(len(x))
+    finally:  # an error (out of memory, Ctrl-C) ends the bar before its line is printed
+        bar.close()
     logits = torch.cat(clean)
     out = CertifyRun(labels.cpu(), margin(logits, labels).cpu(), (logits.argmax(-1) == labels).cpu(),
                      eps, listed)
