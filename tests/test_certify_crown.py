@@ -160,15 +160,20 @@ def test_cascade_rows_pass_the_gate_and_say_what_went_on(tiny_run):
     assert gate.derive(forged).loc[certified[0], "violation"]
 
 
-@needs_lirpa
-def test_a_certify_crown_cell_adds_crown_and_the_cascade(tmp_path, capsys):
+def run_certify_crown_cell(tmp_path, capsys, samples: int):
+    """A one-cell run of task certify_crown on the tiny model: (its table, the run's stderr)."""
     profile = tmp_path / "p.toml"
     profile.write_text('[run]\npgd_steps = 5\npgd_restarts = 1\n[[sweep]]\nname = "c"\n'
                        'task = "certify_crown"\nmodel = "tiny-digits-d16-b1-h1-c0.5"\n'
-                       'eps = 0.02\nsamples = 6\n')
+                       f'eps = 0.02\nsamples = {samples}\n')
     code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", tmp_path / "out")
     assert code == 0, err
-    df = store.load(tmp_path / "out")
+    return store.load(tmp_path / "out"), err
+
+
+@needs_lirpa
+def test_a_certify_crown_cell_adds_crown_and_the_cascade(tmp_path, capsys):
+    df, _ = run_certify_crown_cell(tmp_path, capsys, 6)
     cert = df[df["role"] == "certify"]
     assert {"crown", CASCADE, "naive", "best"} <= set(cert["bound"])
     assert cert.groupby("bound").size().eq(6).all()
@@ -177,15 +182,10 @@ def test_a_certify_crown_cell_adds_crown_and_the_cascade(tmp_path, capsys):
 
 def test_a_certify_crown_cell_without_auto_lirpa_is_a_certify_cell(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "auto_LiRPA", None)
-    profile = tmp_path / "p.toml"
-    profile.write_text('[run]\npgd_steps = 5\npgd_restarts = 1\n[[sweep]]\nname = "c"\n'
-                       'task = "certify_crown"\nmodel = "tiny-digits-d16-b1-h1-c0.5"\n'
-                       'eps = 0.02\nsamples = 2\n')
-    code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", tmp_path / "out")
-    assert code == 0, err
+    df, err = run_certify_crown_cell(tmp_path, capsys, 2)
     assert [ln for ln in err.splitlines() if "auto_LiRPA" in ln] == [f"note: the CROWN rows are left out: "
                                                                       f"{crown.INSTALL}"]
-    cert = store.load(tmp_path / "out").query("role == 'certify'")
+    cert = df.query("role == 'certify'")
     assert not {"crown", "alpha_crown", CASCADE} & set(cert["bound"]) and "best" in set(cert["bound"])
 
 
