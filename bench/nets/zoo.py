@@ -62,6 +62,8 @@ ZOO: list[Entry] = [
     # cross-entropy leave the attention nonlinear on the data; at ε = 0.005 Taylor (= best) certifies
     # 63% of the first 150 test images and LoFAST none
     Entry({**LOFAST, "qk_constraint": 2.0, "depth": 2, "heads": 2, "constraint": 0.5}, CERTIFIABLE_EPOCHS),
+    # and the tightest cap, q = 1, on plain cross-entropy: Taylor (= best) 77% at ε = 0.005, LoFAST 31%
+    Entry({**CERTIFIABLE, "depth": 2, "heads": 2, "constraint": 0.5}, CERTIFIABLE_EPOCHS),
     *(Entry({**VANILLA, "depth": b, "heads": h}) for b in (2, 4) for h in (1, 4)),
     # the Cauchy table's vanilla row at the constrained models' width (d = 32, depth 2, 2 heads)
     Entry({**VANILLA, "d": 32, "ffn": 64, "depth": 2, "heads": 2}),
@@ -125,6 +127,12 @@ python -m bench certify --model zoo/NAME.safetensors --dataset digits --eps 0.00
 | `digits-d32-b2-h2-c0.5-q2` (2, 0) | 0.940 | LoFAST (‖M‖), naive | 0/0 | 0/0 | 0/0 | 0/0 |
 | | | Taylor = best | **0.627**/0.067 | 0/0 | 0/0 | 0/0 |
 | | | PGD robust | 0.933 | 0.920 | 0.907 | 0.867 |
+| `digits-d32-b2-h2-c0.5-q1` (1, 0) | 0.940 | LoFAST (‖M‖) | 0.307/0 | 0/0 | 0/0 | 0/0 |
+| | | naive | 0.253/0 | 0/0 | 0/0 | 0/0 |
+| | | Taylor = best | **0.767**/0.387 | **0.340**/0 | 0/0 | 0/0 |
+| | | PGD robust | 0.927 | 0.920 | 0.907 | 0.873 |
+| `…-q8`(8, 0)¹ | 0.987 | every bound | 0/0 | 0/0 | 0/0 | 0/0 |
+| | | PGD robust | 0.967 | 0.967 | 0.967 | 0.920 |
 | `…-q2-m0.003`(2, 0.003)¹ | 0.933 | LoFAST, Taylor, best| 0.867/0.727 | 0.807/0.440 | 0.547/0.040 | 0.013/0 |
 | | | naive | 0.867/0.727 | 0.793/0.420 | 0.540/0.033 | 0.013/0 |
 | | | PGD robust | 0.933 | 0.933 | 0.893 | 0.860 |
@@ -142,7 +150,13 @@ attention logits sit at the cap, ‖W^Q_l W^K_lᵀ‖₂ = 4.0 in every head of 
 δ₂ is of the order of ε itself, Taylor's remainder O(ε²) (docs/bounds.md §2.3): at ε = 0.005 Taylor
 (and best, which takes it) certifies 63% of the images and LoFAST none; from ε = 0.01 on nothing
 certifies. The quick profile's sweep `certify_disagree` is this model at ε = 0.005 on 50 images
-(measured: Taylor = best 0.54, every LoFAST variant and naive 0).
+(measured: Taylor = best 0.54, every LoFAST variant and naive 0; CROWN 0.92).
+
+`digits-d32-b2-h2-c0.5-q1` is kept as well: the tightest cap on plain cross-entropy, its logits
+again at the cap (‖W^Q_l W^K_lᵀ‖₂ = 1.0 in every head), so the attention stays nonlinear but
+milder. It separates the bounds most: at ε = 0.005 Taylor (= best) certifies 77% of the images,
+LoFAST (‖M‖) 31% and naive 25%, and at ε = 0.01 Taylor 34% and LoFAST none. Looser caps without
+margin training certify nothing at ε ≥ 0.005 (q = 4, 8): the cap decides.
 
 The margin-trained models tie because margin training drives the logits to zero:
 `digits-d32-b2-h2-c0.5-q1-m0.003` has ‖W^Q_l W^K_lᵀ‖₂ < 3·10⁻⁴ in both blocks, so each attention is
@@ -150,12 +164,12 @@ linear in its input (uniform weights) and LoFAST, Taylor and naive reduce to nea
 Lipschitz product. Looser caps with margin training tie the same way (table: LoFAST = Taylor =
 best, naive a few images fewer): q = 2 at ε_t = 0.003, and q = 8 at ε_t = 0.001, whose logits
 training also drove to ‖W^Q_l W^K_lᵀ‖₂ ≤ 2·10⁻⁵ although the cap allowed 64; q = 4 at ε_t = 0.003
-certifies exactly what q = 2 does. Without margin training the cap decides: at q = 4 (cross-entropy,
-test accuracy 0.947) no bound certifies an image at ε ≥ 0.005, where q = 2 leaves Taylor 63%. None
-of these was kept (¹: trained outside zoo/ and deleted after the sweep; the q = 4 rows were measured
-with the command above on models trained as `digits-d32-b2-h2-c0.5-q2` with `--qk-constraint 4.0`,
-and `--margin-eps 0.003` for the second). Not run: the rest of the (q, ε_t) grid (q = 1, 8 without
-margin training).
+certifies exactly what q = 2 does. Without margin training the cap decides: at q = 4 (test accuracy
+0.947) and q = 8 (0.973) no bound certifies an image at ε ≥ 0.005, where q = 2 leaves Taylor 63% and
+q = 1 77%. The models marked ¹ were not kept (trained outside zoo/ and deleted after the sweep; the
+q = 4 and q = 8 rows were measured with the command above on models trained as
+`digits-d32-b2-h2-c0.5-q2` with `--qk-constraint 4.0` or `8.0`, and `--margin-eps 0.003` for
+`…-q4-m0.003`). Not run: q = 1 at other margins than 0.003 and 0, q = 8 at 0.003.
 
 ## Fashion-MNIST
 
