@@ -19,6 +19,7 @@ without directed rounding. auto_LiRPA is an optional dependency (the ``crown`` e
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 import warnings
@@ -57,11 +58,26 @@ def _lirpa():
     try:
         # its import warns about torch.jit.script, not about us; recorded and dropped, as a module it
         # imports puts its own filter before an "ignore" of ours
-        with warnings.catch_warnings(record=True):
+        with warnings.catch_warnings(record=True), _root_logger_kept():
             import auto_LiRPA
     except ImportError:
         raise InputError(INSTALL) from None
     return auto_LiRPA
+
+
+@contextlib.contextmanager
+def _root_logger_kept() -> Iterator[None]:
+    """auto_LiRPA's import calls ``logging.basicConfig(level=INFO)``: the root logger then prints every
+    library's INFO lines on stdout (the Dask scheduler's 240 a quick run, and into ``certify --json``).
+    Its level and handlers are put back as they were."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        yield
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+        root.setLevel(level)
 
 
 class Traced(nn.Module):

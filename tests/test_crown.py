@@ -9,7 +9,9 @@ import functools
 import importlib.util
 import json
 import math
+import os
 import random
+import subprocess
 import sys
 
 import numpy as np
@@ -212,3 +214,14 @@ def test_crown_sweeps_opt_in_where_the_profiles_say():
         assert {c.task for c in big} == ({"crown"} if profile == "quick" else {"crown", "alpha_crown"})
     quick = load_profile("quick").cells()
     assert sum(c.task == "alpha_crown" for _, c in quick) == 1  # a small layer: seconds, not minutes
+
+
+@needs_lirpa
+def test_importing_auto_lirpa_leaves_the_root_logger_alone():
+    # auto_LiRPA's import calls logging.basicConfig(level=INFO); in a fresh process, so that it runs
+    code = ("import logging; from bounds import crown; crown.check(); r = logging.getLogger(); "
+            "print(r.level, len(r.handlers))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["30", "0"]

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-from helpers import main_inprocess
+from helpers import cli, main_inprocess
 from test_bench import TINY
 from test_hardening import ONE, one_error
 
@@ -186,3 +186,18 @@ def test_missing_dask_names_the_extra(option, profile, tmp_path, capsys, monkeyp
     code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", tmp_path / "r", *option)
     one_error(code, err, "pip install 'attnbounds[dask]'")
     assert not (tmp_path / "r").exists()
+
+
+
+def test_local_workers_say_nothing_but_the_bar_and_the_result(tmp_path):
+    """The scheduler lives in the client's process and logs at INFO (its start, its ports, one line
+    per cell it lets go of); with auto_LiRPA imported (a CROWN cell), whose import set the root
+    logger to INFO on stdout, those lines reached the terminal. stderr keeps to the bar."""
+    (tmp_path / "p.toml").write_text('[run]\npgd_steps = 2\npgd_restarts = 1\n[[sweep]]\nname = "c"\n'
+                                     'task = "crown"\nn = 3\nd = 4\nh = 2\neps = [0.01, 0.1]\n')
+    done = cli("run", "--profile", tmp_path / "p.toml", "--out", tmp_path / "r", "--workers", "2",
+               cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    output = done.stdout + done.stderr
+    assert "INFO" not in output and "Scheduler" not in output, output
+    assert "results:" in done.stdout
