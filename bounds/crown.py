@@ -137,6 +137,21 @@ def _float64() -> Iterator[None]:
         torch.set_default_dtype(before)
 
 
+def nan_as(bound: Tensor, fill: float) -> Tensor:
+    """``bound`` with its NaNs (an overflow inside a relaxation: a bound of nothing) as ``fill`` and
+    its ±inf kept (``torch.nan_to_num`` alone would clip them to the dtype's finite extremes)."""
+    return torch.nan_to_num(bound, nan=fill, posinf=math.inf, neginf=-math.inf)
+
+
+def intersect(crown_bound: Tensor, optimised: Tensor, lower: bool) -> Tensor:
+    """α-CROWN's bound intersected with CROWN's, both sound: the larger lower (or smaller upper)
+    bound. A NaN of the optimisation (met on the 1-block digits model) bounds nothing and is dropped,
+    not carried through the maximum over CROWN's bound."""
+    if lower:
+        return torch.maximum(crown_bound, nan_as(optimised, -math.inf))
+    return torch.minimum(crown_bound, nan_as(optimised, math.inf))
+
+
 def intervals(layer: DotMHA, X: Tensor, eps, method: str) -> tuple[Tensor, Tensor, Tensor]:
     """(lb, ub, f), each [B, n·d]: auto_LiRPA's bounds on every output entry of F(X + Γ) over
     ‖Γ‖_F ≤ ε (one joint L2 ball per input), and f = F(X). ``method``: ``CROWN`` or
@@ -163,7 +178,7 @@ def intervals(layer: DotMHA, X: Tensor, eps, method: str) -> tuple[Tensor, Tenso
             if method == "alpha-CROWN":
                 with torch.enable_grad():
                     lo, up = bounded.compute_bounds(x=(xb,), method="CROWN-Optimized")
-                lb, ub = torch.maximum(lb, lo.detach()), torch.minimum(ub, up.detach())
+                lb, ub = intersect(lb, lo.detach(), lower=True), intersect(ub, up.detach(), lower=False)
             lbs.append(lb.detach())
             ubs.append(ub.detach())
     f = layer.forward(X).reshape(B, n * d)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from models.vit import ViT
 
-from .crown import RELAXATION, _float64, _lirpa
+from .crown import RELAXATION, _float64, _lirpa, intersect, nan_as
 from .network import ROUNDING, check_certifiable
 
 METHODS = {"crown": "CROWN", "alpha_crown": "alpha-CROWN"}
@@ -153,17 +153,16 @@ def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "cr
             bounded = model.bounded(x.device, keep=METHODS[name] == "CROWN")
             xb = lirpa.BoundedTensor(x[i:i + BATCH[name]], PerturbationLpNorm(norm=2, eps=float(eps)))
             Ci = C[i:i + BATCH[name]]
-            lb = _lower(bounded, xb, Ci, "CROWN")
+            lb = nan_as(_lower(bounded, xb, Ci, "CROWN"), -math.inf)
             if METHODS[name] == "alpha-CROWN":
-                # a NaN of the optimisation (met on the 1-block digits model) bounds nothing: it must
-                # not reach the maximum, which would carry it over CROWN's bound
-                optimised = _lower(bounded, xb, Ci, "CROWN-Optimized").nan_to_num(nan=-math.inf)
-                if torch.isinf(optimised).all():  # said, so that CROWN's verdict is not read as α-CROWN's
-                    print(f"note: α-CROWN could not bound {len(Ci)} image(s) at ε = {eps:g} (a relaxed Σx² "
-                          "under LayerProject's sqrt went below 0); their alpha_crown verdict is CROWN's",
-                          file=sys.stderr)
-                lb = torch.maximum(lb, optimised)
-            parts.append(lb.detach().nan_to_num(nan=-math.inf))
+                optimised = _lower(bounded, xb, Ci, "CROWN-Optimized")
+                # said, so that CROWN's verdict is not read as α-CROWN's
+                if (nan_as(optimised, -math.inf) == -math.inf).all():
+                    print(f"note: α-CROWN could not bound {len(Ci)} image(s) at ε = {eps:g} (a relaxed "
+                          "Σx² under LayerProject's sqrt went below 0, or its optimisation gave NaN); "
+                          "their alpha_crown verdict is CROWN's", file=sys.stderr)
+                lb = intersect(lb, optimised, lower=True)
+            parts.append(lb)
         with torch.no_grad():
             logits = model(x)
     lb = torch.cat(parts)

@@ -5,6 +5,7 @@ between its first bound and the union of both, and the CLI's refusals and JSON."
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import pandas as pd
@@ -204,7 +205,8 @@ def test_the_cascade_named_as_a_bound_is_the_cascade_flag(capsys):
 
 
 @needs_lirpa
-def test_a_nan_of_alpha_crown_falls_back_to_crowns_bound(monkeypatch):
+@pytest.mark.parametrize("failed", [math.nan, -math.inf])  # a NaN bound; one auto_LiRPA could not compute
+def test_a_failed_alpha_crown_falls_back_to_crowns_bound_and_says_so(failed, monkeypatch, capsys):
     from bounds import netcrown
 
     net, _ = load_model(TINY)
@@ -212,9 +214,19 @@ def test_a_nan_of_alpha_crown_falls_back_to_crowns_bound(monkeypatch):
     crown_only = verify(net, X, y, 1e-3, "crown")
     real = netcrown._lower
     monkeypatch.setattr(netcrown, "_lower", lambda b, xb, C, method: torch.full_like(
-        real(b, xb, C, "CROWN"), torch.nan) if method == "CROWN-Optimized" else real(b, xb, C, method))
+        real(b, xb, C, "CROWN"), failed) if method == "CROWN-Optimized" else real(b, xb, C, method))
+    capsys.readouterr()
     got = verify(net, X, y, 1e-3, "alpha_crown")
     # (batches of 1 against CROWN's 2: the same bounds up to the order of float sums)
     assert torch.allclose(got.lower, crown_only.lower, rtol=1e-12, atol=1e-12)
     assert torch.equal(got.certified, crown_only.certified)
     assert crown_only.certified.any()  # (so that a NaN carried into the maximum would show)
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("note: α-CROWN could not")]
+    assert len(notes) == 4  # one per batch of one image
+
+
+def test_the_intersection_drops_nans_and_keeps_infinities():
+    crown_lb = torch.tensor([1.0, -math.inf, 2.0, -math.inf], dtype=torch.float64)
+    optimised = torch.tensor([math.nan, math.nan, 3.0, -math.inf], dtype=torch.float64)
+    assert crown.intersect(crown_lb, optimised, lower=True).tolist() == [1.0, -math.inf, 3.0, -math.inf]
+    assert crown.intersect(-crown_lb, -optimised, lower=False).tolist() == [-1.0, math.inf, -3.0, math.inf]
