@@ -23,10 +23,10 @@ LEVEL = 0.95  # the confidence of every interval the report draws around a certi
 CASCADE = "cascade"  # a bound whose name starts so is a cascade (cheapest sound bound first, then CROWN)
 # a boolean column of a cascade's rows: True where the cascade sent the image on to CROWN
 SENT = "sent_to_crown"
-# display names (and colours) of bounds the registry may not hold, in the order they are shown after
-# the registry's; any other unknown name is shown as it is, last, in a colour of the palette
-LABELS = {"crown": "CROWN", "alpha_crown": "α-CROWN", "cascade": "cascade (suite → CROWN)",
-          "cascade_crown": "cascade (suite → CROWN)", "cascade_alpha_crown": "cascade (suite → α-CROWN)"}
+# display names of cascades the registry does not hold, in the order they are shown after the
+# registry's (CROWN, α-CROWN and cascade_crown are registered and named there); any other unknown name
+# is shown as it is, last. The colours of the CROWN family, which panels' palette lacks
+LABELS = {"cascade": "cascade (suite → CROWN)", "cascade_alpha_crown": "cascade (suite → α-CROWN)"}
 COLOURS = {"crown": "#e7298a", "alpha_crown": "#7570b3", "cascade": "#a6761d", "cascade_crown": "#a6761d",
            "cascade_alpha_crown": "#66a61e"}
 PGD_REF = "PGD robust (upper ref.)"
