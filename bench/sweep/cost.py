@@ -11,8 +11,6 @@ eigendecomposition (≈ 4/3·D³).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import threading
 import time
@@ -26,6 +24,7 @@ from bounds import lofast as lf
 from bounds.certificates import Certificate, kw_steps, ledger
 from models.operators import M_GRAM_LIMIT, VERIFY_MIN, ZETA_GRAM_LIMIT
 
+from ..core.env import glibc
 from .cases import Cell
 from .rows import row
 
@@ -85,8 +84,9 @@ def _rss() -> int:
 
 def _trim() -> None:
     """Returns freed heap to the system (glibc), so the next peak is measured from a low floor."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    libc = glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def measure(fn: Callable, device: torch.device):
