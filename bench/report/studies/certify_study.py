@@ -116,7 +116,8 @@ def table1(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     eps = sorted(set(c.index.get_level_values("eps")))
     names = _unique(_names(c))
     rows = []
-    for model, m in tr.model_order(sub).iterrows():
+    models = tr.model_order(sub)
+    for model, m in models.iterrows():
         if model not in c.index.get_level_values("model"):
             continue
         at = c.xs(model, level="model")
@@ -135,21 +136,22 @@ def table1(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         f"‖W^V‖, ‖W^O‖ and q on ‖W^Q‖, ‖W^K‖, training radius ε_t, clean accuracy over the same images), "
         f"PGD robust accuracy (an upper bound of the true robust accuracy) and each bound's certified "
         f"accuracy (pairwise-head test) at each ε (ℓ2 over the image, pixels in [0, 1]); s/sample: the "
-        f"bound's seconds per image, mean over ε, its certificate included.{disagreements(df)} "
+        f"bound's seconds per image, mean over ε, its certificate included."
+        f"{disagreements(c, models['vit_margin_eps'])} "
         f"{_provenance(sub, c)}.")
 
 
-def disagreements(df: pd.DataFrame, gap: float = DISAGREE) -> str:
+def disagreements(c: pd.DataFrame, margin: pd.Series, gap: float = DISAGREE) -> str:
     """The caption's word on where the bounds rank: per model, the largest difference in certified
     accuracy between LoFAST (‖M‖) and best or CROWN at one ε where either certifies something, the
-    models where it reaches ``gap`` named with it, the others said to tie (docs/bounds.md §5)."""
-    c = counts(df)
+    models where it reaches ``gap`` named with it, the others said to tie (docs/bounds.md §5).
+    ``c``: :func:`~bench.report.studies.trained_study.counts`; ``margin``: each model's training
+    radius ε_t."""
     present = set(c.index.get_level_values("bound"))
     rivals = [b for b in RIVALS if b in present]
     if BASE not in present or not rivals:
         return ""
     acc = c["accuracy"].unstack("bound")
-    margin = tr.model_order(network(df))["vit_margin_eps"]
     found, tie = [], []
     for model, at in acc.groupby(level="model"):
         best_gap, where = 0.0, ""
