@@ -142,7 +142,7 @@ def cluster(workers: int | None = None, scheduler: str | None = None) -> Iterato
         # task's exception reaches the client and is said there once, as one error line. The
         # scheduler's HTTP server always starts; on any free local port, since a second run here (or
         # anything else on Dask's 8787) would draw a warning about the port
-        with _local_config(), _quiet_scheduler(), \
+        with _local_config(), \
                 distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                          dashboard_address="127.0.0.1:0",
                                          silence_logs=logging.CRITICAL) as local, \
@@ -158,20 +158,6 @@ def cluster(workers: int | None = None, scheduler: str | None = None) -> Iterato
                          f"({type(e).__name__}: {e})") from None
     with client:
         yield Cluster(client, f"Dask at {scheduler}")
-
-
-@contextlib.contextmanager
-def _quiet_scheduler() -> Iterator[None]:
-    """The local scheduler runs in this process and logs at INFO to stderr (its start, its ports, and
-    one "cancels key" line per cell when the client lets go of the finished futures: 240 lines a
-    quick run); warnings and errors still show."""
-    log = logging.getLogger("distributed")
-    level = log.level
-    log.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 def _local_config():
