@@ -24,8 +24,8 @@ from bench.core.env import keep_freed_memory
 from bench.nets.accuracy import first_test_images, load_model
 from bounds import crown
 from bounds.certificates import reuse
-from bounds.netcrown import METHODS, TracedViT, verify
 from bounds.network import Certifier
+from bounds.network.netcrown import METHODS, TracedViT, verify
 from models import InputError
 
 torch.set_num_threads(1)

@@ -30,9 +30,15 @@ CROWN = "Zhang et al. 2018 (CROWN), through auto_LiRPA (Xu et al. 2020)"
 # measurement (README, "Certified accuracy of a ViT")
 CASCADE = "cascade_crown"
 CASCADE_FIRST = "naive"
+TAYLOR_NET = "taylor_net"
 
 def _network_only(layer, X, eps):
     raise InputError(f"{CASCADE} certifies a whole network only: python -m bench certify --cascade")
+
+
+def _taylor_net_only(layer, X, eps):
+    raise InputError(f"{TAYLOR_NET} certifies a whole network only: python -m bench certify --bounds "
+                     f"{TAYLOR_NET}")
 
 
 # ``biases=True``: docs/bounds.md §1.5 extends the bound to dot layers with biases (b_v and b_o cancel,
@@ -97,6 +103,13 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("cascade_crown", _network_only, "Havens et al., LoFAST Table 2 (its cascade), with CROWN",
           f"{CASCADE_FIRST}, then whole-network CROWN on the rest (docs/bounds.md §5)", True, frozenset(),
           opt_in=True, check=crown_.check, display=f"{CASCADE_FIRST} → CROWN (cascade)"),
+    # this suite's whole-network certificate, exact to first order (docs/bounds.md §5.1): like the
+    # cascade, no layer kind (no layer sweep, ``point`` nor ``best`` computes it), a direct verdict
+    Bound(TAYLOR_NET, _taylor_net_only, "this suite, docs/bounds.md §5.1", "§5.1: first order exact, "
+          "remainders and kinks bounded", True, frozenset(), ours=True, display="taylor_net",
+          description="a zonotope of the whole network's deviations from the pixels to the margins: "
+                      "each smooth stage's Jacobian at the clean image plus its remainder, a "
+                      "relaxation only for the units that can cross a kink"),
     Bound("jacobian", jac.jacobian, "Wang & Ruan, the Cauchy view (seed 003)",
           "σ_max(J_F), §3.4; product over blocks for stacks", False, ALL,
           stack="propagate", biases=True, display="σ_max(J)·ε"),

@@ -49,10 +49,18 @@ def taylor(layer: DotMHA, X: Tensor, eps) -> Tensor:
 
     m_l takes the smaller of the certified ‖M_l‖ and ξ_l (both bound the linear logit change).
     """
+    core = torch.minimum(m_norms(layer, X), xi(layer, X))
+    return sigma_J(layer, X) * radius(eps, X) + remainder(layer, X, eps, core)
+
+
+def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None) -> Tensor:
+    """``Σ_l [(½m_l² + ½ε²a_l/√d_h)‖XC_l‖ + ½ m_l ε ‖C_l‖] ≥ ‖F(X+Γ) − F(X) − J_F(X)[Γ]‖_F`` for every
+    ‖Γ‖_F ≤ ε (docs/bounds.md §2.3): the Taylor bound without its first-order term, [B]. ``core``
+    [B, h] bounds the linear logit map's norm (‖M_l‖ or ξ_l; default ξ_l, which is deterministic)."""
     e = radius(eps, X)[:, None]  # [B, 1]
+    core = xi(layer, X) if core is None else core
     rd = math.sqrt(layer.d_h)
     a = layer.A_norm()  # [h]
-    m = e * (torch.minimum(m_norms(layer, X), xi(layer, X)) + e * a) / rd  # [B, h]
+    m = e * (core + e * a) / rd  # [B, h]
     XC = layer.XC_norm(X)  # [B, h]
-    rest = ((0.5 * m**2 + 0.5 * e**2 * a / rd) * XC + 0.5 * m * e * layer.C_norm()).sum(-1)
-    return sigma_J(layer, X) * e[:, 0] + rest
+    return ((0.5 * m**2 + 0.5 * e**2 * a / rd) * XC + 0.5 * m * e * layer.C_norm()).sum(-1)

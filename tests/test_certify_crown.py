@@ -1,4 +1,4 @@
-"""Whole-network CROWN in ``python -m bench certify`` (bounds/netcrown.py, docs/bounds.md §5): the
+"""Whole-network CROWN in ``python -m bench certify`` (bounds/network/netcrown.py, docs/bounds.md §5): the
 traced network is the ViT, CROWN-certified images are never broken by PGD, the cascade certifies
 between its first bound and the union of both, and the CLI's refusals and JSON."""
 
@@ -25,7 +25,7 @@ from bench.nets.accuracy import (
 )
 from bench.sweep.rows import network_rows
 from bounds import crown
-from bounds.netcrown import TracedViT, spec, verify
+from bounds.network.netcrown import TracedViT, spec, verify
 
 ZOO = ROOT / "zoo"
 TINY = ZOO / "tiny-digits-d16-b1-h1-c0.5.safetensors"

@@ -12,12 +12,13 @@ import torch
 
 import bounds
 from bounds.certificates import KINDS
-from bounds.netcrown import METHODS
 from bounds.network import check_certifiable, network_bound
+from bounds.network.netcrown import METHODS
 from models import InputError
 
 from ..core.arglists import split_list
 from ..core.env import device_name, resolve_device, set_threads, versions
+from ..core.gate import DIRECT
 from ..nets.accuracy import (
     CASCADE,
     CASCADE_FIRST,
@@ -96,6 +97,9 @@ def per_sample(res: CertifyRun) -> dict:
             "certified_prop1": {b: {_key(e): col(res.prop1[(b, e)]) for e in res.eps} for b in res.bounds},
             "sent_to_crown": {b: {_key(e): col(v) for (b2, e), v in res.sent.items() if b2 == b}
                               for b in {b for b, _ in res.sent}},
+            "diagnostics": {b: {_key(e): {f: col(v) for f, v in d.items()}
+                                for (b2, e), d in res.diagnostics.items() if b2 == b}
+                            for b in {b for b, _ in res.diagnostics}},
             "pgd_broken": {_key(e): col(res.pgd_broken[e]) for e in res.eps},
             "pgd_margin": {_key(e): col(res.pgd_margin[e]) for e in res.eps}}
 
@@ -103,8 +107,10 @@ def per_sample(res: CertifyRun) -> dict:
 def table(res: CertifyRun, s: dict) -> str:
     head = (f"{'bound':<16}" + "".join(f"{'ε=' + _key(e):>17}" for e in res.eps)
             + f"{'s/sample':>10}  certificate")
-    lines = ["certified accuracy: pairwise test (ours) / LoFAST Proposition 1 (crown, alpha_crown and "
-             f"{CASCADE}: a direct verification of the margins, the same verdict in both)", head,
+    direct = [b for b in res.bounds if b in DIRECT]  # named only where they ran
+    said = (f" ({', '.join(direct)}: a direct verification of the margins, the same verdict in both)"
+            if direct else "")
+    lines = [f"certified accuracy: pairwise test (ours) / LoFAST Proposition 1{said}", head,
              "-" * len(head)]
     for b in res.bounds:
         pair, prop = s["certified_accuracy"][b], s["certified_accuracy_prop1"][b]

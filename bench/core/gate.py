@@ -32,21 +32,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bounds.registry import CASCADE, REGISTRY
+from bounds.registry import CASCADE, REGISTRY, TAYLOR_NET
 from models import InputError
 
 SOUND_RTOL = 1e-6  # a certified value below pgd·(1 − 1e-6) is a violation, never a rounding question
 ROLES = ("bound", "pgd", "timing", "block", "certify", "accuracy")
 NAMED = ("bound", "certify")  # the roles whose ``bound`` is a name of bounds/registry.py
-# relaxation: CROWN and α-CROWN (bounds/crown.py, bounds/netcrown.py)
+# relaxation: CROWN and α-CROWN (bounds/crown.py, bounds/network/netcrown.py)
 CERTIFIED_KINDS = ("exact", "deterministic", "relaxation", "probabilistic")
 KINDS = (*CERTIFIED_KINDS, "estimate", "attained")
 # one per sample of a network cell, repeated on each of its certify rows and on its pgd_margin row
 PER_SAMPLE = ["label", "correct", "margin", "pgd_margin", "pgd_broken"]
 CERTIFY_NEEDS = [*PER_SAMPLE, "certified_prop1", "certified_pairwise"]
 # certify a network by verifying its margins directly, with no δ_features (NaN value); the cascade's
-# verdict is naive's or CROWN's, so it has none either
-DIRECT = ("crown", "alpha_crown", CASCADE)
+# verdict is naive's or CROWN's, so it has none either; taylor_net bounds each margin's change itself
+DIRECT = ("crown", "alpha_crown", CASCADE, TAYLOR_NET)
 RATIO_RTOL = 1e-12  # a stored ratio is value/pgd as rows.py divided it; the slack is for other writers
 
 

@@ -34,7 +34,8 @@ REQUIRED = [*KEY, "schema_version", "certificate", *BOOLEAN, *NUMERIC]
 # rows leave them empty, so their booleans are nullable
 OPTIONAL_NUMERIC = ["label", "margin", "pgd_margin", "attack_steps", "tokens", "radius", "peak_mib",
                     "vit_depth", "vit_heads", "vit_d", "vit_c", "vit_qk", "vit_margin_eps",
-                    "vit_test_accuracy"]
+                    "vit_test_accuracy", "tn_first_order", "tn_kinks", "tn_attention", "tn_project",
+                    "tn_unstable", "tn_straddling"]
 OPTIONAL_BOOLEAN = ["correct", "certified_prop1", "certified_pairwise", "pgd_broken", "sent_to_crown"]
 LOCK = ".lock"
 # what this suite writes for a missing number; pandas' longer default list would read a stray

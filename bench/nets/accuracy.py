@@ -17,9 +17,10 @@ from tqdm import tqdm
 
 from attacks.margin import attack_margin, margin
 from bounds.certificates import Certificate, exact_norm, reuse
-from bounds.netcrown import METHODS, RELAXATION, TracedViT, verify
 from bounds.network import Certifier, network_bound, network_bounds
-from bounds.registry import CASCADE, CASCADE_FIRST
+from bounds.network.netcrown import METHODS, RELAXATION, TracedViT, verify
+from bounds.network.taylor_net import TaylorNet
+from bounds.registry import CASCADE, CASCADE_FIRST, TAYLOR_NET
 from models import InputError, check_eps
 from models.data import load_dataset
 from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
@@ -62,6 +63,8 @@ class CertifyRun:
     pgd_seconds: dict[float, float] = field(default_factory=dict)
     # per (cascade, ε): whether the cascade sent the image on to CROWN
     sent: dict[tuple[str, float], Tensor] = field(default_factory=dict)
+    # per (taylor_net, ε): where its certificate spends the margin, per sample (bounds.network.taylor_net)
+    diagnostics: dict[tuple[str, float], dict[str, Tensor]] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -112,7 +115,7 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     the images on stderr (450 images are minutes of work).
 
     ``crown`` and ``alpha_crown`` verify the margins of the whole network directly
-    (:mod:`bounds.netcrown`): their δ_features is NaN, their verdict that of both tests. ``cascade``
+    (:mod:`bounds.network.netcrown`): their δ_features is NaN, their verdict that of both tests. ``cascade``
     adds :data:`CASCADE`: :data:`CASCADE_FIRST` on every image, CROWN on those it leaves uncertified
     (CROWN's verdicts and share of seconds reused where ``crown`` runs too)."""
     bounds_ = [network_bound(n) for n in names] if names else network_bounds()
@@ -125,8 +128,8 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     traced = TracedViT(net) if direct or cascade else None
     listed = [b.name for b in bounds_] + ([CASCADE] if cascade else [])
     keys = [(b, e) for e in eps for b in listed]
-    parts: dict = {k: {"delta": [], "prop1": [], "pairwise": [], "cert": [], "sent": [], "s": 0.0}
-                   for k in keys}
+    parts: dict = {k: {"delta": [], "prop1": [], "pairwise": [], "cert": [], "sent": [], "diag": [],
+                       "s": 0.0} for k in keys}
     attack: dict = {e: {"margin": [], "broken": [], "features": [], "s": 0.0} for e in eps}
     clean, chunk = [], chunk_size(device)
     bar = tqdm(total=len(images), desc="certify", unit="image", file=sys.stderr, disable=not progress,
@@ -154,6 +157,9 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                             p["cert"].append(RELAXATION)
                             p["s"] += v.seconds
                             p["s_last"] = v.seconds  # this chunk's, for the cascade
+                            continue
+                        if b.name == TAYLOR_NET:
+                            _taylor_net(p, net, x, y, e, memo, i)
                             continue
                         c = cert.certify(b, e)
                         p["delta"].append(c.delta)
@@ -187,11 +193,32 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
         out.seconds[k] = p["s"]
         if p["sent"]:
             out.sent[k] = _cat(p["sent"]).cpu()
+        if p["diag"]:
+            out.diagnostics[k] = {f: _cat([d[f] for d in p["diag"]]).cpu() for f in p["diag"][0]}
     for e, a in attack.items():
         out.pgd_margin[e], out.pgd_broken[e], out.pgd_features[e] = (
             _cat(a[f]).cpu() for f in ("margin", "broken", "features"))
         out.pgd_seconds[e] = a["s"]
     return out
+
+
+def _taylor_net(p: dict, net: ViT, x: Tensor, y: Tensor, eps: float, memo: dict | None, i: int) -> None:
+    """One chunk of ``taylor_net`` at ``eps`` (bounds.network.taylor_net): its clean trace kept in
+    ``memo`` for other ε, its verdict that of both tests (no δ_features), and its per-sample diagnostics."""
+    key = (TAYLOR_NET, i)
+    held = memo.get(key) if memo is not None else None
+    start = time.perf_counter()
+    if held is None:
+        held = TaylorNet(net, x, y)
+        if memo is not None:
+            memo[key] = held
+    c = held.certify(eps)
+    p["delta"].append(torch.full((len(x),), torch.nan, dtype=torch.float64))
+    p["prop1"].append(c.certified)
+    p["pairwise"].append(c.certified)
+    p["cert"].append(Certificate("deterministic"))
+    p["diag"].append(c.diagnostics.columns())
+    p["s"] += time.perf_counter() - start
 
 
 def _cascade(parts: dict, net: ViT, x: Tensor, y: Tensor, eps: float, cert: Certifier,

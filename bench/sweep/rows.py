@@ -46,6 +46,15 @@ from .evaluate import Evaluation
 COLUMNS = ["role", "bound", "sample", "head", "block", "certified", "certificate", "certificate_p",
            "certificate_seeds", "finding", "objective", "value", "pgd", "ratio", "sound", "violation",
            "seconds", "pgd_seconds"]
+# taylor_net's diagnostics on its certify rows (docs/bounds.md §5.1), summed over the blocks; the
+# per-block split is in ``bench certify --json``
+DIAGNOSTICS = {"tn_first_order": "first-order loss ε‖Gᵀc‖ at the class closest to failing",
+               "tn_kinks": "loss to the relaxed kinks (ReLU neurons, straddling tokens) there",
+               "tn_attention": "attention's Taylor remainders there, every block",
+               "tn_project": "LayerProject's second-order remainders there, every block",
+               "tn_unstable": "ReLU neurons whose range contains 0, every block",
+               "tn_straddling": "tokens whose ball straddles LayerProject's sphere, every block"}
+
 # the extra columns of network rows (certify, pgd_margin, accuracy); absent from other rows
 CERTIFY_COLUMNS = {"label": "the image's class", "correct": "classified correctly",
                    "margin": "F_y − max_{j≠y} F_j at the clean image",
@@ -55,7 +64,8 @@ CERTIFY_COLUMNS = {"label": "the image's class", "correct": "classified correctl
                    "pgd_broken": "PGD found a point of the ball not classified as the label",
                    "sent_to_crown": "a cascade row's image went on to CROWN (the first bound left it)",
                    "attack_steps": "PGD steps of an accuracy row",
-                   "peak_mib": "peak memory of a timed computation of the cost task, MiB above its start"}
+                   "peak_mib": "peak memory of a timed computation of the cost task, MiB above its start"
+                   } | DIAGNOSTICS
 # the extra columns of the pretrained study's rows (docs/bounds.md §1.6); absent from other rows
 PRETRAINED_COLUMNS = {"model_version": "version of the model package (models/pretrained.py)",
                       "tokens": "n, the sentence's tokens with [CLS] and [SEP]",
@@ -131,6 +141,14 @@ def measured(role: str, name: str, values: Tensor, seconds: float, block: int = 
                 seconds=seconds / len(values)) for b, v in enumerate(values.tolist())]
 
 
+def summed_diagnostics(columns: dict[str, Tensor], i: int) -> dict[str, float]:
+    """Sample i's :data:`DIAGNOSTICS` from ``bounds.network.taylor_net.Diagnostics.columns``."""
+    total = lambda prefix: float(sum(float(v[i]) for f, v in columns.items() if f.startswith(prefix)))
+    return {"tn_first_order": float(columns["first_order"][i]), "tn_kinks": float(columns["kinks"][i]),
+            "tn_attention": total("remainder_attention"), "tn_project": total("remainder_project"),
+            "tn_unstable": total("unstable_"), "tn_straddling": total("straddling_")}
+
+
 def network_rows(res: CertifyRun) -> list[dict]:
     """A ``certify`` run at one ε (docs/bounds.md §5) as rows: per (bound, sample) a ``certify``
     row, per sample a ``pgd`` row of the margin attack, and the ``accuracy`` rows."""
@@ -150,7 +168,9 @@ def network_rows(res: CertifyRun) -> list[dict]:
                             pgd=float(res.pgd_features[eps][i]), seconds=res.seconds[key] / n,
                             pgd_seconds=pgd_s, refuted=attacked,
                             extra=per[i] | {"certified_prop1": prop1, "certified_pairwise": pairwise}
-                            | ({"sent_to_crown": bool(res.sent[key][i])} if key in res.sent else {})))
+                            | ({"sent_to_crown": bool(res.sent[key][i])} if key in res.sent else {})
+                            | (summed_diagnostics(res.diagnostics[key], i)
+                               if key in res.diagnostics else {})))
     rows += [row("pgd", "pgd_margin", i, per[i]["margin"] - per[i]["pgd_margin"], certificate="attained",
                  objective="margin", seconds=pgd_s, extra=per[i]) for i in range(n)]
     return rows + accuracy_rows(res.correct, res.pgd_broken[eps], None)

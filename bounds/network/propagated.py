@@ -30,9 +30,9 @@ from torch import Tensor
 from models import InputError
 from models.vit import ViT
 
-from .base import Bound, propagate
-from .certificates import Certificate, exact_norm, ledger
-from .registry import BOUNDS, get
+from ..base import Bound, propagate
+from ..certificates import Certificate, exact_norm, ledger
+from ..registry import BOUNDS, get
 
 # Float64 rounding in the logits, in the products of the test and in the SVDs of ‖E‖ and Lip(FFN)
 # (a few ulps each; the norms inside the bounds are rounded up already): a gap must beat its
@@ -40,12 +40,18 @@ from .registry import BOUNDS, get
 ROUNDING = 64 * torch.finfo(torch.float64).eps
 
 
+# whole-network procedures with a verdict of their own and no δ_features (docs/bounds.md §5.1)
+PROCEDURES = ("taylor_net",)
+
+
 def network_bounds(opt_in: bool = False) -> list[Bound]:
     """The bounds that can certify a network: certified, end to end (``output``), not per head, and
-    propagated block by block through dot-product layers (docs/bounds.md §1.4); the opt-in ones
+    propagated block by block through dot-product layers (docs/bounds.md §1.4), and the network
+    procedures of :data:`PROCEDURES` (``taylor_net``, docs/bounds.md §5.1); the opt-in ones
     (CROWN, α-CROWN: a whole-network verification in ``bench certify``) only with ``opt_in``."""
-    return [b for b in BOUNDS if b.certified and b.objective == "output" and not b.per_head
-            and "dot" in b.kinds and b.stack == "propagate" and (opt_in or not b.opt_in)]
+    return [b for b in BOUNDS if b.certified and (b.name in PROCEDURES or (
+            b.objective == "output" and not b.per_head and "dot" in b.kinds and b.stack == "propagate"))
+            and (opt_in or not b.opt_in)]
 
 
 def network_bound(name: str) -> Bound:

@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 from models.vit import ViT
 
-from .crown import RELAXATION, _float64, _lirpa, intersect, nan_as
-from .network import ROUNDING, check_certifiable
+from ..crown import RELAXATION, _float64, _lirpa, intersect, nan_as
+from .propagated import ROUNDING, check_certifiable
 
 METHODS = {"crown": "CROWN", "alpha_crown": "alpha-CROWN"}
 # Images bounded at once. auto_LiRPA's tensors grow with the batch: CROWN was fastest at 1–2 images
@@ -166,7 +166,7 @@ def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "cr
         with torch.no_grad():
             logits = model(x)
     lb = torch.cat(parts)
-    # the same room for float64 rounding as the suite's own tests (bounds.network._beats)
+    # the same room for float64 rounding as the suite's own tests (bounds.network.propagated._beats)
     slack = ROUNDING * (C.abs() @ logits.abs()[:, :, None])[..., 0]
     certified = (lb > slack).all(-1)
     return MarginVerification(lb.cpu(), certified.cpu(), time.perf_counter() - start)
