@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from bench.nets.accuracy import first_test_images, run_certify
-from bounds.network.taylor_net import TaylorNet, relu_relaxation
+from bounds.network.taylor_net import TaylorNet
+from bounds.network.zonotope import relu_relaxation
 from models.vit import ViT, ViTConfig
 from models.vit_io import load_vit
 

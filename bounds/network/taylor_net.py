@@ -34,18 +34,20 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
-from models import InputError
+from models import DotMHA, InputError
 from models.structured import dot_jacobian
 from models.vit import ViT
 
-from ..certificates import exact_norm
+from ..certificates import exact_norm, gram_norm
+from ..lofast import xi
 from ..taylor import remainder
 from .propagated import check_certifiable
+from .zonotope import DeviationSet, columns, relu_relaxation, symbols
 
 # Room for float64 rounding, relative to the magnitudes of the margin and of every term of its loss:
 # the set is pushed through ≤ a few dozen products of inner size ≤ 10⁴ (each off by ≤ 10⁴·u relative to
@@ -54,125 +56,9 @@ ROUND = 1e-9
 # A straddling token needs its radius below its clean norm (the decomposition's remainder blows up at
 # the origin); beyond it the token is bounded by LayerProject's 1-Lipschitz property alone.
 SAFE = 0.999
-
-
-@dataclass
-class DeviationSet:
-    """``Δ = G δ + A ζ + Σ_j Q_j η_j + c + E`` over tokens: G [B, n, d, P] (‖δ‖₂ ≤ ε), A [B, n, d, m]
-    (ζ ∈ [−1, 1]^m), Q [B, n, d, k, g] (k groups of g columns, each η_j in the unit ℓ2 ball: a
-    token's own error ball, docs/bounds.md §5.1), c [B, n, d], and the Frobenius radii of E per
-    source, ρ [B, S]. ``sources`` names E's radii, ``groups`` the source of each group."""
-
-    G: Tensor
-    A: Tensor
-    Q: Tensor
-    c: Tensor
-    rho: Tensor
-    sources: list[str] = field(default_factory=list)
-    groups: list[str] = field(default_factory=list)
-    # group j's radius is K_j‖Δ_j‖² ≤ K_j·caps[:, j] with Σ_j ‖Δ_j‖² ≤ budgets[source]: LayerProject's
-    # errors of one block share the budget of the ball they come from (docs/bounds.md §5.1)
-    caps: Tensor | None = None
-    budgets: dict[str, Tensor] = field(default_factory=dict)
-
-    def grouped(self, v: Tensor) -> Tensor:
-        """The largest Σ_j (s_j/caps_j)·v_j over the groups' radii, from their supports v [B, ..., k]
-        (each at the group's largest radius): per source the smaller of Σ_j v_j and, where its groups
-        share a budget, budget·max_j v_j/caps_j (all of the budget on the best group)."""
-        if not self.groups:
-            return v.sum(-1)
-        shape = (v.shape[0],) + (1,) * (v.dim() - 2) + (v.shape[-1],)
-        caps = self.caps.reshape(shape)
-        total = 0
-        for name in dict.fromkeys(self.groups):
-            idx = [j for j, g in enumerate(self.groups) if g == name]
-            plain = v[..., idx].sum(-1)
-            if name in self.budgets:
-                budget = self.budgets[name].reshape(shape[:-1])
-                plain = torch.minimum(plain, budget * (v[..., idx] / caps[..., idx]).amax(-1))
-            total = total + plain
-        return total
-
-    def linear(self, fn) -> DeviationSet:
-        """The image of the set under a linear map ``fn`` of [B, K, n, d] (K sets of tokens: the
-        columns of G, A and Q, and c); E's radii are left to the caller."""
-        move = lambda T: fn(T.movedim(-1, 1)).movedim(1, -1)
-        B, n, d, k, g = self.Q.shape
-        Q = move(self.Q.reshape(B, n, d, k * g)).reshape(B, n, d, k, g)
-        return replace(self, G=move(self.G), A=move(self.A), Q=Q, c=fn(self.c[:, None])[:, 0])
-
-    def ball(self) -> Tensor:
-        """Σ_s ρ_s ≥ ‖E‖_F, [B]."""
-        return self.rho.sum(-1)
-
-    def token_radii(self, eps: float) -> Tensor:
-        """An upper bound of ‖Δ_t‖ per token, [B, n]:
-        ‖c_t‖ + ε‖G_t‖₂ + Σ_i ‖A_t[:, i]‖ + Σ_j ‖Q_{t,j}‖₂ + ‖E‖_F."""
-        return (self.c.norm(dim=-1) + eps * exact_norm(self.G) + self.A.norm(dim=-2).sum(-1)
-                + self.grouped(exact_norm(self.Q.transpose(2, 3))) + self.ball()[:, None])
-
-    def radius(self, eps: float) -> Tensor:
-        """An upper bound of ‖Δ‖_F, [B]: the smaller of the norm of the parts and √Σ_t r_t²."""
-        B, n, d, m = self.A.shape
-        k, g = self.Q.shape[-2:]
-        whole = (self.c.reshape(B, -1).norm(dim=-1) + eps * exact_norm(self.G.reshape(B, n * d, -1))
-                 + self.A.reshape(B, n * d, m).norm(dim=-2).sum(-1)
-                 + self.grouped(exact_norm(self.Q.permute(0, 3, 1, 2, 4).reshape(B, k, n * d, g)))
-                 + self.ball())
-        return torch.minimum(whole, self.token_radii(eps).norm(dim=-1))
-
-    def support(self, c: Tensor, eps: float) -> Tensor:
-        """An upper bound of ⟨c, Δ⟩ over the set for c [B, n, d], [B]."""
-        return ((c * self.c).sum((-1, -2)) + eps * torch.einsum("bnd,bndp->bp", c, self.G).norm(dim=-1)
-                + torch.einsum("bnd,bndm->bm", c, self.A).abs().sum(-1)
-                + self.grouped(torch.einsum("bnd,bndkg->bkg", c, self.Q).norm(dim=-1))
-                + c.flatten(1).norm(dim=-1) * self.ball())
-
-    def with_symbols(self, columns: Tensor, shift: Tensor) -> DeviationSet:
-        """The set plus new symbol columns [B, n, d, k] and a constant shift [B, n, d]."""
-        return replace(self, A=torch.cat([self.A, columns], -1), c=self.c + shift)
-
-    def with_groups(self, name: str, columns: Tensor, caps: Tensor,
-                    budget: Tensor | None = None) -> DeviationSet:
-        """The set plus new groups [B, n, d, k, g] from source ``name``, their caps [B, k] and, if they
-        share one, their budget [B] (:meth:`grouped`)."""
-        old = self.caps if self.caps is not None else caps.new_ones(caps.shape[0], 0)
-        budgets = self.budgets | ({name: budget} if budget is not None else {})
-        return replace(self, Q=torch.cat([self.Q, columns], -2), caps=torch.cat([old, caps], -1),
-                       groups=[*self.groups, *[name] * columns.shape[-2]], budgets=budgets)
-
-    def add_ball(self, name: str, rho: Tensor) -> DeviationSet:
-        return replace(self, rho=torch.cat([self.rho, rho[:, None]], -1), sources=[*self.sources, name])
-
-
-def relu_relaxation(z0: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(λ, β, μ) with ``relu(z) − relu(z0) ∈ λ(z − z0) + β + μ[−1, 1]`` for every z ∈ [lo, hi] (z0 in
-    it): 1, 0, 0 where lo ≥ 0; 0, 0, 0 where hi ≤ 0; else the parallelogram of least area between
-    λz and λz − λ·lo, λ = hi/(hi − lo) (docs/bounds.md §5.1)."""
-    unstable = (lo < 0) & (hi > 0)
-    lam = torch.where(hi <= 0, 0.0, torch.where(unstable, hi / torch.where(unstable, hi - lo, 1.0), 1.0))
-    half = torch.where(unstable, -lam * lo / 2, 0.0)
-    beta = torch.where(unstable, lam * z0 - torch.relu(z0) + half, 0.0)
-    return lam.to(z0.dtype), beta, half
-
-
-def _symbols(mask: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-    """The units of ``mask`` [B, U] as columns: indices [B, k] (k the largest count in the batch) and
-    their ``values`` [B, k], 0 where an image has fewer units (a zero column is no symbol)."""
-    k = int(mask.sum(-1).max()) if mask.numel() else 0
-    order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)[:, :k]
-    return order, values.gather(-1, order) * mask.gather(-1, order)
-
-
-def _columns(idx: Tensor, coef: Tensor, n: int, d: int) -> Tensor:
-    """Symbol columns [B, n, d, k, ...] from per-unit token indices ``idx`` [B, k] and blocks ``coef``
-    [B, k, d, ...] (unit j's block is coef[:, j] in token idx[:, j], zero elsewhere)."""
-    B, k = idx.shape
-    rest = coef.shape[3:]
-    out = coef.new_zeros(B, n, k, d, *rest)
-    index = idx.reshape(B, 1, k, *([1] * (1 + len(rest)))).expand(B, 1, k, d, *rest)
-    out.scatter_(1, index, coef[:, None])
-    return out.transpose(2, 3)
+# the largest n·d for which ‖J_F(X)‖ is also taken exactly, from the dense Jacobian's Gram (0.03 s an
+# image at 512 on this CPU; the digits models): beyond, only the bound from exact factors
+DENSE_J = 1024
 
 
 @dataclass
@@ -221,6 +107,7 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int) -> tuple
     tokens' errors are groups of their own sharing the ball's budget (:meth:`DeviationSet.grouped`),
     the other tokens' one Frobenius ball. Returns the set and the straddling tokens per image."""
     r = S.token_radii(eps)  # [B, n]
+    whole = S.radius(eps, r)
     nu = raw.norm(dim=-1)  # [B, n]
     u = raw / nu.clamp_min(torch.finfo(raw.dtype).tiny)[..., None]
     inside = nu + r <= R
@@ -255,94 +142,104 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int) -> tuple
     coef = torch.where(use_t, -R / nu + lam, -lam)
     scale, coef = torch.where(wild, 0.0, scale), torch.where(wild, 0.0, coef)
 
-    def lin(T: Tensor) -> Tensor:  # [B, K, n, d]
-        along = (u[:, None] * T).sum(-1, keepdim=True)
-        return scale[:, None, :, None] * T + coef[:, None, :, None] * along * u[:, None]
-
-    out = S.linear(lin)
     n, d = raw.shape[1:]
-    idx, mu = _symbols(straddle, half)
-    cols = _columns(idx, -mu[..., None] * u.gather(1, idx[..., None].expand(-1, -1, d)), n, d)
-    out = out.with_symbols(cols, -beta[..., None] * u)
-    whole = S.radius(eps)
     eye = torch.eye(d, dtype=raw.dtype, device=raw.device)
+    L = scale[..., None, None] * eye + coef[..., None, None] * u[..., :, None] * u[..., None, :]
+    out = S.per_token(L, -beta[..., None] * u)
+    idx, mu = symbols(straddle, half)
+    along = u.gather(1, idx[..., None].expand(-1, -1, d))
+    out = out.with_symbols(columns(idx, -mu[..., None] * along, n, d))
     # the budget is shared by the second-order part only: the first-order (ν − R)⁺ r/R' is ≤ 1e-3 of it
     # on the zoo's tokens, and is kept apart from it in the smooth ball below
     first = torch.where(use_t | off, 0.0, (nu - R).clamp_min(0) * r / Rp)
-    idx, radius = _symbols(straddle, err - first)
-    _, caps = _symbols(straddle, r**2)
-    out = out.with_groups(f"project{k}", _columns(idx, radius[..., None, None] * eye, n, d),
+    idx, radius = symbols(straddle, err - first)
+    _, caps = symbols(straddle, r**2)
+    out = out.with_groups(f"project{k}", columns(idx, radius[..., None, None] * eye, n, d),
                           torch.where(caps > 0, caps, 1.0), whole**2)
-    idx, radius = _symbols(wild, r)
-    out = out.with_groups(f"project{k}_wild", _columns(idx, radius[..., None, None] * eye, n, d),
+    idx, radius = symbols(wild, r)
+    out = out.with_groups(f"project{k}_wild", columns(idx, radius[..., None, None] * eye, n, d),
                           torch.ones_like(radius))
     # the other tokens: ‖e‖_F ≤ (Σ_t K_t² ‖Δ_t‖⁴)^½ ≤ max_t K_t · ‖Δ‖_F² (they share the ball's budget)
     K = torch.where(straddle | off, 0.0, (err - first) / r.clamp_min(torch.finfo(raw.dtype).tiny) ** 2)
     smooth = torch.minimum((K * r**2).norm(dim=-1), K.amax(-1) * whole**2) + first.norm(dim=-1)
-    return out.add_ball(f"project{k}", smooth), straddle.sum(-1)
+    # LayerProject is 1-Lipschitz per token: the projected set's radius is at most the input's
+    return replace(out.add_ball(f"project{k}", smooth), route=whole), straddle.sum(-1)
 
 
-def attention(S: DeviationSet, layer, X: Tensor, eps: float, k: int) -> DeviationSet:
-    """Attention at its clean input X [B, n, d]: Δ ↦ JΔ + R(Δ), ‖R‖_F ≤ the Taylor remainder of
-    docs/bounds.md §2.3 at the set's radius; E's radii grow by a deterministic bound of ‖J‖."""
-    r = S.radius(eps)
-    J = dot_jacobian(layer, X)  # [B, nd, nd]
-    out = S.linear(lambda T: _apply(J, T))
-    J_norm = _norm_bound(J)
-    out.rho = S.rho * J_norm[:, None]
-    return out.add_ball(f"attention{k}", remainder(layer, X, r))
+def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int) -> DeviationSet:
+    """Attention at its clean input X [B, n, d]: Δ ↦ J[Δ] + R(Δ) with J the exact Jacobian
+    (:func:`jacobian_apply`) and ‖R‖_F ≤ the Taylor remainder of docs/bounds.md §2.3 at the set's
+    radius; E's radii and the route grow by :func:`jacobian_bound`."""
+    r = S.route  # the radius LayerProject left (bounds.network.zonotope.DeviationSet.radius)
+    parts = attention_parts(layer, X)
+    out = S.mixed(lambda T: jacobian_apply(layer, parts, T))
+    bound = jacobian_bound(layer, X, parts)
+    rest = remainder(layer, X, r)
+    out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest)
+    return out.add_ball(f"attention{k}", rest)
 
 
-def _apply(J: Tensor, T: Tensor) -> Tensor:
-    """J [B, N, N] applied to T [B, K, n, d] (K sets of tokens)."""
-    B, K, n, d = T.shape
-    return (T.reshape(B, K, n * d) @ J.mT).reshape(B, K, n, d)
+def attention_parts(layer: DotMHA, X: Tensor) -> dict[str, Tensor]:
+    """What J_F(X) is made of, per head: P, the queries and keys (biases included), and X W^V."""
+    Q, K = layer.queries_keys(X)
+    return {"P": layer.attention(X), "Q": Q, "K": K, "V": torch.einsum("bnd,hde->bhne", X, layer.W_v)}
 
 
-def _norm_bound(J: Tensor) -> Tensor:
-    """A deterministic upper bound of ‖J‖₂ per batch element: the exact norm (a float64 Gram
-    eigenvalue, rounded up) up to nd = 1024, else min(‖J‖_F, √(‖J‖₁‖J‖_∞))."""
-    if J.shape[-1] <= 1024:
-        return exact_norm(J)
-    fro = torch.linalg.matrix_norm(J)
-    holder = (J.abs().sum(-2).amax(-1) * J.abs().sum(-1).amax(-1)).sqrt()
-    return torch.minimum(fro, holder) * (1 + 1e-12)
+def jacobian_apply(layer: DotMHA, parts: dict[str, Tensor], T: Tensor) -> Tensor:
+    """J_F(X)[Γ] for K directions Γ at once, T [B, K, n, d] (docs/bounds.md §2.3):
+    ``HΓ + Σ_l (P_l Γ W^V_l + dP_l[Γ] X W^V_l) W^O_l``, dP_l[Γ] row i = (diag p_i − p_i p_iᵀ) dS_i,
+    dS_l = (Γ W^Q_l K_lᵀ + Q_l (Γ W^K_l)ᵀ)/√d_h. A value bias cancels (rows of dP_l sum to 0). It costs
+    O(h(n d d_h + n² d_h) + n d²) a direction where the dense Jacobian costs n²d²."""
+    P, Qx, Kx, V = parts["P"][:, None], parts["Q"][:, None], parts["K"][:, None], parts["V"][:, None]
+    dQ = torch.einsum("bknd,hde->bkhne", T, layer.W_q)
+    dK = torch.einsum("bknd,hde->bkhne", T, layer.W_k)
+    dS = (dQ @ Kx.mT + Qx @ dK.mT) / math.sqrt(layer.d_h)
+    dP = P * (dS - (P * dS).sum(-1, keepdim=True))
+    dV = torch.einsum("bknd,hde->bkhne", T, layer.W_v)
+    out = torch.einsum("bkhne,hef->bknf", P @ dV + dP @ V, layer.W_o)
+    return out + layer.H_norm * T if layer.H_norm else out
+
+
+def jacobian_bound(layer: DotMHA, X: Tensor, parts: dict[str, Tensor]) -> Tensor:
+    """A deterministic upper bound of ‖J_F(X)‖ from exact factors, [B]:
+    ``‖H‖ + Σ_l ‖P_l‖‖C_l‖ + Σ_l ½ ξ_l ‖X C_l‖/√d_h`` (‖P_l Γ C_l‖_F ≤ ‖P_l‖‖Γ‖_F‖C_l‖; softmax's Jacobian
+    is ½-bounded row by row, §2.2, so ‖dP_l[Γ]‖_F ≤ ½‖dS_l‖_F ≤ ½ξ_l‖Γ‖_F/√d_h)."""
+    P = gram_norm(parts["P"].mT @ parts["P"])  # [B, h]
+    logits = (0.5 * xi(layer, X) * layer.XC_norm(X)).sum(-1) / math.sqrt(layer.d_h)
+    bound = layer.H_norm + (P * layer.C_norm()).sum(-1) + logits
+    N = X.shape[-2] * X.shape[-1]
+    if N <= DENSE_J:  # the exact norm where it is cheap: the sum above is loose on saturated heads
+        bound = torch.minimum(bound, exact_norm(dot_jacobian(layer, X)))
+    return bound
 
 
 def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float) -> tuple[DeviationSet, Tensor]:
-    """``x + W₂ relu(W₁x + b₁) + b₂`` at its clean input Y: each neuron's range from the set, the
-    unstable ones relaxed with a symbol each (:func:`relu_relaxation`); E's radii times Lip(FFN)
-    (every relaxed slope is in [0, 1]). Returns the set and the unstable neurons per image."""
+    """``x + W₂ relu(W₁x + b₁) + b₂`` at its clean input Y: each neuron's range from the set (the
+    first-order part through the token Grams, ‖(W₁G_t)_i‖² = w_iᵀ G_tG_tᵀ w_i), the unstable ones
+    relaxed with a symbol each (:func:`relu_relaxation`); the rest as the per-token map
+    I + W₂ diag(λ_t) W₁, which E's radii and the route cross at Lip(FFN) (every slope is in [0, 1]).
+    Returns the set and the unstable neurons per image."""
     W1 = block.ffn.up.weight.detach().double()
     b1 = block.ffn.up.bias.detach().double()
     W2 = block.ffn.down.weight.detach().double()
     z0 = Y @ W1.T + b1  # [B, n, w]
-    zG = torch.einsum("wd,bndp->bnwp", W1, S.G)
+    first = torch.einsum("wd,bnde,we->bnw", W1, S.token_grams(), W1).clamp_min(0).sqrt()
     zA = torch.einsum("wd,bndm->bnwm", W1, S.A)
-    zc = S.c @ W1.T
     zQ = torch.einsum("wd,bndkg->bnwkg", W1, S.Q)
-    half = (eps * zG.norm(dim=-1) + zA.abs().sum(-1) + S.grouped(zQ.norm(dim=-1))
+    zc = S.c @ W1.T
+    half = (eps * first + zA.abs().sum(-1) + S.grouped(zQ.norm(dim=-1))
             + W1.norm(dim=-1) * S.ball()[:, None, None])
+    # the Gram's square root carries its own rounding: widen each range by a relative 1e-12
+    half = half * (1 + 1e-12)
     lam, beta, mu = relu_relaxation(z0, z0 + zc - half, z0 + zc + half)
-    h = lambda T, lead: torch.einsum("ew,bnw...->bne...", W2, lam.reshape(*lam.shape, *([1] * lead)) * T)
-    G = S.G + h(zG, 1)
-    A = S.A + h(zA, 1)
-    Q = S.Q + h(zQ, 2)
-    c = S.c + (lam * zc + beta) @ W2.T
     B, n, w = z0.shape
+    d = Y.shape[-1]
+    L = torch.eye(d, dtype=Y.dtype, device=Y.device) + torch.einsum("dw,bnw,we->bnde", W2, lam, W1)
+    out = S.per_token(L, beta @ W2.T)
     unstable = mu > 0
-    idx, coef = _symbols(unstable.reshape(B, -1), mu.reshape(B, -1))
-    tokens, neurons = idx // w, idx % w
-    cols = _columns(tokens, coef[..., None] * W2.T[neurons], n, Y.shape[-1])
-    out = replace(S, G=G, A=torch.cat([A, cols], -1), Q=Q, c=c, rho=S.rho * lipschitz)
-    return out, unstable.reshape(B, -1).sum(-1)
-
-
-def _only(S: DeviationSet, name: str) -> DeviationSet:
-    """S with only the groups of source ``name`` (their Q left out: :meth:`DeviationSet.grouped` reads
-    names, caps and budgets only)."""
-    keep = [j for j, g in enumerate(S.groups) if g == name]
-    return replace(S, groups=[name] * len(keep), caps=S.caps[:, keep])
+    idx, coef = symbols(unstable.reshape(B, -1), mu.reshape(B, -1))
+    out = out.with_symbols(columns(idx // w, coef[..., None] * W2.T[idx % w], n, d))
+    return replace(out, rho=S.rho * lipschitz, route=S.route * lipschitz), unstable.reshape(B, -1).sum(-1)
 
 
 class TaylorNet:
@@ -373,6 +270,7 @@ class TaylorNet:
         with torch.no_grad():
             M = net.patches(basis) @ net.embedding_matrix()  # [P, n, d]: pixel p's change of each token
         self.embed = M.permute(1, 2, 0).contiguous()  # [n, d, P]
+        self.embed_norm = net.embedding_norm()  # the tokens' ball: ‖E‖ε (a permutation, then E)
 
     def certify(self, eps: float) -> NetCertificate:
         """The certificate at image radius ``eps`` for every image of the batch."""
@@ -391,13 +289,12 @@ class TaylorNet:
         B = len(self.labels)
         n, d, P = self.embed.shape
         like = self.logits
-        S = DeviationSet(self.embed.expand(B, n, d, P), like.new_zeros(B, n, d, 0),
-                         like.new_zeros(B, n, d, 0, d), like.new_zeros(B, n, d), like.new_zeros(B, 0))
+        S = DeviationSet.ball_of(self.embed.expand(B, n, d, P), like.new_full((B,), self.embed_norm * eps))
         out = []
         for k, block in enumerate(self.net.blocks):
             S, s = project(S, self.raw[k], self.net.cfg.R, eps, k)
             out.append((f"project{k}", S, s))
-            S = attention(S, self.layers[k], self.inputs[k], eps, k)
+            S = attention(S, self.layers[k], self.inputs[k], k)
             out.append((f"attention{k}", S, None))
             S, u = ffn(S, block, self.mids[k], self.lip[k], eps)
             out.append((f"ffn{k}", S, u))
@@ -417,7 +314,7 @@ class TaylorNet:
         names = list(dict.fromkeys(S.sources + S.groups))
         of = lambda name: [j for j, s in enumerate(S.groups) if s == name]
         balls = torch.stack([balls[..., [i for i, s in enumerate(S.sources) if s == name]].sum(-1)
-                             + _only(S, name).grouped(groups[..., of(name)]) for name in names], -1) \
+                             + S.only(name).grouped(groups[..., of(name)]) for name in names], -1) \
             if names else balls
         lower = shift - first - kinks - balls.sum(-1)
         own = self.logits.gather(-1, y[:, None])

@@ -1,0 +1,179 @@
+"""The set ``taylor_net`` pushes through a ViT (docs/bounds.md §5.1): every deviation of a stage's
+tokens from their clean values, as a zonotope whose first generator is the input's ℓ2 ball, and the
+ReLU relaxation that adds its symbols. The stages themselves are in :mod:`bounds.network.taylor_net`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import Tensor
+
+from ..certificates import gram_norm
+
+# the largest N·min(N, P)² (flops of the Gram of G, N = n·d) for which the set's radius takes the exact
+# ‖G‖₂: 2·10⁶ on the digits models; on Fashion-MNIST (N = 2048, P = 784) 1.3·10⁹ a block, half the
+# cost of an image, where the route and the tokens' radii serve
+GRAM_LIMIT = 10**8
+
+
+@dataclass
+class DeviationSet:
+    """``Δ = G δ + A ζ + Σ_j Q_j η_j + c + E`` over tokens: G [B, n, d, P] (‖δ‖₂ ≤ ε), A [B, n, d, m]
+    (ζ ∈ [−1, 1]^m), Q [B, n, d, k, g] (k groups of g columns, each η_j in the unit ℓ2 ball: a
+    token's own error ball, with the budget of :meth:`grouped`), c [B, n, d], and the Frobenius
+    radii of E per source, ρ [B, S]. ``sources`` names E's radii, ``groups`` the source of each group.
+
+    ``gram`` [B, n, d, d] holds G_t G_tᵀ per token where known (a per-token linear map L_t updates it
+    as L_t·gram·L_tᵀ, at d³ instead of d²P), and ``route`` [B] an upper bound of ‖Δ‖_F propagated as
+    the norm route does (docs/bounds.md §5): the smaller of it and (Σ_t r_t²)^½ is the set's radius.
+    """
+
+    G: Tensor
+    A: Tensor
+    Q: Tensor
+    c: Tensor
+    rho: Tensor
+    route: Tensor
+    sources: list[str] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    # group j's radius is K_j‖Δ_j‖² ≤ K_j·caps[:, j] with Σ_j ‖Δ_j‖² ≤ budgets[source]: LayerProject's
+    # errors of one block share the budget of the ball they come from (docs/bounds.md §5.1)
+    caps: Tensor | None = None
+    budgets: dict[str, Tensor] = field(default_factory=dict)
+    gram: Tensor | None = None
+
+    @classmethod
+    def ball_of(cls, G: Tensor, radius: Tensor) -> DeviationSet:
+        """The set {Gδ : ‖δ‖₂ ≤ ε}, G [B, n, d, P], whose Frobenius radius is ≤ ``radius`` [B]."""
+        B, n, d, _ = G.shape
+        return cls(G, G.new_zeros(B, n, d, 0), G.new_zeros(B, n, d, 0, d), G.new_zeros(B, n, d),
+                   G.new_zeros(B, 0), radius)
+
+    def grouped(self, v: Tensor) -> Tensor:
+        """The largest Σ_j (s_j/caps_j)·v_j over the groups' radii, from their supports v [B, ..., k]
+        (each at the group's largest radius): per source the smaller of Σ_j v_j and, where its groups
+        share a budget, budget·max_j v_j/caps_j (all of the budget on the best group)."""
+        if not self.groups:
+            return v.sum(-1)
+        shape = (v.shape[0],) + (1,) * (v.dim() - 2) + (v.shape[-1],)
+        caps = self.caps.reshape(shape)
+        total = 0
+        for name in dict.fromkeys(self.groups):
+            idx = [j for j, g in enumerate(self.groups) if g == name]
+            plain = v[..., idx].sum(-1)
+            if name in self.budgets:
+                budget = self.budgets[name].reshape(shape[:-1])
+                plain = torch.minimum(plain, budget * (v[..., idx] / caps[..., idx]).amax(-1))
+            total = total + plain
+        return total
+
+    def only(self, name: str) -> DeviationSet:
+        """The set's bookkeeping of the groups of source ``name`` alone (for :meth:`grouped`)."""
+        keep = [j for j, g in enumerate(self.groups) if g == name]
+        return replace(self, groups=[name] * len(keep), caps=self.caps[:, keep])
+
+    def ball(self) -> Tensor:
+        """Σ_s ρ_s ≥ ‖E‖_F, [B]."""
+        return self.rho.sum(-1)
+
+    def token_grams(self) -> Tensor:
+        """G_t G_tᵀ per token, [B, n, d, d] (formed once, then kept by per-token maps)."""
+        if self.gram is None:
+            self.gram = self.G @ self.G.mT
+        return self.gram
+
+    def token_radii(self, eps: float) -> Tensor:
+        """An upper bound of ‖Δ_t‖ per token, [B, n]:
+        ‖c_t‖ + ε‖G_t‖₂ + Σ_i ‖A_t[:, i]‖ + Σ_j ‖Q_{t,j}‖₂ (grouped) + ‖E‖_F, every spectral norm
+        from an exact float64 Gram eigenvalue rounded up (docs/bounds.md §2.4)."""
+        groups = gram_norm(self.Q.transpose(2, 3) @ self.Q.transpose(2, 3).mT) if self.Q.shape[-2] else \
+            self.Q.new_zeros(*self.Q.shape[:2], 0)
+        return (self.c.norm(dim=-1) + eps * gram_norm(self.token_grams()) + self.A.norm(dim=-2).sum(-1)
+                + self.grouped(groups) + self.ball()[:, None])
+
+    def radius(self, eps: float, tokens: Tensor | None = None) -> Tensor:
+        """An upper bound of ‖Δ‖_F, [B]: the smallest of the route, (Σ_t r_t²)^½ and, where its Gram
+        is small enough (:data:`GRAM_LIMIT`), the norm of the parts with ‖G‖₂ exact."""
+        tokens = self.token_radii(eps) if tokens is None else tokens
+        out = torch.minimum(self.route, tokens.norm(dim=-1))
+        B, n, d, P = self.G.shape
+        if n * d * min(n * d, P) ** 2 <= GRAM_LIMIT:
+            G = self.G.reshape(B, n * d, P)
+            k, g = self.Q.shape[-2:]
+            Q = self.Q.permute(0, 3, 1, 2, 4).reshape(B, k, n * d, g)
+            gram = G.mT @ G if P <= n * d else G @ G.mT
+            whole = (self.c.reshape(B, -1).norm(dim=-1) + eps * gram_norm(gram)
+                     + self.A.reshape(B, n * d, -1).norm(dim=-2).sum(-1)
+                     + self.grouped(gram_norm(Q.mT @ Q)) + self.ball())
+            out = torch.minimum(out, whole)
+        return out
+
+    def support(self, c: Tensor, eps: float) -> Tensor:
+        """An upper bound of ⟨c, Δ⟩ over the set for c [B, n, d], [B]."""
+        return ((c * self.c).sum((-1, -2)) + eps * torch.einsum("bnd,bndp->bp", c, self.G).norm(dim=-1)
+                + torch.einsum("bnd,bndm->bm", c, self.A).abs().sum(-1)
+                + self.grouped(torch.einsum("bnd,bndkg->bkg", c, self.Q).norm(dim=-1))
+                + c.flatten(1).norm(dim=-1) * self.ball())
+
+    def per_token(self, L: Tensor, shift: Tensor | None = None) -> DeviationSet:
+        """The image under Δ_t ↦ L_t Δ_t (+ shift_t), L [B, n, d, d]; E's radii are the caller's."""
+        c = torch.einsum("bnde,bne->bnd", L, self.c) + (0 if shift is None else shift)
+        gram = None if self.gram is None else L @ self.gram @ L.mT
+        return replace(self, G=L @ self.G, A=L @ self.A, Q=torch.einsum("bnde,bnekg->bndkg", L, self.Q),
+                       c=c, gram=gram)
+
+    def mixed(self, fn: Callable[[Tensor], Tensor]) -> DeviationSet:
+        """The image under a linear map ``fn`` of [B, K, n, d] (K sets of tokens: the columns of G, A
+        and Q, and c) that mixes tokens; E's radii are the caller's."""
+        move = lambda T: fn(T.movedim(-1, 1)).movedim(1, -1)
+        B, n, d, k, g = self.Q.shape
+        Q = move(self.Q.reshape(B, n, d, k * g)).reshape(B, n, d, k, g)
+        return replace(self, G=move(self.G), A=move(self.A), Q=Q, c=fn(self.c[:, None])[:, 0], gram=None)
+
+    def with_symbols(self, columns: Tensor) -> DeviationSet:
+        """The set plus new symbol columns [B, n, d, k]."""
+        return replace(self, A=torch.cat([self.A, columns], -1))
+
+    def with_groups(self, name: str, columns: Tensor, caps: Tensor,
+                    budget: Tensor | None = None) -> DeviationSet:
+        """The set plus new groups [B, n, d, k, g] from source ``name``, their caps [B, k] and, if they
+        share one, their budget [B] (:meth:`grouped`)."""
+        old = self.caps if self.caps is not None else caps.new_ones(caps.shape[0], 0)
+        budgets = self.budgets | ({name: budget} if budget is not None else {})
+        return replace(self, Q=torch.cat([self.Q, columns], -2), caps=torch.cat([old, caps], -1),
+                       groups=[*self.groups, *[name] * columns.shape[-2]], budgets=budgets)
+
+    def add_ball(self, name: str, rho: Tensor) -> DeviationSet:
+        return replace(self, rho=torch.cat([self.rho, rho[:, None]], -1), sources=[*self.sources, name])
+
+
+def relu_relaxation(z0: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(λ, β, μ) with ``relu(z) − relu(z0) ∈ λ(z − z0) + β + μ[−1, 1]`` for every z ∈ [lo, hi]: 1, 0, 0
+    where lo ≥ 0; 0, 0, 0 where hi ≤ 0; else the parallelogram of least area between λz and λz − λ·lo,
+    λ = hi/(hi − lo) (DeepZ, Singh et al. 2018; docs/bounds.md §5.1)."""
+    unstable = (lo < 0) & (hi > 0)
+    lam = torch.where(hi <= 0, 0.0, torch.where(unstable, hi / torch.where(unstable, hi - lo, 1.0), 1.0))
+    half = torch.where(unstable, -lam * lo / 2, 0.0)
+    beta = torch.where(unstable, lam * z0 - torch.relu(z0) + half, 0.0)
+    return lam.to(z0.dtype), beta, half
+
+
+def symbols(mask: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    """The units of ``mask`` [B, U] as columns: indices [B, k] (k the largest count in the batch) and
+    their ``values`` [B, k], 0 where an image has fewer units (a zero column is no symbol)."""
+    k = int(mask.sum(-1).max()) if mask.numel() else 0
+    order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)[:, :k]
+    return order, values.gather(-1, order) * mask.gather(-1, order)
+
+
+def columns(idx: Tensor, coef: Tensor, n: int, d: int) -> Tensor:
+    """Symbol columns [B, n, d, k, ...] from per-unit token indices ``idx`` [B, k] and blocks ``coef``
+    [B, k, d, ...] (unit j's block is coef[:, j] in token idx[:, j], zero elsewhere)."""
+    B, k = idx.shape
+    rest = coef.shape[3:]
+    out = coef.new_zeros(B, n, k, d, *rest)
+    index = idx.reshape(B, 1, k, *([1] * (1 + len(rest)))).expand(B, 1, k, d, *rest)
+    out.scatter_(1, index, coef[:, None])
+    return out.transpose(2, 3)
