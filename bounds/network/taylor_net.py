@@ -56,8 +56,9 @@ ROUND = 1e-9
 # A straddling token needs its radius below its clean norm (the decomposition's remainder blows up at
 # the origin); beyond it the token is bounded by LayerProject's 1-Lipschitz property alone.
 SAFE = 0.999
-# the largest n·d for which ‖J_F(X)‖ is also bounded from the dense Jacobian (5 ms an image at 512 on
-# this CPU, the digits models; its exact norm would cost 23 ms more): beyond, only exact factors
+# the largest n·d for which attention's Jacobian is formed densely (5 ms an image at 512 on this CPU,
+# the digits models), applied as one matrix product and its norm bounded from its entries too (its
+# exact norm would cost 23 ms more); beyond, it is applied as an operator (:func:`jacobian_apply`)
 DENSE_J = 1024
 
 
@@ -172,8 +173,14 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int) -> DeviationSet
     radius; E's radii and the route grow by :func:`jacobian_bound`."""
     r = S.route  # the radius LayerProject left (bounds.network.zonotope.DeviationSet.radius)
     parts = attention_parts(layer, X)
-    out = S.mixed(lambda T: jacobian_apply(layer, parts, T))
-    bound = jacobian_bound(layer, X, parts)
+    N = X.shape[-2] * X.shape[-1]
+    if N <= DENSE_J:  # small layers: one matrix product with the dense Jacobian is faster
+        J = dot_jacobian(layer, X)
+        out = S.mixed(lambda T: (T.flatten(2) @ J.mT).reshape(T.shape))
+    else:
+        J = None
+        out = S.mixed(lambda T: jacobian_apply(layer, parts, T))
+    bound = jacobian_bound(layer, X, parts, J)
     rest = remainder(layer, X, r)
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest)
     return out.add_ball(f"attention{k}", rest)
@@ -200,16 +207,16 @@ def jacobian_apply(layer: DotMHA, parts: dict[str, Tensor], T: Tensor) -> Tensor
     return out + layer.H_norm * T if layer.H_norm else out
 
 
-def jacobian_bound(layer: DotMHA, X: Tensor, parts: dict[str, Tensor]) -> Tensor:
-    """A deterministic upper bound of ‖J_F(X)‖ from exact factors, [B]:
+def jacobian_bound(layer: DotMHA, X: Tensor, parts: dict[str, Tensor], J: Tensor | None = None) -> Tensor:
+    """A deterministic upper bound of ‖J_F(X)‖ from exact factors (and, given the dense J, the smaller
+    of that and (‖J‖₁‖J‖_∞)^½), [B]:
     ``‖H‖ + Σ_l ‖P_l‖‖C_l‖ + Σ_l ½ ξ_l ‖X C_l‖/√d_h`` (‖P_l Γ C_l‖_F ≤ ‖P_l‖‖Γ‖_F‖C_l‖; softmax's Jacobian
     is ½-bounded row by row, §2.2, so ‖dP_l[Γ]‖_F ≤ ½‖dS_l‖_F ≤ ½ξ_l‖Γ‖_F/√d_h)."""
     P = gram_norm(parts["P"].mT @ parts["P"])  # [B, h]
     logits = (0.5 * xi(layer, X) * layer.XC_norm(X)).sum(-1) / math.sqrt(layer.d_h)
     bound = layer.H_norm + (P * layer.C_norm()).sum(-1) + logits
-    N = X.shape[-2] * X.shape[-1]
-    if N <= DENSE_J:  # the sum above is loose on saturated heads; (‖J‖₁‖J‖_∞)^½ ≥ ‖J‖₂ is not
-        J = dot_jacobian(layer, X)
+    if J is not None:  # the sum above is loose on saturated heads; (‖J‖₁‖J‖_∞)^½ ≥ ‖J‖₂ is not
+        N = J.shape[-1]
         holder = (J.abs().sum(-2).amax(-1) * J.abs().sum(-1).amax(-1)).sqrt() * (1 + N * 2.3e-16)
         bound = torch.minimum(bound, holder)
     return bound

@@ -127,10 +127,12 @@ class DeviationSet:
     def mixed(self, fn: Callable[[Tensor], Tensor]) -> DeviationSet:
         """The image under a linear map ``fn`` of [B, K, n, d] (K sets of tokens: the columns of G, A
         and Q, and c) that mixes tokens; E's radii are the caller's."""
-        move = lambda T: fn(T.movedim(-1, 1)).movedim(1, -1)
         B, n, d, k, g = self.Q.shape
-        Q = move(self.Q.reshape(B, n, d, k * g)).reshape(B, n, d, k, g)
-        return replace(self, G=move(self.G), A=move(self.A), Q=Q, c=fn(self.c[:, None])[:, 0], gram=None)
+        P, m = self.G.shape[-1], self.A.shape[-1]
+        parts = torch.cat([self.G, self.A, self.Q.reshape(B, n, d, k * g), self.c[..., None]], -1)
+        out = fn(parts.movedim(-1, 1)).movedim(1, -1)  # one call for every column
+        G, A, Q, c = out.split([P, m, k * g, 1], -1)
+        return replace(self, G=G, A=A, Q=Q.reshape(B, n, d, k, g), c=c[..., 0], gram=None)
 
     def with_symbols(self, columns: Tensor) -> DeviationSet:
         """The set plus new symbol columns [B, n, d, k]."""
