@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bench.nets.accuracy import first_test_images, run_certify
-from bounds.network.taylor_net import TaylorNet
+from bounds.network.taylor_net import TaylorNet, relu_bounds
 from bounds.network.zonotope import relu_relaxation
 from models.vit import ViT, ViTConfig
 from models.vit_io import load_vit
@@ -99,6 +99,44 @@ def test_every_stage_holds_the_sampled_deviations_on_random_vits(seed, qk, eps):
     check_stages(net, x, y, eps)
 
 
+@pytest.mark.parametrize("which,eps", [("sharp", 0.02), ("random", 0.05), ("saturated", 1e-3)])
+def test_every_margin_change_is_above_its_lower_bound(which, eps):
+    """Per class, not only the verdict: m_j(x + δ) − m_j(x) ≥ lower_j for sampled δ and for the
+    points an own attack on each margin reaches (the forward set and the backward pass both)."""
+    if which == "sharp":
+        net, _ = load_vit(SHARP)
+        x, y = first_test_images("digits", net, 8)
+        x = x.double()
+    else:
+        net = random_vit(7, qk=1.0 if which == "random" else 8.0)
+        x = torch.rand(8, 8, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+        with torch.no_grad():
+            y = net(x).argmax(-1)
+    cert = TaylorNet(net, x, y).certify(eps)
+    lower = cert.lower.masked_fill(cert.lower == math.inf, 0.0)  # j = y: m_y ≡ 0
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        clean = net(x)
+        base = clean.gather(-1, y[:, None]) - clean
+        for delta in perturbations(x, eps, 16, gen):
+            moved = net(x + delta)
+            change = (moved.gather(-1, y[:, None]) - moved) - base
+            assert (change >= lower - 1e-9).all()
+    for j in range(clean.shape[-1]):  # attack margin j alone
+        d = torch.zeros_like(x, requires_grad=True)
+        for _ in range(60):
+            logits = net(x + d)
+            m = (logits.gather(-1, y[:, None])[:, 0] - logits[:, j]).sum()
+            (g,) = torch.autograd.grad(m, d)
+            with torch.no_grad():
+                d -= 0.2 * eps * g / g.flatten(1).norm(dim=-1).clamp_min(1e-300)[:, None, None]
+                d *= eps / d.flatten(1).norm(dim=-1).clamp_min(eps)[:, None, None]
+        with torch.no_grad():
+            logits = net(x + d)
+            change = (logits.gather(-1, y[:, None])[:, 0] - logits[:, j]) - base[:, j]
+            assert (change >= lower[:, j] - 1e-9).all(), j
+
+
 def test_the_relaxation_holds_every_unit():
     gen = torch.Generator().manual_seed(0)
     lo = torch.randn(2000, generator=gen, dtype=torch.float64)
@@ -110,6 +148,12 @@ def test_the_relaxation_holds_every_unit():
         gap = torch.relu(z) - torch.relu(z0) - lam * (z - z0) - beta
         assert (gap.abs() <= mu + 1e-12).all()
     assert ((mu > 0) == ((lo < 0) & (hi > 0))).all()  # only units that can cross the kink pay
+    for sign in (1.0, -1.0):  # the backward pass's relaxation, for either sign of its coefficient
+        g = sign * torch.rand(2000, generator=gen, dtype=torch.float64)
+        s, b = relu_bounds(g, z0, lo, hi)
+        for t in torch.linspace(0, 1, 41, dtype=torch.float64):
+            z = lo + (hi - lo) * t
+            assert (g * (torch.relu(z) - torch.relu(z0)) >= g * s * (z - z0) + g * b - 1e-12).all()
 
 
 def pgd(net: ViT, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 200, restarts: int = 10,

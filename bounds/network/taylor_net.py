@@ -103,7 +103,8 @@ class NetCertificate:
     seconds: float
 
 
-def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int) -> tuple[DeviationSet, Tensor]:
+def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
+            log: list | None = None) -> tuple[DeviationSet, Tensor]:
     """LayerProject p(x) = x·min(1, R/‖x‖) on the set (docs/bounds.md §5.1), per token with clean
     input x₀ = ν·u, radial change a = uᵀΔ and radius r ≥ ‖Δ‖:
 
@@ -131,8 +132,9 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int) -> tuple
     a_half = eps * a_G.norm(dim=-1) + a_A.abs().sum(-1) + S.grouped(a_Q.norm(dim=-1)) + S.ball()[:, None]
     gap = (nu - r).clamp_min(torch.finfo(raw.dtype).tiny)
     # radial form: z = ν − R + a; tangential: z = R − ν − a (z − z₀ = ±a)
-    radial = relu_relaxation(nu - R, nu - R + a_mid - a_half, nu - R + a_mid + a_half)
-    tangential = relu_relaxation(R - nu, R - nu - a_mid - a_half, R - nu - a_mid + a_half)
+    radial_lo, tangential_lo = nu - R + a_mid - a_half, R - nu - a_mid - a_half
+    radial = relu_relaxation(nu - R, radial_lo, radial_lo + 2 * a_half)
+    tangential = relu_relaxation(R - nu, tangential_lo, tangential_lo + 2 * a_half)
     # ‖e‖ ≤ b²/D + |a|b/R' (+ (ν − R)⁺ b/R') with a² + b² = ‖Δ‖², whose largest value on the unit circle
     # is (1/D + (1/D² + 1/R'²)^½)/2: D = max(R + ν − r, 2(ν − r)), R' = max(R, ν − r)
     D = torch.maximum(R + gap, 2 * gap)
@@ -175,10 +177,22 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int) -> tuple
     K = torch.where(straddle | off, 0.0, (err - first) / r.clamp_min(torch.finfo(raw.dtype).tiny) ** 2)
     smooth = torch.minimum((K * r**2).norm(dim=-1), K.amax(-1) * whole**2) + first.norm(dim=-1)
     # LayerProject is 1-Lipschitz per token: the projected set's radius is at most the input's
+    if log is not None:  # what the backward pass needs (:func:`backward`)
+        sign = torch.where(use_t, -1.0, 1.0).to(raw.dtype)
+        lo = torch.where(use_t, tangential_lo, radial_lo)
+        base = torch.where(use_t, R / nu, 1.0)
+        uu = u[..., :, None] * u[..., None, :]
+        L = base[..., None, None] * (eye - torch.where(use_t, 1.0, 0.0)[..., None, None] * uu)
+        L = torch.where(wild[..., None, None], 0.0, L)
+        log.append({"kind": "project", "L": L, "u": u, "sign": sign, "z0": sign * (nu - R),
+                    "lo": lo, "hi": lo + 2 * a_half, "relu": ~off,
+                    "second": torch.where(off, 0.0, err - first),
+                    "first": first, "caps": torch.where(off, 1.0, r**2), "budget": whole**2,
+                    "wild": torch.where(wild, r, 0.0)})
     return replace(out.add_ball(f"project{k}", smooth), route=whole), straddle.sum(-1)
 
 
-def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int) -> DeviationSet:
+def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | None = None) -> DeviationSet:
     """Attention at its clean input X [B, n, d]: Δ ↦ J[Δ] + R(Δ) with J the exact Jacobian
     (:func:`jacobian_apply`) and ‖R‖_F ≤ the Taylor remainder of docs/bounds.md §2.3 at the set's
     radius; E's radii and the route grow by :func:`jacobian_bound`."""
@@ -194,6 +208,8 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int) -> DeviationSet
     bound = jacobian_bound(layer, X, parts, J)
     rest = remainder(layer, X, r)
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest)
+    if log is not None:
+        log.append({"kind": "attention", "layer": layer, "X": X, "J": J, "rho": rest})
     return out.add_ball(f"attention{k}", rest)
 
 
@@ -248,7 +264,8 @@ def jacobian_bound(layer: DotMHA, X: Tensor, parts: dict[str, Tensor], J: Tensor
     return bound
 
 
-def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float) -> tuple[DeviationSet, Tensor]:
+def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
+        log: list | None = None) -> tuple[DeviationSet, Tensor]:
     """``x + W₂ relu(W₁x + b₁) + b₂`` at its clean input Y: each neuron's range from the set (the
     first-order part through the token Grams, ‖(W₁G_t)_i‖² = w_iᵀ G_tG_tᵀ w_i), the unstable ones
     relaxed with a symbol each (:func:`relu_relaxation`); the rest as the per-token map
@@ -267,6 +284,8 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float) -> tupl
     # the Gram's square root carries its own rounding: widen each range by a relative 1e-12
     half = half * (1 + 1e-12)
     lam, beta, mu = relu_relaxation(z0, z0 + zc - half, z0 + zc + half)
+    if log is not None:
+        log.append({"kind": "ffn", "W1": W1, "W2": W2, "z0": z0, "lo": z0 + zc - half, "hi": z0 + zc + half})
     B, n, w = z0.shape
     d = Y.shape[-1]
     L = torch.eye(d, dtype=Y.dtype, device=Y.device) + torch.einsum("dw,bnw,we->bnde", W2, lam, W1)
@@ -275,6 +294,71 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float) -> tupl
     idx, coef = symbols(unstable.reshape(B, -1), mu.reshape(B, -1))
     out = out.with_symbols(columns(idx // w, coef[..., None] * W2.T[idx % w], n, d))
     return replace(out, rho=S.rho * lipschitz, route=S.route * lipschitz), unstable.reshape(B, -1).sum(-1)
+
+
+def relu_bounds(g: Tensor, z0: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
+    """(s, b) with ``g·(relu(z) − relu(z0)) ≥ g·s·(z − z0) + g·b`` for every z ∈ [lo, hi] (CROWN's
+    relaxation, Zhang et al. 2018, chosen per sign of the coefficient g): where g ≥ 0 the lower line
+    αz (α = 1 if hi ≥ −lo, else 0), where g < 0 the chord λ(z − lo), λ = hi/(hi − lo); exact where
+    the unit is stable (docs/bounds.md §5.1)."""
+    active, dead = lo >= 0, hi <= 0
+    unstable = ~active & ~dead
+    lam = hi / torch.where(unstable, hi - lo, 1.0)
+    alpha = (hi >= -lo).to(g.dtype)
+    up = g < 0
+    s = torch.where(active, 1.0, torch.where(dead, 0.0, torch.where(up, lam, alpha)))
+    b = torch.where(unstable, torch.where(up, lam * (z0 - lo), alpha * z0) - torch.relu(z0), 0.0)
+    return s.to(g.dtype), b
+
+
+def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Lower bounds of ⟨Λ_j, Δ_N⟩ for C functionals Λ [B, C, n, d] on the last tokens, by one pass
+    back through the stages of ``log`` (docs/bounds.md §5.1, "the backward pass"): every smooth stage
+    by its exact Jacobian (transposed) with its remainder charged at its own coefficients, every
+    kink by :func:`relu_bounds` on the ranges of the forward set. Returns (bounds [B, C], the sum
+    of the magnitudes of their terms, for the rounding slack)."""
+    B, C = Lam.shape[:2]
+    const = Lam.new_zeros(B, C)
+    mag = Lam.new_zeros(B, C)
+    for rec in reversed(log):
+        if rec["kind"] == "ffn":
+            g = Lam @ rec["W2"]  # [B, C, n, w]
+            s, b = relu_bounds(g, *(rec[f][:, None] for f in ("z0", "lo", "hi")))
+            const = const + (g * b).sum((-1, -2))
+            mag = mag + (g * b).abs().sum((-1, -2))
+            Lam = Lam + (g * s) @ rec["W1"]
+        elif rec["kind"] == "attention":
+            charge = Lam.flatten(2).norm(dim=-1) * rec["rho"][:, None]
+            const, mag = const - charge, mag + charge
+            Lam = transpose_apply(rec["layer"], rec["X"], rec["J"], Lam)
+        else:
+            u = rec["u"][:, None]  # [B, 1, n, d]
+            gam = -(Lam * u).sum(-1)  # the coefficient of q − q₀ (q = w or v), [B, C, n]
+            s, b = relu_bounds(gam, *(rec[f][:, None] for f in ("z0", "lo", "hi")))
+            on = rec["relu"][:, None]
+            s, b = torch.where(on, s, 0.0), torch.where(on, b, 0.0)
+            norms = Lam.norm(dim=-1)  # ‖Λ_t‖
+            second = norms * rec["second"][:, None]
+            # the tokens' second-order errors share the ball's budget (DeviationSet.grouped's argument)
+            shared = torch.minimum(second.sum(-1), rec["budget"][:, None]
+                                   * (second / rec["caps"][:, None]).amax(-1))
+            charge = shared + (norms * (rec["first"] + rec["wild"])[:, None]).sum(-1)
+            const = const + (gam * b).sum(-1) - charge
+            mag = mag + (gam * b).abs().sum(-1) + charge
+            radial = (gam * s * rec["sign"][:, None])[..., None] * u
+            Lam = torch.einsum("bnde,bcne->bcnd", rec["L"], Lam) + radial
+    first = eps * torch.einsum("bcnd,ndp->bcp", Lam, embed).norm(dim=-1)
+    return const - first, mag + first
+
+
+def transpose_apply(layer: DotMHA, X: Tensor, J: Tensor | None, Lam: Tensor) -> Tensor:
+    """J_F(X)ᵀΛ for Λ [B, C, n, d]: with the dense J where it was formed, else by reverse-mode autograd
+    (torch.func.vjp, one vector-Jacobian product per functional, vmapped)."""
+    if J is not None:
+        return (Lam.flatten(2) @ J).reshape(Lam.shape)
+    with torch.enable_grad():
+        _, pull = torch.func.vjp(layer.forward, X)
+        return torch.func.vmap(lambda v: pull(v)[0], in_dims=1, out_dims=1)(Lam)
 
 
 class TaylorNet:
@@ -317,35 +401,37 @@ class TaylorNet:
         parts = []
         with torch.no_grad():
             for i in range(0, B, step):
-                stages = self.stages(eps, slice(i, i + step))
+                log: list = []
+                stages = self.stages(eps, slice(i, i + step), log)
                 unstable = [count for name, _, count in stages if name.startswith("ffn")]
                 straddling = [count for name, _, count in stages if name.startswith("project")]
-                parts.append(self._margins(stages[-1][1], eps, unstable, straddling, slice(i, i + step)))
+                parts.append(self._margins(stages[-1][1], eps, unstable, straddling, slice(i, i + step),
+                                           log))
         lower = torch.cat([p[0] for p in parts])
         certified = torch.cat([p[1] for p in parts])
         return NetCertificate(lower, certified, Diagnostics.cat([p[2] for p in parts]),
                               time.perf_counter() - start)
 
-    def stages(self, eps: float,
-               images: slice = slice(None)) -> list[tuple[str, DeviationSet, Tensor | None]]:
+    def stages(self, eps: float, images: slice = slice(None),
+               log: list | None = None) -> list[tuple[str, DeviationSet, Tensor | None]]:
         """The deviation set after every stage (``project<k>``, ``attention<k>``, ``ffn<k>``) with the
         stage's count of relaxed units (straddling tokens, unstable neurons; None for attention), for
-        the ``images`` of the batch."""
+        the ``images`` of the batch; ``log`` (a list) receives what :func:`backward` needs."""
         B = len(self.labels[images])
         n, d, P = self.embed.shape
         like = self.logits[images]
         S = DeviationSet.ball_of(self.embed.expand(B, n, d, P), like.new_full((B,), self.embed_norm * eps))
         out = []
         for k, block in enumerate(self.net.blocks):
-            S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k)
+            S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log)
             out.append((f"project{k}", S, s))
-            S = attention(S, self.layers[k], self.inputs[k][images], k)
+            S = attention(S, self.layers[k], self.inputs[k][images], k, log)
             out.append((f"attention{k}", S, None))
-            S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps)
+            S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log)
             out.append((f"ffn{k}", S, u))
         return out
 
-    def _margins(self, S: DeviationSet, eps: float, unstable, straddling, images: slice):
+    def _margins(self, S: DeviationSet, eps: float, unstable, straddling, images: slice, log: list):
         W = self.net.head_matrix()
         n = S.c.shape[1]
         y = self.labels[images]
@@ -365,8 +451,14 @@ class TaylorNet:
         lower = shift - first - kinks - balls.sum(-1)
         own = logits.gather(-1, y[:, None])
         margins = own - logits
-        total = margins + lower
         slack = ROUND * (own.abs() + logits.abs() + first + kinks + shift.abs() + balls.sum(-1))
+        # the backward pass over the same ranges: CROWN's slopes per sign, remainders at their own
+        # coefficients; each margin takes the better of the two sound bounds
+        back, mag = backward(log, rows[:, :, None, :].expand(-1, -1, n, -1), self.embed, eps)
+        back_slack = ROUND * (own.abs() + logits.abs() + mag)
+        better = back - back_slack > lower - slack
+        lower, slack = torch.where(better, back, lower), torch.where(better, back_slack, slack)
+        total = margins + lower
         ok = (total > slack).scatter(-1, y[:, None], True)
         certified = ok.all(-1) & (logits.argmax(-1) == y)
         worst = (total - slack).scatter(-1, y[:, None], math.inf).argmin(-1, keepdim=True)
