@@ -31,6 +31,9 @@ CROWN = "Zhang et al. 2018 (CROWN), through auto_LiRPA (Xu et al. 2020)"
 CASCADE = "cascade_crown"
 CASCADE_FIRST = "naive"
 TAYLOR_NET = "taylor_net"
+# the same cascade with taylor_net first: CROWN gets only what taylor_net leaves (docs/bounds.md §5.1)
+CASCADE_TN = "cascade_taylor_net_crown"
+CASCADES = {CASCADE: CASCADE_FIRST, CASCADE_TN: TAYLOR_NET}
 
 def _network_only(layer, X, eps):
     raise InputError(f"{CASCADE} certifies a whole network only: python -m bench certify --cascade")
@@ -110,6 +113,9 @@ BOUNDS: tuple[Bound, ...] = (
           description="a zonotope of the whole network's deviations from the pixels to the margins: "
                       "each smooth stage's Jacobian at the clean image plus its remainder, a "
                       "relaxation only for the units that can cross a kink"),
+    Bound(CASCADE_TN, _network_only, "this suite, docs/bounds.md §5.1, with LoFAST Table 2's cascade",
+          f"{TAYLOR_NET}, then whole-network CROWN on the rest (docs/bounds.md §5.1)", True, frozenset(),
+          ours=True, opt_in=True, check=crown_.check, display=f"{TAYLOR_NET} → CROWN (cascade)"),
     Bound("jacobian", jac.jacobian, "Wang & Ruan, the Cauchy view (seed 003)",
           "σ_max(J_F), §3.4; product over blocks for stacks", False, ALL,
           stack="propagate", biases=True, display="σ_max(J)·ε"),

@@ -16,8 +16,6 @@ from helpers import ROOT, main_inprocess
 from bench.cli.certify_cmd import summary
 from bench.core import gate, store
 from bench.nets.accuracy import (
-    CASCADE,
-    CASCADE_FIRST,
     CertifyRun,
     first_test_images,
     load_model,
@@ -26,6 +24,7 @@ from bench.nets.accuracy import (
 from bench.sweep.rows import network_rows
 from bounds import crown
 from bounds.network.netcrown import TracedViT, spec, verify
+from bounds.registry import CASCADE, CASCADE_FIRST
 
 ZOO = ROOT / "zoo"
 TINY = ZOO / "tiny-digits-d16-b1-h1-c0.5.safetensors"
@@ -207,7 +206,7 @@ def test_the_cascade_named_as_a_bound_is_the_cascade_flag(capsys):
 @needs_lirpa
 @pytest.mark.parametrize("failed", [math.nan, -math.inf])  # a NaN bound; one auto_LiRPA could not compute
 def test_a_failed_alpha_crown_falls_back_to_crowns_bound_and_says_so(failed, monkeypatch, capsys):
-    from bounds import netcrown
+    from bounds.network import netcrown
 
     net, _ = load_model(TINY)
     X, y = first_test_images("digits", net, 4)

@@ -14,14 +14,13 @@ import bounds
 from bounds.certificates import KINDS
 from bounds.network import check_certifiable, network_bound
 from bounds.network.netcrown import METHODS
+from bounds.registry import CASCADE, CASCADE_FIRST, CASCADE_TN, TAYLOR_NET
 from models import InputError
 
 from ..core.arglists import split_list
 from ..core.env import device_name, resolve_device, set_threads, versions
 from ..core.gate import DIRECT
 from ..nets.accuracy import (
-    CASCADE,
-    CASCADE_FIRST,
     CertifyRun,
     first_test_images,
     load_model,
@@ -40,7 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="ℓ2 radii over the image in pixel space, comma-separated (default 0.02,0.05,0.1)")
     c.add_argument("--bounds", default=None, help="comma-separated bound names (default: every bound "
                    f"that certifies a network); {CASCADE} among them is --cascade")
-    c.add_argument("--cascade", action="store_true", help=f"add the bound {CASCADE}: {CASCADE_FIRST} on "
+    c.add_argument("--cascade", action="store_true", help=f"add the bound {CASCADE} (and {CASCADE_TN} "
+                   f"where {TAYLOR_NET} runs): {CASCADE_FIRST} on "
                    "every image, whole-network CROWN on the correctly classified ones it leaves uncertified "
                    "(needs auto_LiRPA)")
     c.add_argument("--limit", type=int, default=None, help="the first N test images (default all)")
@@ -136,9 +136,10 @@ def run(args: argparse.Namespace) -> int:
         set_threads(args.certify_threads)
     eps = parse_eps(args.eps)
     names = split_list("--bounds", args.bounds) if args.bounds is not None else None
-    cascade = args.cascade or CASCADE in (names or [])
-    if names is not None:  # the cascade named as a bound is --cascade (alone: beside its first bound)
-        names = [n for n in names if n != CASCADE] or [CASCADE_FIRST]
+    cascade = args.cascade or bool({CASCADE, CASCADE_TN} & set(names or []))
+    if names is not None:  # a cascade named as a bound is --cascade (alone: beside its first bound)
+        firsts = [TAYLOR_NET] if CASCADE_TN in names and TAYLOR_NET not in names else []
+        names = [n for n in names if n not in (CASCADE, CASCADE_TN)] + firsts or [CASCADE_FIRST]
     for name in names or []:
         network_bound(name)  # refuse before loading anything
     for name in (names or []) + (["crown"] if cascade else []):

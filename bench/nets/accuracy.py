@@ -20,7 +20,7 @@ from bounds.certificates import Certificate, exact_norm, reuse
 from bounds.network import Certifier, network_bound, network_bounds
 from bounds.network.netcrown import METHODS, RELAXATION, TracedViT, verify
 from bounds.network.taylor_net import TaylorNet
-from bounds.registry import CASCADE, CASCADE_FIRST, TAYLOR_NET
+from bounds.registry import CASCADE, CASCADE_TN, CASCADES, TAYLOR_NET
 from models import InputError, check_eps
 from models.data import load_dataset
 from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
@@ -116,7 +116,8 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
 
     ``crown`` and ``alpha_crown`` verify the margins of the whole network directly
     (:mod:`bounds.network.netcrown`): their δ_features is NaN, their verdict that of both tests. ``cascade``
-    adds :data:`CASCADE`: :data:`CASCADE_FIRST` on every image, CROWN on those it leaves uncertified
+    adds :data:`CASCADE`: naive on every image, CROWN on those it leaves uncertified (and
+    :data:`CASCADE_TN`, the same with taylor_net first, where taylor_net runs)
     (CROWN's verdicts and share of seconds reused where ``crown`` runs too)."""
     bounds_ = [network_bound(n) for n in names] if names else network_bounds()
     eps = [check_eps(e) for e in eps]
@@ -126,7 +127,10 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     for b in direct:
         b.check()
     traced = TracedViT(net) if direct or cascade else None
-    listed = [b.name for b in bounds_] + ([CASCADE] if cascade else [])
+    # the cascades: naive's always, taylor_net's where taylor_net runs too (its verdicts are reused)
+    ran = [b.name for b in bounds_]
+    cascades = ([CASCADE] + ([CASCADE_TN] if TAYLOR_NET in ran else [])) if cascade else []
+    listed = [b.name for b in bounds_] + cascades
     keys = [(b, e) for e in eps for b in listed]
     parts: dict = {k: {"delta": [], "prop1": [], "pairwise": [], "cert": [], "sent": [], "diag": [],
                        "s": 0.0} for k in keys}
@@ -167,8 +171,8 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                         p["pairwise"].append(c.pairwise)
                         p["cert"].append(c.certificate)
                         p["s"] += c.seconds
-                    if cascade:
-                        _cascade(parts, net, x, y, e, cert, traced, i)
+                    for name in cascades:
+                        _cascade(parts, net, x, y, e, cert, traced, name)
             with torch.no_grad():
                 features = net.trace(x).features  # the clean features, the same for every ε
             for e in eps:
@@ -218,19 +222,27 @@ def _taylor_net(p: dict, net: ViT, x: Tensor, y: Tensor, eps: float, memo: dict 
     p["pairwise"].append(c.certified)
     p["cert"].append(Certificate("deterministic"))
     p["diag"].append(c.diagnostics.columns())
-    p["s"] += time.perf_counter() - start
+    p["s_last"] = time.perf_counter() - start  # this chunk's, for its cascade
+    p["s"] += p["s_last"]
 
 
 def _cascade(parts: dict, net: ViT, x: Tensor, y: Tensor, eps: float, cert: Certifier,
-             traced: TracedViT, i: int) -> None:
-    """One chunk of :data:`CASCADE` at ``eps``: :data:`CASCADE_FIRST`'s pairwise test on every image
-    (its norms reused from the chunk's other bounds where they ran), CROWN on the correctly
-    classified rest. Where ``crown``
-    ran on the chunk as well its verdicts are the same computation, so they are taken with its
-    seconds per image times the number sent, not computed twice."""
-    first = cert.certify(CASCADE_FIRST, eps)
-    sent = ~first.pairwise & cert.correct  # a misclassified image is certified by nothing
-    verdict, seconds = first.pairwise.cpu().clone(), first.seconds
+             traced: TracedViT, name: str) -> None:
+    """One chunk of the cascade ``name`` (:data:`bounds.registry.CASCADES`) at ``eps``: its first
+    bound's pairwise test on every image (naive's norms reused from the chunk's other bounds where
+    they ran; taylor_net's verdicts and seconds taken from its own run on the chunk), CROWN on the
+    correctly classified rest. Where ``crown`` ran on the chunk as well its verdicts are the same
+    computation, so they are taken with its seconds per image times the number sent, not computed
+    twice."""
+    first_name = CASCADES[name]
+    if first_name == TAYLOR_NET:
+        own = parts[(TAYLOR_NET, eps)]
+        pairwise, seconds, certificate = own["pairwise"][-1], own["s_last"], own["cert"][-1]
+    else:
+        first = cert.certify(first_name, eps)
+        pairwise, seconds, certificate = first.pairwise, first.seconds, first.certificate
+    sent = ~pairwise.to(cert.correct.device) & cert.correct  # a misclassified image is certified by nothing
+    verdict = pairwise.cpu().clone()
     crown = parts.get(("crown", eps))
     if sent.any():
         if crown is not None:
@@ -240,11 +252,11 @@ def _cascade(parts: dict, net: ViT, x: Tensor, y: Tensor, eps: float, cert: Cert
             v = verify(net, x[sent], y[sent], eps, "crown", traced)
             verdict[sent.cpu()] = v.certified
             seconds += v.seconds
-    p = parts[(CASCADE, eps)]
+    p = parts[(name, eps)]
     p["delta"].append(torch.full((len(x),), torch.nan, dtype=torch.float64))
     p["prop1"].append(verdict)
     p["pairwise"].append(verdict)
-    p["cert"].append(first.certificate & RELAXATION)
+    p["cert"].append(certificate & RELAXATION)
     p["sent"].append(sent.cpu())
     p["s"] += seconds
 

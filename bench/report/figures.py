@@ -47,6 +47,7 @@ FIGURES: dict[str, Callable[[pd.DataFrame], Plot]] = {
     "fig4_trained_layer": lambda df: fig4(df, "eps_trained"),
     "fig3_trained_ablation": lambda df: fig3(df, "ablation_trained"),
     "fig2_certified_accuracy": certify.figure,
+    "certification_gap": certify.gap_figure,
     "cauchy_models_violin": cauchy.fig_models,
     "cauchy_violin": cauchy.figure,
     "olsa_vs_kim": fig_olsa_kim,

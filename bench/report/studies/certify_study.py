@@ -103,6 +103,39 @@ def figure(df: pd.DataFrame) -> Plot:
                 (WIDE, sum(2.3 + 0.11 * n for n in lines)), legend="each", sharey=True)
 
 
+def gap_figure(df: pd.DataFrame) -> Plot:
+    """The certification gap: per model, each method's certified accuracy divided by PGD's robust
+    accuracy at the same ε (1: certified as far as the attack reaches), one line per method, so a
+    reader sees at a glance which method closes the gap (docs/bounds.md §5.1)."""
+    sub, c, ref = network(df), counts(df), tr.references(df)
+    models = tr.model_order(sub)
+    panels = []
+    for i, model in enumerate(m for m in models.index if m in c.index.get_level_values("model")
+                              and m in ref.index.get_level_values("model")):
+        at, pgd = c.xs(model, level="model"), ref.xs(model, level="model")["pgd"]
+        traces = []
+        for b in _names(at):
+            rows = at.xs(b, level="bound").sort_index()
+            keep = [e for e in rows.index if pgd.get(e, 0) > 0]
+            traces.append(Trace(name_of(b), list(map(float, keep)),
+                                [float(rows.loc[e, "accuracy"] / pgd[e]) for e in keep], style(b),
+                                tr.colour_of(b)))
+        top, bottom = _arch(models.loc[model])
+        panels.append(Panel(f"{letter(i)} {top}\n{bottom}", EPS_AXIS,
+                            "certified ÷ PGD robust" if i % COLUMNS == 0 else "", traces, xscale="log",
+                            yscale="linear"))
+    if not panels:
+        raise Skip("no certify rows with a PGD robust accuracy above 0")
+    rows = [panels[i:i + COLUMNS] for i in range(0, len(panels), COLUMNS)]
+    lines = [max(len(p.traces) for p in row) for row in rows]
+    return Plot(rows, f"The certification gap (docs/bounds.md §5.1): each method's certified accuracy "
+                      f"(the pairwise-head test; CROWN and taylor_net verify the margins directly) divided "
+                      f"by PGD's robust accuracy on the same images at the same ε, one panel per model, "
+                      f"the y axis shared; 1 means certified as far as the attack reaches, and nothing "
+                      f"sound lies above it. {_provenance(sub, c)}.",
+                (WIDE, sum(2.3 + 0.11 * n for n in lines)), legend="each", sharey=True)
+
+
 def _unique(names: list[str]) -> dict[str, str]:
     """Display names for column headers, each once (a repeated label gets its code name)."""
     seen = [name_of(b) for b in names]

@@ -28,7 +28,7 @@ SENT = "sent_to_crown"
 # is shown as it is, last. The colours of the CROWN family, which panels' palette lacks
 LABELS = {"cascade": "cascade (suite → CROWN)", "cascade_alpha_crown": "cascade (suite → α-CROWN)"}
 COLOURS = {"crown": "#e7298a", "alpha_crown": "#7570b3", "cascade": "#a6761d", "cascade_crown": "#a6761d",
-           "cascade_alpha_crown": "#66a61e"}
+           "cascade_alpha_crown": "#66a61e", "taylor_net": "#d95f02", "cascade_taylor_net": "#1b9e77"}
 PGD_REF = "PGD robust (upper ref.)"
 
 
