@@ -86,11 +86,12 @@ class DeviationSet:
 
     def token_radii(self, eps: float) -> Tensor:
         """An upper bound of ‖Δ_t‖ per token, [B, n]:
-        ‖c_t‖ + ε‖G_t‖₂ + Σ_i ‖A_t[:, i]‖ + Σ_j ‖Q_{t,j}‖₂ (grouped) + ‖E‖_F, every spectral norm
-        from an exact float64 Gram eigenvalue rounded up (docs/bounds.md §2.4)."""
+        ‖c_t‖ + ε‖G_t‖₂ + ‖|A_t|·1‖₂ + Σ_j ‖Q_{t,j}‖₂ (grouped) + ‖E‖_F, every spectral norm from an
+        exact float64 Gram eigenvalue rounded up (docs/bounds.md §2.4); ‖A_tζ‖₂ ≤ ‖|A_t|·1‖₂ over the
+        box, as each coordinate of A_tζ is at most the sum of its row's |entries|."""
         groups = gram_norm(self.Q.transpose(2, 3) @ self.Q.transpose(2, 3).mT) if self.Q.shape[-2] else \
             self.Q.new_zeros(*self.Q.shape[:2], 0)
-        return (self.c.norm(dim=-1) + eps * gram_norm(self.token_grams()) + self.A.norm(dim=-2).sum(-1)
+        return (self.c.norm(dim=-1) + eps * gram_norm(self.token_grams()) + self.A.abs().sum(-1).norm(dim=-1)
                 + self.grouped(groups) + self.ball()[:, None])
 
     def radius(self, eps: float, tokens: Tensor | None = None) -> Tensor:
@@ -105,7 +106,7 @@ class DeviationSet:
             Q = self.Q.permute(0, 3, 1, 2, 4).reshape(B, k, n * d, g)
             gram = G.mT @ G if P <= n * d else G @ G.mT
             whole = (self.c.reshape(B, -1).norm(dim=-1) + eps * gram_norm(gram)
-                     + self.A.reshape(B, n * d, -1).norm(dim=-2).sum(-1)
+                     + self.A.abs().sum(-1).flatten(1).norm(dim=-1)
                      + self.grouped(gram_norm(Q.mT @ Q)) + self.ball())
             out = torch.minimum(out, whole)
         return out
