@@ -36,7 +36,8 @@ OPTIONAL_NUMERIC = ["label", "margin", "pgd_margin", "attack_steps", "tokens", "
                     "vit_depth", "vit_heads", "vit_d", "vit_c", "vit_qk", "vit_margin_eps",
                     "vit_test_accuracy", "tn_first_order", "tn_kinks", "tn_attention", "tn_project",
                     "tn_unstable", "tn_straddling"]
-OPTIONAL_BOOLEAN = ["correct", "certified_prop1", "certified_pairwise", "pgd_broken", "sent_to_crown"]
+OPTIONAL_BOOLEAN = ["correct", "certified_prop1", "certified_pairwise", "pgd_broken", "sent_to_crown",
+                    "tn_backward"]
 LOCK = ".lock"
 # what this suite writes for a missing number; pandas' longer default list would read a stray
 # "n/a" or "NULL" in a value column as a number and let it pass

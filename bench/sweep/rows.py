@@ -53,7 +53,9 @@ DIAGNOSTICS = {"tn_first_order": "first-order loss ε‖Gᵀc‖ at the class cl
                "tn_attention": "attention's Taylor remainders there, every block",
                "tn_project": "LayerProject's second-order remainders there, every block",
                "tn_unstable": "ReLU neurons whose range contains 0, every block",
-               "tn_straddling": "tokens whose ball straddles LayerProject's sphere, every block"}
+               "tn_straddling": "tokens whose ball straddles LayerProject's sphere, every block",
+               "tn_backward": "the backward pass's bound was the better one at that class (the split "
+                              "above is the forward set's)"}
 
 # the extra columns of network rows (certify, pgd_margin, accuracy); absent from other rows
 CERTIFY_COLUMNS = {"label": "the image's class", "correct": "classified correctly",
@@ -146,7 +148,8 @@ def summed_diagnostics(columns: dict[str, Tensor], i: int) -> dict[str, float]:
     total = lambda prefix: float(sum(float(v[i]) for f, v in columns.items() if f.startswith(prefix)))
     return {"tn_first_order": float(columns["first_order"][i]), "tn_kinks": float(columns["kinks"][i]),
             "tn_attention": total("remainder_attention"), "tn_project": total("remainder_project"),
-            "tn_unstable": total("unstable_"), "tn_straddling": total("straddling_")}
+            "tn_unstable": total("unstable_"), "tn_straddling": total("straddling_"),
+            "tn_backward": bool(columns["backward"][i])}
 
 
 def network_rows(res: CertifyRun) -> list[dict]:

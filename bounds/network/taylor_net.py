@@ -65,8 +65,9 @@ DENSE_J = 1024
 @dataclass
 class Diagnostics:
     """Per image, at the class j whose test is closest to failing: the clean margin, and what the
-    certificate charges against it (first order, kinks, and each source's remainder), and per block
-    the number of unstable neurons and of straddling tokens."""
+    forward set charges against it (first order, kinks, and each source's remainder; the split of
+    the loss), whether the backward pass's bound was the better one there (its loss is ``lower``'s),
+    and per block the number of unstable neurons and of straddling tokens."""
 
     margin: Tensor
     first_order: Tensor
@@ -74,6 +75,7 @@ class Diagnostics:
     remainders: dict[str, Tensor]
     unstable: list[Tensor]
     straddling: list[Tensor]
+    backward: Tensor | None = None
 
     @staticmethod
     def cat(parts: list[Diagnostics]) -> Diagnostics:
@@ -84,12 +86,14 @@ class Diagnostics:
         return Diagnostics(join(lambda p: p.margin), join(lambda p: p.first_order), join(lambda p: p.kinks),
                            {k: join(lambda p, k=k: p.remainders.get(k, zero(p))) for k in names},
                            [torch.cat(u) for u in zip(*(p.unstable for p in parts), strict=True)],
-                           [torch.cat(s) for s in zip(*(p.straddling for p in parts), strict=True)])
+                           [torch.cat(s) for s in zip(*(p.straddling for p in parts), strict=True)],
+                           join(lambda p: p.backward))
 
     def columns(self) -> dict[str, Tensor]:
         """Flat per-sample columns: ``margin``, ``first_order``, ``kinks``, ``remainder_<source>`` and
         per block ``unstable_<k>`` and ``straddling_<k>``."""
-        out = {"margin": self.margin, "first_order": self.first_order, "kinks": self.kinks}
+        out = {"margin": self.margin, "first_order": self.first_order, "kinks": self.kinks,
+               "backward": self.backward}
         out |= {f"remainder_{s}": v for s, v in self.remainders.items()}
         out |= {f"unstable_{k}": u for k, u in enumerate(self.unstable)}
         return out | {f"straddling_{k}": s for k, s in enumerate(self.straddling)}
@@ -464,5 +468,6 @@ class TaylorNet:
         worst = (total - slack).scatter(-1, y[:, None], math.inf).argmin(-1, keepdim=True)
         pick = lambda T: T.gather(-1, worst)[:, 0]
         diag = Diagnostics(pick(margins), pick(first), pick(kinks - shift),
-                           {s: pick(balls[..., i]) for i, s in enumerate(names)}, unstable, straddling)
+                           {s: pick(balls[..., i]) for i, s in enumerate(names)}, unstable, straddling,
+                           pick(better))
         return lower.scatter(-1, y[:, None], math.inf), certified, diag
