@@ -31,6 +31,9 @@ CROWN = "Zhang et al. 2018 (CROWN), through auto_LiRPA (Xu et al. 2020)"
 CASCADE = "cascade_crown"
 CASCADE_FIRST = "naive"
 TAYLOR_NET = "taylor_net"
+# taylor_net with each attention bound that can serve as its remainder (docs/bounds.md §5.1, "what
+# the attention bound buys"): the name → bounds.network.taylor_net's split
+TAYLOR_NETS = {TAYLOR_NET: "taylor", "taylor_net_lofast": "lofast", "taylor_net_lofast_half": "lofast_half"}
 # the same cascade with taylor_net first: CROWN gets only what taylor_net leaves (docs/bounds.md §5.1)
 CASCADE_TN = "cascade_taylor_net_crown"
 CASCADES = {CASCADE: CASCADE_FIRST, CASCADE_TN: TAYLOR_NET}
@@ -113,6 +116,14 @@ BOUNDS: tuple[Bound, ...] = (
           description="a zonotope of the whole network's deviations from the pixels to the margins: "
                       "each smooth stage's Jacobian at the clean image plus its remainder, a "
                       "relaxation only for the units that can cross a kink"),
+    Bound("taylor_net_lofast", _taylor_net_only, "this suite, docs/bounds.md §5.1, with LoFAST's split",
+          "§5.1 with attention as LoFAST's Δ₁ and δ₂ of eq. 28 (ξ)", True, frozenset(), ours=True,
+          display="taylor_net, LoFAST δ₂ (ξ)",
+          description="taylor_net with attention's remainder LoFAST's δ₂ (first order) in place of Taylor's"),
+    Bound("taylor_net_lofast_half", _taylor_net_only, "this suite, docs/bounds.md §5.1 and §2.2",
+          "§5.1 with attention as LoFAST's Δ₁ and ½δ₂ (softmax ½-Lipschitz)", True, frozenset(), ours=True,
+          display="taylor_net, LoFAST ½δ₂ (ξ)",
+          description="taylor_net with attention's remainder the halved δ₂ of docs/bounds.md §2.2"),
     Bound(CASCADE_TN, _network_only, "this suite, docs/bounds.md §5.1, with LoFAST Table 2's cascade",
           f"{TAYLOR_NET}, then whole-network CROWN on the rest (docs/bounds.md §5.1)", True, frozenset(),
           ours=True, opt_in=True, check=crown_.check, display=f"{TAYLOR_NET} → CROWN (cascade)"),

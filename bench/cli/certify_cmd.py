@@ -105,7 +105,8 @@ def per_sample(res: CertifyRun) -> dict:
 
 
 def table(res: CertifyRun, s: dict) -> str:
-    head = (f"{'bound':<16}" + "".join(f"{'ε=' + _key(e):>17}" for e in res.eps)
+    w = max(16, *(len(b) + 5 for b in res.bounds))  # the bound column: the longest name and " (!)"
+    head = (f"{'bound':<{w}}" + "".join(f"{'ε=' + _key(e):>17}" for e in res.eps)
             + f"{'s/sample':>10}  certificate")
     direct = [b for b in res.bounds if b in DIRECT]  # named only where they ran
     said = (f" ({', '.join(direct)}: a direct verification of the margins, the same verdict in both)"
@@ -117,9 +118,9 @@ def table(res: CertifyRun, s: dict) -> str:
         cells = "".join(f"{pair[_key(e)]:>8.4f} / {prop[_key(e)]:.4f}" for e in res.eps)
         cert = s["certificates"][b]
         mark = " (!)" if b in s["findings"] else ""
-        lines.append(f"{b + mark:<16}{cells}{s['seconds_per_sample'][b]:>10.4f}  {cert['kind']}"
+        lines.append(f"{b + mark:<{w}}{cells}{s['seconds_per_sample'][b]:>10.4f}  {cert['kind']}"
                      + (f" (p={cert['p']:.1e})" if cert["kind"] == "probabilistic" else ""))
-    lines.append(f"{'PGD robust':<16}" + "".join(f"{s['pgd_accuracy'][_key(e)]:>17.4f}" for e in res.eps)
+    lines.append(f"{'PGD robust':<{w}}" + "".join(f"{s['pgd_accuracy'][_key(e)]:>17.4f}" for e in res.eps)
                  + f"{s['pgd_seconds_per_sample']:>10.4f}")
     lines += ["", f"soundness violations (certified by a bound without a finding yet broken by PGD, or "
               f"below the feature change PGD attained): {s['violations']}"]

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bounds.registry import CASCADES, REGISTRY, TAYLOR_NET
+from bounds.registry import CASCADES, REGISTRY, TAYLOR_NETS
 from models import InputError
 
 SOUND_RTOL = 1e-6  # a certified value below pgd·(1 − 1e-6) is a violation, never a rounding question
@@ -46,7 +46,7 @@ PER_SAMPLE = ["label", "correct", "margin", "pgd_margin", "pgd_broken"]
 CERTIFY_NEEDS = [*PER_SAMPLE, "certified_prop1", "certified_pairwise"]
 # certify a network by verifying its margins directly, with no δ_features (NaN value); the cascade's
 # verdict is naive's or CROWN's, so it has none either; taylor_net bounds each margin's change itself
-DIRECT = ("crown", "alpha_crown", *CASCADES, TAYLOR_NET)
+DIRECT = ("crown", "alpha_crown", *CASCADES, *TAYLOR_NETS)
 RATIO_RTOL = 1e-12  # a stored ratio is value/pgd as rows.py divided it; the slack is for other writers
 
 

@@ -20,7 +20,7 @@ from bounds.certificates import Certificate, exact_norm, reuse
 from bounds.network import Certifier, network_bound, network_bounds
 from bounds.network.netcrown import METHODS, RELAXATION, TracedViT, verify
 from bounds.network.taylor_net import TaylorNet
-from bounds.registry import CASCADE, CASCADE_TN, CASCADES, TAYLOR_NET
+from bounds.registry import CASCADE, CASCADE_TN, CASCADES, TAYLOR_NET, TAYLOR_NETS
 from models import InputError, check_eps
 from models.data import load_dataset
 from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
@@ -162,8 +162,8 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                             p["s"] += v.seconds
                             p["s_last"] = v.seconds  # this chunk's, for the cascade
                             continue
-                        if b.name == TAYLOR_NET:
-                            _taylor_net(p, net, x, y, e, memo, i)
+                        if b.name in TAYLOR_NETS:
+                            _taylor_net(p, net, x, y, e, memo, i, b.name)
                             continue
                         c = cert.certify(b, e)
                         p["delta"].append(c.delta)
@@ -206,14 +206,15 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     return out
 
 
-def _taylor_net(p: dict, net: ViT, x: Tensor, y: Tensor, eps: float, memo: dict | None, i: int) -> None:
+def _taylor_net(p: dict, net: ViT, x: Tensor, y: Tensor, eps: float, memo: dict | None, i: int,
+                name: str = TAYLOR_NET) -> None:
     """One chunk of ``taylor_net`` at ``eps`` (bounds.network.taylor_net): its clean trace kept in
     ``memo`` for other ε, its verdict that of both tests (no δ_features), and its per-sample diagnostics."""
-    key = (TAYLOR_NET, i)
+    key = (name, i)
     held = memo.get(key) if memo is not None else None
     start = time.perf_counter()
     if held is None:
-        held = TaylorNet(net, x, y)
+        held = TaylorNet(net, x, y, TAYLOR_NETS[name])
         if memo is not None:
             memo[key] = held
     c = held.certify(eps)

@@ -41,7 +41,7 @@ ROUNDING = 64 * torch.finfo(torch.float64).eps
 
 
 # whole-network procedures with a verdict of their own and no δ_features (docs/bounds.md §5.1)
-PROCEDURES = ("taylor_net",)
+PROCEDURES = ("taylor_net", "taylor_net_lofast", "taylor_net_lofast_half")
 
 
 def network_bounds(opt_in: bool = False) -> list[Bound]:

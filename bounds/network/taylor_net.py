@@ -44,7 +44,7 @@ from models.structured import dot_jacobian
 from models.vit import ViT
 
 from ..certificates import gram_norm
-from ..lofast import xi
+from ..lofast import delta2_xi, xi
 from ..taylor import remainder
 from .propagated import check_certifiable
 from .zonotope import DeviationSet, columns, relu_relaxation, symbols
@@ -196,24 +196,38 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     return replace(out.add_ball(f"project{k}", smooth), route=whole), straddle.sum(-1)
 
 
-def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | None = None) -> DeviationSet:
+# how attention is split into a linear part and a remainder (docs/bounds.md §5.1, "what the attention
+# bound buys"): ``taylor`` its Jacobian and the Taylor remainder (§2.3); ``lofast`` LoFAST's split,
+# Δ₁ (attention frozen at P_l(X)) and δ₂ of eq. 28 (ξ_l: no Lanczos), a first-order remainder;
+# ``lofast_half`` the same with softmax ½-Lipschitz (§2.2)
+SPLITS = ("taylor", "lofast", "lofast_half")
+
+
+def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | None = None,
+              split: str = "taylor") -> DeviationSet:
     """Attention at its clean input X [B, n, d]: Δ ↦ J[Δ] + R(Δ) with J the exact Jacobian
     (:func:`jacobian_apply`) and ‖R‖_F ≤ the Taylor remainder of docs/bounds.md §2.3 at the set's
-    radius; E's radii and the route grow by :func:`jacobian_bound`."""
+    radius (or, with ``split`` lofast, LoFAST's Δ₁ and δ₂); E's radii and the route grow by
+    :func:`jacobian_bound`."""
     r = S.route  # the radius LayerProject left (bounds.network.zonotope.DeviationSet.radius)
     parts = attention_parts(layer, X)
     N = X.shape[-2] * X.shape[-1]
-    if N <= DENSE_J:  # small layers: one matrix product with the dense Jacobian is faster
-        J = dot_jacobian(layer, X)
-        out = S.mixed(lambda T: (T.flatten(2) @ J.mT).reshape(T.shape))
+    J = None
+    if split != "taylor":
+        out = S.mixed(lambda T: jacobian_apply(layer, parts, T, logits=False))
+        rest = delta2_xi(layer, X, r, factor=0.5 if split == "lofast_half" else 1.0)
     else:
-        J = None
-        out = S.mixed(lambda T: jacobian_apply(layer, parts, T))
-    bound = jacobian_bound(layer, X, parts, J)
-    rest = remainder(layer, X, r)
+        if N <= DENSE_J:  # small layers: one matrix product with the dense Jacobian is faster
+            J = dot_jacobian(layer, X)
+            out = S.mixed(lambda T: (T.flatten(2) @ J.mT).reshape(T.shape))
+        else:
+            out = S.mixed(lambda T: jacobian_apply(layer, parts, T))
+        rest = remainder(layer, X, r)
+    bound = jacobian_bound(layer, X, parts, J, logits=split == "taylor")
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest)
     if log is not None:
-        log.append({"kind": "attention", "layer": layer, "X": X, "J": J, "rho": rest})
+        log.append({"kind": "attention", "layer": layer, "X": X, "J": J, "rho": rest, "parts": parts,
+                    "split": split})
     return out.add_ball(f"attention{k}", rest)
 
 
@@ -227,40 +241,49 @@ def attention_parts(layer: DotMHA, X: Tensor) -> dict[str, Tensor]:
             "W": stacked, "W_o": layer.W_o.reshape(h * e, -1)}
 
 
-def jacobian_apply(layer: DotMHA, parts: dict[str, Tensor], T: Tensor) -> Tensor:
+def jacobian_apply(layer: DotMHA, parts: dict[str, Tensor], T: Tensor, logits: bool = True) -> Tensor:
     """J_F(X)[Γ] for K directions Γ at once, T [B, K, n, d] (docs/bounds.md §2.3):
     ``HΓ + Σ_l (P_l Γ W^V_l + dP_l[Γ] X W^V_l) W^O_l``, dP_l[Γ] row i = (diag p_i − p_i p_iᵀ) dS_i,
     dS_l = (Γ W^Q_l K_lᵀ + Q_l (Γ W^K_l)ᵀ)/√d_h. A value bias cancels (rows of dP_l sum to 0). It costs
     O(h(n d d_h + n² d_h) + n d²) a direction where the dense Jacobian costs n²d²; every step is one
-    matrix product per image and head, the directions stacked along its rows."""
+    matrix product per image and head, the directions stacked along its rows. Without ``logits``
+    it is LoFAST's Δ₁ (P_l held at P_l(X)): ``HΓ + Σ_l P_l Γ C_l``."""
     B, Kd, n, d = T.shape
     h, e = layer.h, layer.d_h
     P, Qx, Kx, V = parts["P"], parts["Q"], parts["K"], parts["V"]  # [B, h, n, n], [B, h, n, e] ×3
     # [B·K·n, d] @ [d, 3he] → per image and head [B, 3, h, K·n, e]
     moved = (T.reshape(-1, d) @ parts["W"]).reshape(B, Kd, n, 3, h, e).permute(0, 3, 4, 1, 2, 5)
     dQ, dK, dV = (moved[:, i].reshape(B, h, Kd * n, e) for i in range(3))
-    dS = (dQ @ Kx.mT).reshape(B, h, Kd, n, n)  # Γ W^Q K_lᵀ: rows (k, i), columns j
-    dS = dS + (Qx @ dK.mT).reshape(B, h, n, Kd, n).transpose(2, 3)  # Q_l (Γ W^K)ᵀ
-    dS = dS / math.sqrt(e)
-    Pk = P[:, :, None]
-    dP = Pk * (dS - (Pk * dS).sum(-1, keepdim=True))  # [B, h, K, n, n]
     # P_l (Γ W^V): P [n, n] on every direction's [n, e]
     out = (P @ dV.reshape(B, h, Kd, n, e).permute(0, 1, 3, 2, 4).reshape(B, h, n, Kd * e))
     out = out.reshape(B, h, n, Kd, e).permute(0, 1, 3, 2, 4)
-    out = out + (dP.reshape(B, h, Kd * n, n) @ V).reshape(B, h, Kd, n, e)  # dP_l X W^V
+    if logits:
+        out = out + _logit_part(P, Qx, Kx, V, dQ, dK, B, h, Kd, n, e)
     out = out.permute(0, 2, 3, 1, 4).reshape(B * Kd * n, h * e) @ parts["W_o"]
     out = out.reshape(B, Kd, n, d)
     return out + layer.H_norm * T if layer.H_norm else out
 
 
-def jacobian_bound(layer: DotMHA, X: Tensor, parts: dict[str, Tensor], J: Tensor | None = None) -> Tensor:
+def _logit_part(P, Qx, Kx, V, dQ, dK, B, h, Kd, n, e) -> Tensor:
+    """dP_l[Γ] X W^V_l for K directions, [B, h, K, n, e] (:func:`jacobian_apply`)."""
+    dS = (dQ @ Kx.mT).reshape(B, h, Kd, n, n)  # Γ W^Q K_lᵀ: rows (k, i), columns j
+    dS = dS + (Qx @ dK.mT).reshape(B, h, n, Kd, n).transpose(2, 3)  # Q_l (Γ W^K)ᵀ
+    dS = dS / math.sqrt(e)
+    Pk = P[:, :, None]
+    dP = Pk * (dS - (Pk * dS).sum(-1, keepdim=True))  # [B, h, K, n, n]
+    return (dP.reshape(B, h, Kd * n, n) @ V).reshape(B, h, Kd, n, e)  # dP_l X W^V
+
+
+def jacobian_bound(layer: DotMHA, X: Tensor, parts: dict[str, Tensor], J: Tensor | None = None,
+                   logits: bool = True) -> Tensor:
     """A deterministic upper bound of ‖J_F(X)‖ from exact factors (and, given the dense J, the smaller
     of that and (‖J‖₁‖J‖_∞)^½), [B]:
     ``‖H‖ + Σ_l ‖P_l‖‖C_l‖ + Σ_l ½ ξ_l ‖X C_l‖/√d_h`` (‖P_l Γ C_l‖_F ≤ ‖P_l‖‖Γ‖_F‖C_l‖; softmax's Jacobian
     is ½-bounded row by row, §2.2, so ‖dP_l[Γ]‖_F ≤ ½‖dS_l‖_F ≤ ½ξ_l‖Γ‖_F/√d_h)."""
     P = gram_norm(parts["P"].mT @ parts["P"])  # [B, h]
-    logits = (0.5 * xi(layer, X) * layer.XC_norm(X)).sum(-1) / math.sqrt(layer.d_h)
-    bound = layer.H_norm + (P * layer.C_norm()).sum(-1) + logits
+    bound = layer.H_norm + (P * layer.C_norm()).sum(-1)  # ≥ ‖Δ₁‖ (LoFAST eq. 12), all of it without logits
+    if logits:
+        bound = bound + (0.5 * xi(layer, X) * layer.XC_norm(X)).sum(-1) / math.sqrt(layer.d_h)
     if J is not None:  # the sum above is loose on saturated heads; (‖J‖₁‖J‖_∞)^½ ≥ ‖J‖₂ is not
         N = J.shape[-1]
         holder = (J.abs().sum(-2).amax(-1) * J.abs().sum(-1).amax(-1)).sqrt() * (1 + N * 2.3e-16)
@@ -334,7 +357,8 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float) -> tuple[T
         elif rec["kind"] == "attention":
             charge = Lam.flatten(2).norm(dim=-1) * rec["rho"][:, None]
             const, mag = const - charge, mag + charge
-            Lam = transpose_apply(rec["layer"], rec["X"], rec["J"], Lam)
+            Lam = (transpose_apply(rec["layer"], rec["X"], rec["J"], Lam) if rec["split"] == "taylor"
+                   else delta1_transpose(rec["layer"], rec["parts"], Lam))
         else:
             u = rec["u"][:, None]  # [B, 1, n, d]
             gam = -(Lam * u).sum(-1)  # the coefficient of q − q₀ (q = w or v), [B, C, n]
@@ -365,11 +389,22 @@ def transpose_apply(layer: DotMHA, X: Tensor, J: Tensor | None, Lam: Tensor) -> 
         return torch.func.vmap(lambda v: pull(v)[0], in_dims=1, out_dims=1)(Lam)
 
 
+def delta1_transpose(layer: DotMHA, parts: dict[str, Tensor], Lam: Tensor) -> Tensor:
+    """Δ₁ᵀΛ = HΛ + Σ_l P_lᵀ Λ C_lᵀ for Λ [B, C, n, d] (LoFAST's linear part, attention frozen)."""
+    Y = torch.einsum("bcnf,hef->bchne", Lam, layer.W_o)  # Λ W^O_lᵀ
+    Y = torch.einsum("bhkn,bchke->bchne", parts["P"], Y)  # P_lᵀ ·
+    out = torch.einsum("bchne,hde->bcnd", Y, layer.W_v)  # · W^V_lᵀ
+    return out + layer.H_norm * Lam if layer.H_norm else out
+
+
 class TaylorNet:
     """The network's clean trace at a batch of images, and its certificate at any ε."""
 
-    def __init__(self, net: ViT, images: Tensor, labels: Tensor):
+    def __init__(self, net: ViT, images: Tensor, labels: Tensor, split: str = "taylor"):
         check_certifiable(net)
+        if split not in SPLITS:
+            raise InputError(f"unknown attention split {split!r}; expected one of {', '.join(SPLITS)}")
+        self.split = split
         if net.head.weight.dtype != torch.float64:
             raise InputError("certify a float64 network (models.load_vit loads one)")
         self.net, self.labels = net, labels
@@ -429,7 +464,7 @@ class TaylorNet:
         for k, block in enumerate(self.net.blocks):
             S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log)
             out.append((f"project{k}", S, s))
-            S = attention(S, self.layers[k], self.inputs[k][images], k, log)
+            S = attention(S, self.layers[k], self.inputs[k][images], k, log, self.split)
             out.append((f"attention{k}", S, None))
             S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log)
             out.append((f"ffn{k}", S, u))
