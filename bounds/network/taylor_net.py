@@ -357,8 +357,10 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float) -> tuple[T
         elif rec["kind"] == "attention":
             charge = Lam.flatten(2).norm(dim=-1) * rec["rho"][:, None]
             const, mag = const - charge, mag + charge
-            Lam = (transpose_apply(rec["layer"], rec["X"], rec["J"], Lam) if rec["split"] == "taylor"
-                   else delta1_transpose(rec["layer"], rec["parts"], Lam))
+            if rec["split"] == "taylor":
+                Lam = transpose_apply(rec["layer"], rec["X"], rec["J"], Lam, rec["parts"])
+            else:
+                Lam = delta1_transpose(rec["layer"], rec["parts"], Lam)
         else:
             u = rec["u"][:, None]  # [B, 1, n, d]
             gam = -(Lam * u).sum(-1)  # the coefficient of q − q₀ (q = w or v), [B, C, n]
@@ -379,14 +381,24 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float) -> tuple[T
     return const - first, mag + first
 
 
-def transpose_apply(layer: DotMHA, X: Tensor, J: Tensor | None, Lam: Tensor) -> Tensor:
-    """J_F(X)ᵀΛ for Λ [B, C, n, d]: with the dense J where it was formed, else by reverse-mode autograd
-    (torch.func.vjp, one vector-Jacobian product per functional, vmapped)."""
+def transpose_apply(layer: DotMHA, X: Tensor, J: Tensor | None, Lam: Tensor,
+                    parts: dict[str, Tensor] | None = None) -> Tensor:
+    """J_F(X)ᵀΛ for Λ [B, C, n, d]: with the dense J where it was formed, else in closed form
+    (docs/bounds.md §5.1): with Y_l = ΛW^O_lᵀ, Z_l = Y_l V_lᵀ (V_l = X W^V_l) and G_l row i
+    = (diag p_i − p_i p_iᵀ) Z_l[i],
+    ``JᵀΛ = HΛ + Σ_l [P_lᵀY_l W^V_lᵀ + (G_l K_l W^Q_lᵀ + G_lᵀQ_l W^K_lᵀ)/√d_h]``."""
     if J is not None:
         return (Lam.flatten(2) @ J).reshape(Lam.shape)
-    with torch.enable_grad():
-        _, pull = torch.func.vjp(layer.forward, X)
-        return torch.func.vmap(lambda v: pull(v)[0], in_dims=1, out_dims=1)(Lam)
+    parts = attention_parts(layer, X) if parts is None else parts
+    P, Qx, Kx, V = (parts[k][:, None] for k in ("P", "Q", "K", "V"))  # [B, 1, h, n, ·]
+    Y = torch.einsum("bcnf,hef->bchne", Lam, layer.W_o)
+    Z = Y @ V.mT  # [B, C, h, n, n]
+    G = P * (Z - (P * Z).sum(-1, keepdim=True))
+    dS = (G @ Kx, G.mT @ Qx)  # the coefficients of Γ W^Q and Γ W^K
+    out = torch.einsum("bchne,hde->bcnd", P.mT @ Y, layer.W_v)
+    out = out + (torch.einsum("bchne,hde->bcnd", dS[0], layer.W_q)
+                 + torch.einsum("bchne,hde->bcnd", dS[1], layer.W_k)) / math.sqrt(layer.d_h)
+    return out + layer.H_norm * Lam if layer.H_norm else out
 
 
 def delta1_transpose(layer: DotMHA, parts: dict[str, Tensor], Lam: Tensor) -> Tensor:
