@@ -164,6 +164,35 @@ def test_a_tighter_attention_remainder_certifies_more_on_sharp_attention():
     assert not (TaylorNet(net, x, y, "lofast_half").certify(0.01).certified & broken).any()
 
 
+@pytest.mark.parametrize("biases", [False, True])
+def test_the_operator_forms_match_dense_independent_constructions(biases):
+    """J_F(X)[Γ], J_F(X)ᵀΛ, Δ₁[Γ] and Δ₁ᵀΛ as taylor_net applies them, against the Jacobian by
+    autograd and Δ₁ = H⊗I + Σ_l P_l⊗C_lᵀ built by Kronecker products, in float64."""
+    from bounds.network.taylor_net import attention_parts, delta1_transpose, jacobian_apply, transpose_apply
+    from models import DotMHA
+
+    gen = torch.Generator().manual_seed(5)
+    h, d, e, n, B, K = 3, 12, 4, 5, 2, 6
+    r = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+    extra = dict(b_q=r(h, e), b_k=r(h, e), b_v=r(h, e), b_o=r(d)) if biases else {}
+    layer = DotMHA(r(h, d, e), r(h, d, e), r(h, d, e), r(h, e, d), residual=True, **extra)
+    X, T, Lam = r(B, n, d), r(B, K, n, d), r(B, K, n, d)
+    jac = torch.autograd.functional.jacobian
+    J = torch.stack([jac(layer.forward, X[b]).reshape(n * d, n * d) for b in range(B)])
+    parts = attention_parts(layer, X)
+    assert torch.allclose(jacobian_apply(layer, parts, T), (T.flatten(2) @ J.mT).reshape(T.shape), atol=1e-12)
+    assert torch.allclose(transpose_apply(layer, X, None, Lam), (Lam.flatten(2) @ J).reshape(Lam.shape),
+                          atol=1e-12)
+    P, C = layer.attention(X), layer.C()
+    D1 = torch.stack([torch.eye(n * d, dtype=torch.float64)
+                      + sum(torch.kron(P[b, k].contiguous(), C[k].T.contiguous()) for k in range(h))
+                      for b in range(B)])
+    assert torch.allclose(jacobian_apply(layer, parts, T, logits=False),
+                          (T.flatten(2) @ D1.mT).reshape(T.shape), atol=1e-12)
+    assert torch.allclose(delta1_transpose(layer, parts, Lam), (Lam.flatten(2) @ D1).reshape(Lam.shape),
+                          atol=1e-12)
+
+
 def test_the_relaxation_holds_every_unit():
     gen = torch.Generator().manual_seed(0)
     lo = torch.randn(2000, generator=gen, dtype=torch.float64)
