@@ -139,15 +139,17 @@ def test_crown_is_opt_in_and_certified_as_a_relaxation():
     layer = models.random_dot(4, 2, seed=0)
     names = [b.name for b in bounds.applicable(layer)]
     assert "crown" not in names and "alpha_crown" not in names and "taylor" in names
-    assert {b.name for b in bounds.BOUNDS if b.opt_in} == {"crown", "alpha_crown", "cascade_crown"}
+    assert {b.name for b in bounds.BOUNDS if b.opt_in} == {"crown", "alpha_crown", "cascade_crown",
+                                                           "cascade_taylor_net_crown"}
     for name in ("crown", "alpha_crown"):
         b = bounds.REGISTRY[name]
         assert b.certified and not b.finding and b.biases and b.kinds == {"dot"}
     with pytest.raises(models.InputError, match="does not apply to l2 layers"):
         bounds.require(bounds.get("crown"), models.random_layer("l2", 4, 2))
     # the cascade is a whole-network procedure: certified (its rows are judged), on no layer
-    cascade = bounds.REGISTRY["cascade_crown"]
-    assert cascade.certified and not cascade.finding and not cascade.kinds
+    for name in ("cascade_crown", "cascade_taylor_net_crown"):
+        cascade = bounds.REGISTRY[name]
+        assert cascade.certified and not cascade.finding and not cascade.kinds
     with pytest.raises(models.InputError, match="does not apply to dot layers"):
         bounds.require(cascade, layer)
     # relaxation sits between deterministic and probabilistic, and is what a sum of both is
