@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -108,7 +109,7 @@ class NetCertificate:
 
 
 def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
-            log: list | None = None) -> tuple[DeviationSet, Tensor]:
+            log: list | None = None, refine: Refine | None = None) -> tuple[DeviationSet, Tensor]:
     """LayerProject p(x) = x·min(1, R/‖x‖) on the set (docs/bounds.md §5.1), per token with clean
     input x₀ = ν·u, radial change a = uᵀΔ and radius r ≥ ‖Δ‖:
 
@@ -134,11 +135,17 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     a_Q = torch.einsum("bnd,bndkg->bnkg", u, S.Q)
     a_mid = (u * S.c).sum(-1)
     a_half = eps * a_G.norm(dim=-1) + a_A.abs().sum(-1) + S.grouped(a_Q.norm(dim=-1)) + S.ball()[:, None]
+    a_lo, a_hi = a_mid - a_half, a_mid + a_half
+    if refine is not None:  # the backward pass over the stages before gives its own range of a
+        n = raw.shape[1]
+        units = torch.eye(n, dtype=raw.dtype, device=raw.device)[None, :, :, None] * u[:, None]
+        a_lo, a_hi = refine(units, a_lo, a_hi)
     gap = (nu - r).clamp_min(torch.finfo(raw.dtype).tiny)
     # radial form: z = ν − R + a; tangential: z = R − ν − a (z − z₀ = ±a)
-    radial_lo, tangential_lo = nu - R + a_mid - a_half, R - nu - a_mid - a_half
-    radial = relu_relaxation(nu - R, radial_lo, radial_lo + 2 * a_half)
-    tangential = relu_relaxation(R - nu, tangential_lo, tangential_lo + 2 * a_half)
+    radial_lo, tangential_lo = nu - R + a_lo, R - nu - a_hi
+    radial_hi, tangential_hi = nu - R + a_hi, R - nu - a_lo
+    radial = relu_relaxation(nu - R, radial_lo, radial_hi)
+    tangential = relu_relaxation(R - nu, tangential_lo, tangential_hi)
     # ‖e‖ ≤ b²/D + |a|b/R' (+ (ν − R)⁺ b/R') with a² + b² = ‖Δ‖², whose largest value on the unit circle
     # is (1/D + (1/D² + 1/R'²)^½)/2: D = max(R + ν − r, 2(ν − r)), R' = max(R, ν − r)
     D = torch.maximum(R + gap, 2 * gap)
@@ -184,12 +191,13 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     if log is not None:  # what the backward pass needs (:func:`backward`)
         sign = torch.where(use_t, -1.0, 1.0).to(raw.dtype)
         lo = torch.where(use_t, tangential_lo, radial_lo)
+        hi = torch.where(use_t, tangential_hi, radial_hi)
         base = torch.where(use_t, R / nu, 1.0)
         uu = u[..., :, None] * u[..., None, :]
         L = base[..., None, None] * (eye - torch.where(use_t, 1.0, 0.0)[..., None, None] * uu)
         L = torch.where(wild[..., None, None], 0.0, L)
         log.append({"kind": "project", "L": L, "u": u, "sign": sign, "z0": sign * (nu - R),
-                    "lo": lo, "hi": lo + 2 * a_half, "relu": ~off,
+                    "lo": lo, "hi": hi, "relu": ~off,
                     "second": torch.where(off, 0.0, err - first),
                     "first": first, "caps": torch.where(off, 1.0, r**2), "budget": whole**2,
                     "wild": torch.where(wild, r, 0.0)})
@@ -292,7 +300,7 @@ def jacobian_bound(layer: DotMHA, X: Tensor, parts: dict[str, Tensor], J: Tensor
 
 
 def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
-        log: list | None = None) -> tuple[DeviationSet, Tensor]:
+        log: list | None = None, refine: Refine | None = None) -> tuple[DeviationSet, Tensor]:
     """``x + W₂ relu(W₁x + b₁) + b₂`` at its clean input Y: each neuron's range from the set (the
     first-order part through the token Grams, ‖(W₁G_t)_i‖² = w_iᵀ G_tG_tᵀ w_i), the unstable ones
     relaxed with a symbol each (:func:`relu_relaxation`); the rest as the per-token map
@@ -310,17 +318,49 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
             + W1.norm(dim=-1) * S.ball()[:, None, None])
     # the Gram's square root carries its own rounding: widen each range by a relative 1e-12
     half = half * (1 + 1e-12)
-    lam, beta, mu = relu_relaxation(z0, z0 + zc - half, z0 + zc + half)
-    if log is not None:
-        log.append({"kind": "ffn", "W1": W1, "W2": W2, "z0": z0, "lo": z0 + zc - half, "hi": z0 + zc + half})
     B, n, w = z0.shape
     d = Y.shape[-1]
+    lo, hi = z0 + zc - half, z0 + zc + half
+    if refine is not None:  # the neurons that can cross 0, again by the backward pass
+        lo, hi = _refine_neurons(refine, W1, z0, lo, hi)
+    lam, beta, mu = relu_relaxation(z0, lo, hi)
+    if log is not None:
+        log.append({"kind": "ffn", "W1": W1, "W2": W2, "z0": z0, "lo": lo, "hi": hi})
     L = torch.eye(d, dtype=Y.dtype, device=Y.device) + torch.einsum("dw,bnw,we->bnde", W2, lam, W1)
     out = S.per_token(L, beta @ W2.T)
     unstable = mu > 0
     idx, coef = symbols(unstable.reshape(B, -1), mu.reshape(B, -1))
     out = out.with_symbols(columns(idx // w, coef[..., None] * W2.T[idx % w], n, d))
     return replace(out, rho=S.rho * lipschitz, route=S.route * lipschitz), unstable.reshape(B, -1).sum(-1)
+
+
+# a callable (functionals [B, C, n, d], their forward ranges lo, hi [B, C]) → tighter (lo, hi): the
+# backward pass over the stages so far (:meth:`TaylorNet.stages`)
+Refine = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+# the most neurons of one FFN whose ranges the backward pass refines (those nearest to stable first):
+# each costs two functionals through every stage before it
+REFINE_LIMIT = 1024
+
+
+def _refine_neurons(refine: Refine, W1: Tensor, z0: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
+    """lo, hi [B, n, w] of z = W₁x + b₁ with the unstable neurons' ranges intersected with the
+    backward pass's (at most :data:`REFINE_LIMIT` an image, those nearest to stable)."""
+    B, n, w = z0.shape
+    unstable = ((lo < 0) & (hi > 0)).reshape(B, -1)
+    if not unstable.any():
+        return lo, hi
+    near = torch.minimum(-lo, hi).reshape(B, -1).masked_fill(~unstable, math.inf)
+    k = min(int(unstable.sum(-1).max()), REFINE_LIMIT)
+    idx = near.topk(k, dim=-1, largest=False).indices  # [B, k]
+    valid = unstable.gather(-1, idx)
+    units = columns(idx // w, W1[idx % w], n, W1.shape[-1]).movedim(-1, 1)  # [B, k, n, d]
+    flat_lo, flat_hi = lo.reshape(B, -1).clone(), hi.reshape(B, -1).clone()
+    new_lo, new_hi = refine(units, flat_lo.gather(-1, idx) - z0.reshape(B, -1).gather(-1, idx),
+                            flat_hi.gather(-1, idx) - z0.reshape(B, -1).gather(-1, idx))
+    base = z0.reshape(B, -1).gather(-1, idx)
+    flat_lo.scatter_(-1, idx, torch.where(valid, base + new_lo, flat_lo.gather(-1, idx)))
+    flat_hi.scatter_(-1, idx, torch.where(valid, base + new_hi, flat_hi.gather(-1, idx)))
+    return flat_lo.reshape(B, n, w), flat_hi.reshape(B, n, w)
 
 
 def relu_bounds(g: Tensor, z0: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
@@ -452,35 +492,59 @@ class TaylorNet:
         parts = []
         with torch.no_grad():
             for i in range(0, B, step):
-                log: list = []
-                stages = self.stages(eps, slice(i, i + step), log)
-                unstable = [count for name, _, count in stages if name.startswith("ffn")]
-                straddling = [count for name, _, count in stages if name.startswith("project")]
-                parts.append(self._margins(stages[-1][1], eps, unstable, straddling, slice(i, i + step),
-                                           log))
+                part = self._once(eps, slice(i, i + step), refine=False)
+                # images left uncertified (and classified right) again, with every unit's range refined
+                # by the backward pass: it costs two functionals per unstable unit through every
+                # stage before it, so only where the cheaper pass did not suffice
+                if not part[1][self.logits[i:i + step].argmax(-1) == self.labels[i:i + step]].all():
+                    again = self._once(eps, slice(i, i + step), refine=True)
+                    take = (~part[1])[:, None]
+                    part = (torch.where(take, torch.maximum(part[0], again[0]), part[0]),
+                            part[1] | again[1], again[2])
+                parts.append(part)
         lower = torch.cat([p[0] for p in parts])
         certified = torch.cat([p[1] for p in parts])
         return NetCertificate(lower, certified, Diagnostics.cat([p[2] for p in parts]),
                               time.perf_counter() - start)
 
-    def stages(self, eps: float, images: slice = slice(None),
-               log: list | None = None) -> list[tuple[str, DeviationSet, Tensor | None]]:
+    def _once(self, eps: float, images: slice, refine: bool):
+        log: list = []
+        stages = self.stages(eps, images, log, refine)
+        unstable = [count for name, _, count in stages if name.startswith("ffn")]
+        straddling = [count for name, _, count in stages if name.startswith("project")]
+        return self._margins(stages[-1][1], eps, unstable, straddling, images, log)
+
+    def stages(self, eps: float, images: slice = slice(None), log: list | None = None,
+               refine: bool = False) -> list[tuple[str, DeviationSet, Tensor | None]]:
         """The deviation set after every stage (``project<k>``, ``attention<k>``, ``ffn<k>``) with the
         stage's count of relaxed units (straddling tokens, unstable neurons; None for attention), for
-        the ``images`` of the batch; ``log`` (a list) receives what :func:`backward` needs."""
+        the ``images`` of the batch; ``log`` (a list) receives what :func:`backward` needs, and with
+        ``refine`` the ranges of the units that can cross a kink are intersected with the backward
+        pass's over the stages before them (docs/bounds.md §5.1)."""
         B = len(self.labels[images])
         n, d, P = self.embed.shape
         like = self.logits[images]
         S = DeviationSet.ball_of(self.embed.expand(B, n, d, P), like.new_full((B,), self.embed_norm * eps))
         out = []
+        refine = self._refiner(log, eps) if log is not None and refine else None
         for k, block in enumerate(self.net.blocks):
-            S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log)
+            S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log, refine if k else None)
             out.append((f"project{k}", S, s))
             S = attention(S, self.layers[k], self.inputs[k][images], k, log, self.split)
             out.append((f"attention{k}", S, None))
-            S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log)
+            S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine)
             out.append((f"ffn{k}", S, u))
         return out
+
+    def _refiner(self, log: list, eps: float) -> Refine:
+        """:data:`Refine` over the stages logged so far: each functional's range of ⟨c, Δ⟩ from the
+        backward pass in both directions (with its rounding slack), intersected with the forward one."""
+        def refine(units: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
+            both, mag = backward(log, torch.cat([units, -units], 1), self.embed, eps)
+            both = both - ROUND * mag
+            k = units.shape[1]
+            return torch.maximum(lo, both[:, :k]), torch.minimum(hi, -both[:, k:])
+        return refine
 
     def _margins(self, S: DeviationSet, eps: float, unstable, straddling, images: slice, log: list):
         W = self.net.head_matrix()
