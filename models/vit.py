@@ -240,6 +240,15 @@ class ViT(nn.Module):
         into a Frobenius ball on the tokens."""
         return self.embed.weight.detach().double().T.contiguous()
 
+    def pixel_map(self) -> Tensor:
+        """[H·W, n, d] in float64: pixel k's contribution to every token, patching (a permutation)
+        folded with E, on the weights' device (the linear part of ``tokens``)."""
+        pixels = self.cfg.image ** 2
+        basis = torch.eye(pixels, dtype=torch.float64, device=self.embed.weight.device)
+        basis = basis.reshape(pixels, self.cfg.image, self.cfg.image)
+        with torch.no_grad():
+            return self.patches(basis) @ self.embedding_matrix()
+
     def embedding_norm(self) -> float:
         return float(torch.linalg.matrix_norm(self.embedding_matrix(), ord=2))
 

@@ -136,6 +136,7 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                        "s": 0.0} for k in keys}
     attack: dict = {e: {"margin": [], "broken": [], "features": [], "s": 0.0} for e in eps}
     clean, chunk = [], chunk_size(device)
+    traces = memo if memo is not None else {}  # taylor_net's clean trace per chunk, for every split and ε
     bar = tqdm(total=len(images), desc="certify", unit="image", file=sys.stderr, disable=not progress,
                mininterval=2)
     try:
@@ -163,7 +164,7 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                             p["s_last"] = v.seconds  # this chunk's, for the cascade
                             continue
                         if b.name in TAYLOR_NETS:
-                            _taylor_net(p, net, x, y, e, memo, i, b.name)
+                            _taylor_net(p, net, x, y, e, traces, i, b.name)
                             continue
                         c = cert.certify(b, e)
                         p["delta"].append(c.delta)
@@ -206,18 +207,17 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     return out
 
 
-def _taylor_net(p: dict, net: ViT, x: Tensor, y: Tensor, eps: float, memo: dict | None, i: int,
+def _taylor_net(p: dict, net: ViT, x: Tensor, y: Tensor, eps: float, memo: dict, i: int,
                 name: str = TAYLOR_NET) -> None:
-    """One chunk of ``taylor_net`` at ``eps`` (bounds.network.taylor_net): its clean trace kept in
-    ``memo`` for other ε, its verdict that of both tests (no δ_features), and its per-sample diagnostics."""
-    key = (name, i)
-    held = memo.get(key) if memo is not None else None
+    """One chunk of a taylor_net bound (:data:`TAYLOR_NETS`: its split of attention) at ``eps``
+    (bounds.network.taylor_net): the chunk's clean trace kept in ``memo`` for the other splits and ε,
+    its verdict that of both tests (no δ_features), and its per-sample diagnostics."""
+    key = (TAYLOR_NET, i)
     start = time.perf_counter()
+    held = memo.get(key)
     if held is None:
-        held = TaylorNet(net, x, y, TAYLOR_NETS[name])
-        if memo is not None:
-            memo[key] = held
-    c = held.certify(eps)
+        held = memo[key] = TaylorNet(net, x, y)
+    c = held.certify(eps, TAYLOR_NETS[name])
     p["delta"].append(torch.full((len(x),), torch.nan, dtype=torch.float64))
     p["prop1"].append(c.certified)
     p["pairwise"].append(c.certified)

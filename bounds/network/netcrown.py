@@ -44,14 +44,10 @@ class TracedViT(nn.Module):
     def __init__(self, net: ViT):
         super().__init__()
         check_certifiable(net)
-        cfg, like = net.cfg, net.head.weight.detach().double()
+        cfg = net.cfg
         self.n, self.d, self.R = cfg.n_tokens, cfg.d, float(cfg.R)
         pixels = cfg.image * cfg.image
-        basis = torch.eye(pixels, dtype=like.dtype, device=like.device).reshape(pixels, cfg.image, cfg.image)
-        with torch.no_grad():
-            embed = net.embed.weight.detach().double()
-            M = net.patches(basis) @ embed.T  # [H·W, n, d]: pixel k's contribution to every token
-        self.register_buffer("M", M.reshape(pixels, self.n * self.d))
+        self.register_buffer("M", net.pixel_map().reshape(pixels, self.n * self.d))
         self.register_buffer("pos", net.pos.detach().double().clone())
         self.scale = 1 / math.sqrt(cfg.d // cfg.heads)
         self.blocks = []

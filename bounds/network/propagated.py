@@ -32,7 +32,7 @@ from models.vit import ViT
 
 from ..base import Bound, propagate
 from ..certificates import Certificate, exact_norm, ledger
-from ..registry import BOUNDS, get
+from ..registry import BOUNDS, TAYLOR_NETS, get
 
 # Float64 rounding in the logits, in the products of the test and in the SVDs of ‖E‖ and Lip(FFN)
 # (a few ulps each; the norms inside the bounds are rounded up already): a gap must beat its
@@ -41,7 +41,7 @@ ROUNDING = 64 * torch.finfo(torch.float64).eps
 
 
 # whole-network procedures with a verdict of their own and no δ_features (docs/bounds.md §5.1)
-PROCEDURES = ("taylor_net", "taylor_net_lofast", "taylor_net_lofast_half")
+PROCEDURES = tuple(TAYLOR_NETS)
 
 
 def network_bounds(opt_in: bool = False) -> list[Bound]:

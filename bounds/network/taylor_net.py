@@ -2,32 +2,33 @@
 (docs/bounds.md §5.1; this suite's, after SPEC §5.1).
 
 For an image x and a perturbation δ (‖δ‖₂ ≤ ε) every intermediate deviation Δ = T(x + δ) − T(x) is
-held in one set, pushed forward stage by stage from the pixels to the margins:
+held in one set (:class:`bounds.network.zonotope.DeviationSet`), pushed forward stage by stage from
+the pixels to the margins:
 
-    Δ = G δ + A ζ + c + E,    ‖δ‖₂ ≤ ε,   ζ ∈ [−1, 1]^m,   ‖E‖_F ≤ Σ_s ρ_s,
+    Δ = G δ + A ζ + Σ_j Q_j η_j + c + E,    ‖δ‖₂ ≤ ε,   ζ ∈ [−1, 1]^m,   ‖η_j‖₂ ≤ 1,   ‖E‖_F ≤ Σ_s ρ_s,
 
 with G the exact first-order part (the product of every smooth stage's Jacobian at the clean image,
 and of each kink's slope), A one column per unit that can cross a kink (a ReLU neuron, a token whose
 ball straddles LayerProject's sphere: a zonotope's symbols, shared by every later stage so that their
-signs cancel), c the constant shifts of those relaxations, and E the Taylor remainders of the smooth
-stages, one Frobenius ball per source s (each block's attention and LayerProject). Each stage:
+signs cancel), Q_j a straddling token's own error ball, c the constant shifts of the relaxations, and
+E the remainders of the smooth stages, one Frobenius ball per source s. Each stage:
 
-* LayerProject, per token (docs/bounds.md §5.1, "a token of LayerProject"): the identity where the
-  token's ball stays inside the sphere; (R/ν)(I − uuᵀ) with a second-order remainder where it stays
-  outside; where it straddles, the exact decomposition Δp = LΔ − w·u + e with w a ReLU of the radial
-  change a = uᵀΔ (relaxed as any ReLU) and ‖e‖ ≤ K‖Δ‖²;
-* attention: its Jacobian J at the clean input (``models.structured.dot_jacobian``) and the Taylor
-  remainder of docs/bounds.md §2.3 (``bounds.taylor.remainder``) at the radius of its input set;
-* the FFN x + W₂ relu(W₁x + b₁) + b₂: linear, but for the neurons whose range (from the set itself,
-  so first-order exact) contains 0, relaxed by the parallelogram of least area (DeepZ, Singh et al.
-  2018) with a symbol of their own;
+* LayerProject, per token (:func:`project`): the identity where the token's ball stays inside the
+  sphere; else the radial or tangential form of docs/bounds.md §5.1, a linear part, a ReLU of the
+  radial change a = uᵀΔ (relaxed as any ReLU) and a second-order error;
+* attention (:func:`attention`): its exact Jacobian at the clean input, applied densely on small
+  layers and as an operator on large ones, and the Taylor remainder of docs/bounds.md §2.3
+  (``bounds.taylor.remainder``) at the radius of its input set — or LoFAST's Δ₁ and δ₂ (``split``);
+* the FFN x + W₂ relu(W₁x + b₁) + b₂ (:func:`ffn`): linear, but for the neurons whose range contains
+  0, relaxed by the parallelogram of least area (DeepZ, Singh et al. 2018) with a symbol of their own;
 * mean pooling and the head: linear.
 
-A margin m_j = (e_y − e_j)ᵀ logits then changes by at least
-``cᵀc_vec − ε‖Gᵀc‖₂ − ‖Aᵀc‖₁ − ‖c‖_F Σ_s ρ_s`` for its functional c, and the image is certified when
-every m_j(x) beats that loss with room for float64 rounding. Every norm in it is computed exactly
-(an SVD of a d×d Gram, or a Frobenius norm ≥ the spectral norm): the certificate is ``deterministic``.
-Built on torch alone (no auto_LiRPA), batched over images and classes.
+Each margin m_j = (e_y − e_j)ᵀ logits is then bounded from below twice, by the set's support and by
+one pass back through the stages (:func:`backward`, CROWN's slopes on the set's ranges), and takes
+the better; images left uncertified get a second pass with every unit's range refined by the backward
+pass. An image is certified when every m_j(x) beats its bound's loss with room for float64 rounding.
+Every norm in it is an exact float64 Gram eigenvalue rounded up or a deterministic upper bound from
+exact factors: the certificate is ``deterministic``. Built on torch alone (no auto_LiRPA).
 """
 
 from __future__ import annotations
@@ -136,8 +137,8 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     a_mid = (u * S.c).sum(-1)
     a_half = eps * a_G.norm(dim=-1) + a_A.abs().sum(-1) + S.grouped(a_Q.norm(dim=-1)) + S.ball()[:, None]
     a_lo, a_hi = a_mid - a_half, a_mid + a_half
+    n, d = raw.shape[1:]
     if refine is not None:  # the backward pass over the stages before gives its own range of a
-        n = raw.shape[1]
         units = torch.eye(n, dtype=raw.dtype, device=raw.device)[None, :, :, None] * u[:, None]
         a_lo, a_hi = refine(units, a_lo, a_hi)
     gap = (nu - r).clamp_min(torch.finfo(raw.dtype).tiny)
@@ -167,7 +168,6 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     coef = torch.where(use_t, -R / nu + lam, -lam)
     scale, coef = torch.where(wild, 0.0, scale), torch.where(wild, 0.0, coef)
 
-    n, d = raw.shape[1:]
     eye = torch.eye(d, dtype=raw.dtype, device=raw.device)
     L = scale[..., None, None] * eye + coef[..., None, None] * u[..., :, None] * u[..., None, :]
     out = S.per_token(L, -beta[..., None] * u)
@@ -187,7 +187,6 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     # the other tokens: ‖e‖_F ≤ (Σ_t K_t² ‖Δ_t‖⁴)^½ ≤ max_t K_t · ‖Δ‖_F² (they share the ball's budget)
     K = torch.where(straddle | off, 0.0, (err - first) / r.clamp_min(torch.finfo(raw.dtype).tiny) ** 2)
     smooth = torch.minimum((K * r**2).norm(dim=-1), K.amax(-1) * whole**2) + first.norm(dim=-1)
-    # LayerProject is 1-Lipschitz per token: the projected set's radius is at most the input's
     if log is not None:  # what the backward pass needs (:func:`backward`)
         sign = torch.where(use_t, -1.0, 1.0).to(raw.dtype)
         lo = torch.where(use_t, tangential_lo, radial_lo)
@@ -201,6 +200,7 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
                     "second": torch.where(off, 0.0, err - first),
                     "first": first, "caps": torch.where(off, 1.0, r**2), "budget": whole**2,
                     "wild": torch.where(wild, r, 0.0)})
+    # LayerProject is 1-Lipschitz per token: the projected set's radius is at most the input's
     return replace(out.add_ball(f"project{k}", smooth), route=whole), straddle.sum(-1)
 
 
@@ -355,11 +355,10 @@ def _refine_neurons(refine: Refine, W1: Tensor, z0: Tensor, lo: Tensor, hi: Tens
     valid = unstable.gather(-1, idx)
     units = columns(idx // w, W1[idx % w], n, W1.shape[-1]).movedim(-1, 1)  # [B, k, n, d]
     flat_lo, flat_hi = lo.reshape(B, -1).clone(), hi.reshape(B, -1).clone()
-    new_lo, new_hi = refine(units, flat_lo.gather(-1, idx) - z0.reshape(B, -1).gather(-1, idx),
-                            flat_hi.gather(-1, idx) - z0.reshape(B, -1).gather(-1, idx))
-    base = z0.reshape(B, -1).gather(-1, idx)
-    flat_lo.scatter_(-1, idx, torch.where(valid, base + new_lo, flat_lo.gather(-1, idx)))
-    flat_hi.scatter_(-1, idx, torch.where(valid, base + new_hi, flat_hi.gather(-1, idx)))
+    base, old_lo, old_hi = (t.gather(-1, idx) for t in (z0.reshape(B, -1), flat_lo, flat_hi))
+    new_lo, new_hi = refine(units, old_lo - base, old_hi - base)  # of the deviation z − z₀
+    flat_lo.scatter_(-1, idx, torch.where(valid, base + new_lo, old_lo))
+    flat_hi.scatter_(-1, idx, torch.where(valid, base + new_hi, old_hi))
     return flat_lo.reshape(B, n, w), flat_hi.reshape(B, n, w)
 
 
@@ -452,11 +451,8 @@ def delta1_transpose(layer: DotMHA, parts: dict[str, Tensor], Lam: Tensor) -> Te
 class TaylorNet:
     """The network's clean trace at a batch of images, and its certificate at any ε."""
 
-    def __init__(self, net: ViT, images: Tensor, labels: Tensor, split: str = "taylor"):
+    def __init__(self, net: ViT, images: Tensor, labels: Tensor):
         check_certifiable(net)
-        if split not in SPLITS:
-            raise InputError(f"unknown attention split {split!r}; expected one of {', '.join(SPLITS)}")
-        self.split = split
         if net.head.weight.dtype != torch.float64:
             raise InputError("certify a float64 network (models.load_vit loads one)")
         self.net, self.labels = net, labels
@@ -475,29 +471,28 @@ class TaylorNet:
             self.logits = net.head(self.features)
         self.layers = net.attention_layers()
         self.lip = net.ffn_lipschitz()
-        pixels = net.cfg.image ** 2
-        basis = torch.eye(pixels, dtype=torch.float64).reshape(pixels, net.cfg.image, net.cfg.image)
-        with torch.no_grad():
-            M = net.patches(basis) @ net.embedding_matrix()  # [P, n, d]: pixel p's change of each token
-        self.embed = M.permute(1, 2, 0).contiguous()  # [n, d, P]
+        self.embed = net.pixel_map().permute(1, 2, 0).contiguous()  # [n, d, P]: G₀, pixels to tokens
         self.embed_norm = net.embedding_norm()  # the tokens' ball: ‖E‖ε (a permutation, then E)
 
-    def certify(self, eps: float) -> NetCertificate:
-        """The certificate at image radius ``eps`` for every image of the batch: one image at a time
-        on a CPU (a batch pads every image's symbols to the largest count in it: 3.7× slower measured
-        on the Fashion-MNIST 3-block model at 8 images), the whole batch at once on a GPU."""
+    def certify(self, eps: float, split: str = "taylor") -> NetCertificate:
+        """The certificate at image radius ``eps`` for every image of the batch, attention split as
+        ``split`` says (:data:`SPLITS`): one image at a time on a CPU (a batch pads every image's
+        symbols to the largest count in it: 3.7× slower measured on the Fashion-MNIST 3-block model at
+        8 images), the whole batch at once on a GPU."""
+        if split not in SPLITS:
+            raise InputError(f"unknown attention split {split!r}; expected one of {', '.join(SPLITS)}")
         start = time.perf_counter()
         B = len(self.labels)
         step = B if self.logits.is_cuda else 1
         parts = []
         with torch.no_grad():
             for i in range(0, B, step):
-                part = self._once(eps, slice(i, i + step), refine=False)
+                part = self._once(eps, slice(i, i + step), split, refine=False)
                 # images left uncertified (and classified right) again, with every unit's range refined
                 # by the backward pass: it costs two functionals per unstable unit through every
                 # stage before it, so only where the cheaper pass did not suffice
                 if not part[1][self.logits[i:i + step].argmax(-1) == self.labels[i:i + step]].all():
-                    again = self._once(eps, slice(i, i + step), refine=True)
+                    again = self._once(eps, slice(i, i + step), split, refine=True)
                     take = (~part[1])[:, None]
                     part = (torch.where(take, torch.maximum(part[0], again[0]), part[0]),
                             part[1] | again[1], again[2])
@@ -507,15 +502,15 @@ class TaylorNet:
         return NetCertificate(lower, certified, Diagnostics.cat([p[2] for p in parts]),
                               time.perf_counter() - start)
 
-    def _once(self, eps: float, images: slice, refine: bool):
+    def _once(self, eps: float, images: slice, split: str, refine: bool):
         log: list = []
-        stages = self.stages(eps, images, log, refine)
+        stages = self.stages(eps, images, log, refine, split)
         unstable = [count for name, _, count in stages if name.startswith("ffn")]
         straddling = [count for name, _, count in stages if name.startswith("project")]
         return self._margins(stages[-1][1], eps, unstable, straddling, images, log)
 
     def stages(self, eps: float, images: slice = slice(None), log: list | None = None,
-               refine: bool = False) -> list[tuple[str, DeviationSet, Tensor | None]]:
+               refine: bool = False, split: str = "taylor") -> list[tuple[str, DeviationSet, Tensor | None]]:
         """The deviation set after every stage (``project<k>``, ``attention<k>``, ``ffn<k>``) with the
         stage's count of relaxed units (straddling tokens, unstable neurons; None for attention), for
         the ``images`` of the batch; ``log`` (a list) receives what :func:`backward` needs, and with
@@ -530,7 +525,7 @@ class TaylorNet:
         for k, block in enumerate(self.net.blocks):
             S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log, refine if k else None)
             out.append((f"project{k}", S, s))
-            S = attention(S, self.layers[k], self.inputs[k][images], k, log, self.split)
+            S = attention(S, self.layers[k], self.inputs[k][images], k, log, split)
             out.append((f"attention{k}", S, None))
             S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine)
             out.append((f"ffn{k}", S, u))
