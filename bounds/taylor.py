@@ -11,11 +11,11 @@ with a_l = ‖A_l‖ and m_l = ε(‖M_l‖ + ε a_l)/√d_h ≥ ‖S_l' − S_l
     taylor = σ̄_J ε + Σ_l [ (½ m_l² + ½ ε² a_l/√d_h)·‖X C_l‖ + ½ m_l ε ‖C_l‖ ].
 
 The remainder is O(ε²), so taylor/truth → 1 as ε → 0, where LoFAST's ratio stays at 1 + δ₂/(ζε).
+The remainder paid is the smallest of that global bound, a local one from the clean row
+probabilities (§2.3.1) and the quadratic form at the clean point (§2.3.2): ``bounds.remainder``.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor
@@ -27,6 +27,7 @@ from models.structured import dot_jacobian
 from .base import radius
 from .certificates import certified_norm
 from .lofast import layer_key, m_norms, xi
+from .remainder import remainder
 
 
 def sigma_J(layer: DotMHA, X: Tensor, *, probabilistic: bool = False) -> Tensor:
@@ -45,22 +46,10 @@ def dense_jacobian(layer, X: Tensor) -> Tensor:
 
 
 def taylor(layer: DotMHA, X: Tensor, eps) -> Tensor:
-    """``σ̄_J ε + Σ_l [(½m_l² + ½ε²a_l/√d_h)‖XC_l‖ + ½ m_l ε ‖C_l‖]``, docs/bounds.md §2.3.
-
-    m_l takes the smaller of the certified ‖M_l‖ and ξ_l (both bound the linear logit change).
-    """
+    """``σ̄_J ε + remainder``, docs/bounds.md §2.3: the remainder the smallest of its certified
+    bounds (``bounds.remainder.remainder``); the global one's m_l takes the smaller of the certified
+    ‖M_l‖ and ξ_l (both bound the linear logit change)."""
     core = torch.minimum(m_norms(layer, X), xi(layer, X))
     return sigma_J(layer, X) * radius(eps, X) + remainder(layer, X, eps, core)
 
 
-def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None) -> Tensor:
-    """``Σ_l [(½m_l² + ½ε²a_l/√d_h)‖XC_l‖ + ½ m_l ε ‖C_l‖] ≥ ‖F(X+Γ) − F(X) − J_F(X)[Γ]‖_F`` for every
-    ‖Γ‖_F ≤ ε (docs/bounds.md §2.3): the Taylor bound without its first-order term, [B]. ``core``
-    [B, h] bounds the linear logit map's norm (‖M_l‖ or ξ_l; default ξ_l, which is deterministic)."""
-    e = radius(eps, X)[:, None]  # [B, 1]
-    core = xi(layer, X) if core is None else core
-    rd = math.sqrt(layer.d_h)
-    a = layer.A_norm()  # [h]
-    m = e * (core + e * a) / rd  # [B, h]
-    XC = layer.XC_norm(X)  # [B, h]
-    return ((0.5 * m**2 + 0.5 * e**2 * a / rd) * XC + 0.5 * m * e * layer.C_norm()).sum(-1)

@@ -18,7 +18,7 @@ E the remainders of the smooth stages, one Frobenius ball per source s. Each sta
   radial change a = uᵀΔ (relaxed as any ReLU) and a second-order error;
 * attention (:func:`attention`): its exact Jacobian at the clean input, applied densely on small
   layers and as an operator on large ones, and the Taylor remainder of docs/bounds.md §2.3
-  (``bounds.taylor.remainder``) at the radius of its input set — or LoFAST's Δ₁ and δ₂ (``split``);
+  (``bounds.remainder.remainder``) at the radius of its input set — or LoFAST's Δ₁ and δ₂ (``split``);
 * the FFN x + W₂ relu(W₁x + b₁) + b₂ (:func:`ffn`): linear, but for the neurons whose range contains
   0, relaxed by the parallelogram of least area (DeepZ, Singh et al. 2018) with a symbol of their own;
 * mean pooling and the head: linear.
@@ -47,7 +47,7 @@ from models.vit import ViT
 
 from ..certificates import gram_norm
 from ..lofast import delta2_xi, xi
-from ..taylor import remainder
+from ..remainder import remainder
 from .propagated import check_certifiable
 from .zonotope import DeviationSet, columns, relu_relaxation, symbols
 
@@ -212,11 +212,12 @@ SPLITS = ("taylor", "lofast", "lofast_half")
 
 
 def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | None = None,
-              split: str = "taylor") -> DeviationSet:
+              split: str = "taylor", quadratic: bool | None = None) -> DeviationSet:
     """Attention at its clean input X [B, n, d]: Δ ↦ J[Δ] + R(Δ) with J the exact Jacobian
     (:func:`jacobian_apply`) and ‖R‖_F ≤ the Taylor remainder of docs/bounds.md §2.3 at the set's
     radius (or, with ``split`` lofast, LoFAST's Δ₁ and δ₂); E's radii and the route grow by
-    :func:`jacobian_bound`."""
+    :func:`jacobian_bound`. ``quadratic`` as in ``bounds.remainder.remainder`` (the second pass asks
+    for the quadratic form, docs/bounds.md §2.3.2)."""
     r = S.route  # the radius LayerProject left (bounds.network.zonotope.DeviationSet.radius)
     parts = attention_parts(layer, X)
     N = X.shape[-2] * X.shape[-1]
@@ -230,7 +231,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             out = S.mixed(lambda T: (T.flatten(2) @ J.mT).reshape(T.shape))
         else:
             out = S.mixed(lambda T: jacobian_apply(layer, parts, T))
-        rest = remainder(layer, X, r)
+        rest = remainder(layer, X, r, quadratic=quadratic)
     bound = jacobian_bound(layer, X, parts, J, logits=split == "taylor")
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest)
     if log is not None:
@@ -525,7 +526,9 @@ class TaylorNet:
         for k, block in enumerate(self.net.blocks):
             S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log, refine if k else None)
             out.append((f"project{k}", S, s))
-            S = attention(S, self.layers[k], self.inputs[k][images], k, log, split)
+            # the quadratic form of the remainder costs an h·n² eigenproblem: the second pass only
+            S = attention(S, self.layers[k], self.inputs[k][images], k, log, split,
+                          quadratic=True if refine is not None else None)
             out.append((f"attention{k}", S, None))
             S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine)
             out.append((f"ffn{k}", S, u))

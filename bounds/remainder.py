@@ -1,0 +1,212 @@
+"""Bounds on attention's Taylor remainder ``R(Γ) = F(X+Γ) − F(X) − J_F(X)[Γ]`` over ‖Γ‖_F ≤ r, per
+head (docs/bounds.md §2.3 and §2.3.1). ``taylor`` and ``taylor_net`` pay the smaller of the two:
+
+* :func:`global_remainder`, softmax's global constants (½-Lipschitz, curvature ≤ 1) and the worst
+  directions of ‖M_l‖ and ‖X C_l‖ (docs/bounds.md §2.3);
+* :func:`local_remainder`, the clean point's own row probabilities (docs/bounds.md §2.3.1): every
+  spread is centred at the attention-weighted mean, so a saturated row or a row whose values agree
+  pays almost nothing, and only factors that tend to 1 as r → 0 are taken over the ball.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from models import DotMHA
+
+from .base import radius
+from .lofast import xi
+
+# relative slack for the float64 rounding of the local bound's sums, products and eigenvalues, and an
+# absolute one in units of the global bound (a scale of the magnitudes), docs/bounds.md §2.3.1
+ROUND_REL = 1e-9
+ROUND_ABS = 1e-12
+
+
+def global_remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None) -> Tensor:
+    """``(½m_l² + ½r²a_l/√d_h)‖XC_l‖ + ½ m_l r ‖C_l‖`` per head, [B, h] (docs/bounds.md §2.3), with
+    a_l = ‖A_l‖ and m_l = r(core_l + r a_l)/√d_h. ``core`` [B, h] bounds the linear logit map's norm
+    (‖M_l‖ or ξ_l; default ξ_l, which is deterministic)."""
+    e = radius(eps, X)[:, None]  # [B, 1]
+    core = xi(layer, X) if core is None else core
+    rd = math.sqrt(layer.d_h)
+    a = layer.A_norm()  # [h]
+    m = e * (core + e * a) / rd  # [B, h]
+    return (0.5 * m**2 + 0.5 * e**2 * a / rd) * layer.XC_norm(X) + 0.5 * m * e * layer.C_norm()
+
+
+def _pair_sq(Z: Tensor) -> Tensor:
+    """‖Z_k − Z_j‖² for every pair of rows, [..., n, n], from the differences themselves (no
+    cancellation: every term is a square)."""
+    return (Z[..., :, None, :] - Z[..., None, :, :]).square().sum(-1)
+
+
+def _g1(s: Tensor) -> Tensor:
+    """∫₀¹ e^{ts} dt = (e^s − 1)/s (1 at s = 0)."""
+    return torch.where(s > 1e-8, torch.expm1(s) / s.clamp_min(1e-8), 1 + s)
+
+
+def _g2(s: Tensor) -> Tensor:
+    """s·∫₀¹ (1 − t) e^{ts} dt = (e^s − 1 − s)/s; below 1e-4, its upper bound ½ s e^s (each term
+    s^k/(k+1)! of the series is ≤ ½ s^k/k!), which the difference would lose to cancellation."""
+    small = 0.5 * s * torch.exp(s)
+    big = (torch.expm1(s) - s) / s.clamp_min(1e-4)
+    return torch.where(s < 1e-4, small, big)
+
+
+def _rows(layer: DotMHA, X: Tensor, r: Tensor) -> dict[str, Tensor]:
+    """The clean point's per-row quantities both local bounds are made of, each [B, h, n] (or [B, h]
+    / [h]): σ_i = std_{p_i}(X C_l), a_i = ‖diag(√p_i)(U − 1ū_iᵀ)‖, λ_i ≥ λ_max(diag p_i − p_i p_iᵀ),
+    ‖V_i‖ and s_i ≥ the span of row i's logit change over the ball (docs/bounds.md §2.3.1)."""
+    P = layer.attention(X)  # [B, h, n, n]
+    Q, K = layer.queries_keys(X)  # [B, h, n, d_h]
+    # the d_h-wide factors: ‖z W_qᵀ‖ = ‖z R_qᵀ‖ with W_q = Q_q R_q (orthonormal Q_q), and likewise
+    # for W_k and W_oᵀ, so every spread below is computed on d_h columns, never on d
+    Rq = torch.linalg.qr(layer.W_q, mode="r").R  # [h, d_h, d_h]
+    Rk = torch.linalg.qr(layer.W_k, mode="r").R
+    Ro = torch.linalg.qr(layer.W_o.mT, mode="r").R
+    U = K @ Rq.mT  # [B, h, n, d_h]: the rows of U = K W_qᵀ in Q_q's coordinates
+    Vn = (Q @ Rk.mT).norm(dim=-1)  # [B, h, n]: ‖V_i‖
+    Y = torch.einsum("bnd,hde->bhne", X, layer.W_v) @ Ro.mT  # rows of X C_l in Q_o's coordinates
+    sigma = (0.5 * torch.einsum("bhik,bhkj,bhij->bhi", P, _pair_sq(Y), P)).clamp_min(0).sqrt()
+    diam = _pair_sq(U).amax((-1, -2)).sqrt()  # [B, h]
+    Uc = (U[..., None, :, :] - (P @ U)[..., :, None, :]) * P[..., None].sqrt()  # [B, h, i, k, d_h]
+    a = torch.linalg.eigvalsh(Uc.mT @ Uc)[..., -1].clamp_min(0).sqrt()  # [B, h, n]
+    lam = torch.minimum(P.amax(-1), (2 * P * (1 - P)).amax(-1))  # ≥ λ_max(diag p_i − p_i p_iᵀ)
+    A = layer.A_norm()[:, None]  # [h, 1]
+    s = r * (diam[..., None] + math.sqrt(2) * (Vn + r * A)) / math.sqrt(layer.d_h)
+    return {"sigma": sigma, "a": a, "lam": lam, "Vn": Vn, "s": s, "A": A[:, 0],
+            "C": layer.C_norm()[:, None]}
+
+
+def _assemble(rows: dict[str, Tensor], alpha: Tensor, beta: Tensor, r: Tensor, d_h: int) -> Tensor:
+    """``(r/√d_h)·[max_i α_i a_i + (Σ_i α_i² λ_i ‖V_i‖²)^½ + r‖A_l‖ max_i β_i √λ_i]`` per head, [B, h]:
+    Σ_i (α_i std(δ_i) + β_i std(q_i))² summed over rows by Minkowski, with std(δ_i) ≤ (‖Γ_i‖a_i +
+    √λ_i‖V_i‖r)/√d_h and std(q_i) ≤ √λ_i‖A_l‖r‖Γ_i‖/√d_h (docs/bounds.md §2.3.1)."""
+    lam, r = rows["lam"], r[..., 0]  # r: [B, 1]
+    return (r / math.sqrt(d_h)) * ((alpha * rows["a"]).amax(-1)
+                                   + (alpha.square() * lam * rows["Vn"].square()).sum(-1).sqrt()
+                                   + r * rows["A"] * (beta * lam.sqrt()).amax(-1))
+
+
+def local_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
+    """A bound on each head's share of ‖R(Γ)‖_F over ‖Γ‖_F ≤ r from the clean row probabilities,
+    [B, h] (docs/bounds.md §2.3.1): with the row quantities of :func:`_rows`,
+
+        α_i = σ_i g₂(s_i) + √λ_i‖C_l‖ r g₁(s_i),  β_i = σ_i + α_i,
+
+    assembled over rows by :func:`_assemble`.
+    """
+    r = radius(eps, X)[:, None, None]  # [B, 1, 1]: broadcasts over heads and rows
+    rows = _rows(layer, X, r)
+    s, sigma = rows["s"], rows["sigma"]
+    alpha = sigma * _g2(s) + rows["lam"].sqrt() * rows["C"] * r * _g1(s)
+    return _assemble(rows, alpha, sigma + alpha, r, layer.d_h) * (1 + ROUND_REL)
+
+
+def logit_form_norm(layer: DotMHA, X: Tensor) -> tuple[Tensor, Tensor]:
+    """‖𝒜‖ and √Λ, [B] each (docs/bounds.md §2.3.2).
+
+    ‖𝒜‖ bounds the pure-logit second-order term, all heads and rows at once: with δ the linear
+    logit change and Y_l = X C_l, row i of L(Γ) = Σ_l ½ Σ_k p_lik (δ_lik − δ̄_li)² (Y_lk − ȳ_li), and
+    ‖L(Γ)‖_F ≤ ‖𝒜‖‖Γ‖_F². ‖𝒜‖² = ¼ λ_max(N^½ (G∘G) N^½) on the h·n² pairs α = (i, l, k): G the Gram of
+    the centred logit functionals f̂_α, N = ΩΩᵀ block-diagonal over rows, N_αβ = p_α p_β ⟨Ỹ_α, Ỹ_β⟩.
+    The (nd)²-wide side is never formed. Λ = λ_max(Σ_α p_α f̂_α f̂_αᵀ) ≥ Σ_{l,i} Var_{p_li}(δ_li) for
+    every ‖Γ‖_F = 1."""
+    B, n, d = X.shape
+    h = layer.h
+    P = layer.attention(X)  # [B, h, n, n]
+    Q, K = layer.queries_keys(X)
+    U = K @ layer.W_q.mT  # [B, h, n, d]: U_l = K_l W^Q_lᵀ
+    V = Q @ layer.W_k.mT  # V_l = Q_l W^K_lᵀ
+    Y = torch.einsum("bnd,hde->bhne", X, layer.C())
+    Ut = U[:, :, None] - (P @ U)[:, :, :, None]  # [B, h, i, k, d]: U_lk − ū_li
+    Yt = Y[:, :, None] - (P @ Y)[:, :, :, None]
+    eye = torch.eye(n, dtype=X.dtype, device=X.device)
+    E = eye[None, None, None] - P[..., None, :]  # [B, h, i, k, n]: e_k − p_li
+    # α = (i, l, k) in this order, so that N is block-diagonal over rows i
+    Ut = Ut.permute(0, 2, 1, 3, 4)  # [B, i, h, k, d]
+    Yt = Yt.permute(0, 2, 1, 3, 4)
+    E = E.permute(0, 2, 1, 3, 4)  # [B, i, h, k, n]
+    Vi = V.permute(0, 2, 1, 3)  # [B, i, h, d]: V_li
+    m = h * n
+    # ⟨f̂_α, f̂_β⟩·d_h = δ_ii'⟨Ũ_α, Ũ_β⟩ + (e_k' − p_l'i')_i ⟨Ũ_α, V_l'i'⟩ + (its transpose)
+    #                   + ⟨e_k − p_li, e_k' − p_l'i'⟩⟨V_li, V_l'i'⟩
+    G = torch.zeros(B, n, m, n, m, dtype=X.dtype, device=X.device)
+    UU = torch.einsum("bihkd,bigjd->bihkgj", Ut, Ut).reshape(B, n, m, m)
+    G[:, torch.arange(n), :, torch.arange(n), :] = UU.permute(1, 0, 2, 3)
+    UV = torch.einsum("bihkd,bjgd->bihkjg", Ut, Vi)  # [B, i, h, k, i', l']
+    T2 = torch.einsum("bihkjg,bjgqi->bihkjgq", UV, E)  # × (e_k' − p_l'i')_i
+    G = G + T2.reshape(B, n, m, n, m)
+    G = G + T2.reshape(B, n, m, n, m).permute(0, 3, 4, 1, 2)
+    EE = torch.einsum("bihkx,bjgqx->bihkjgq", E, E)
+    VV = torch.einsum("bihd,bjgd->bihjg", Vi, Vi)
+    G = G + (EE * VV[:, :, :, None, :, :, None]).reshape(B, n, m, n, m)
+    G = G.reshape(B, n * m, n * m) / layer.d_h
+    Kp = G.square()  # G∘G, PSD by Schur's product theorem
+    M = (Yt * P.permute(0, 2, 1, 3)[..., None]).reshape(B, n, m, d)  # p_α Ỹ_α, per row i
+    mu, W = torch.linalg.eigh(M @ M.mT)  # N_i = M_i M_iᵀ, [B, n, m, m]
+    root = (W * mu.clamp_min(0).sqrt()[..., None, :]) @ W.mT
+    S = torch.einsum("biax,bixjy,bjyc->biajc", root, Kp.reshape(B, n, m, n, m), root)
+    S = S.reshape(B, n * m, n * m)
+    lam = torch.linalg.eigvalsh(0.5 * (S + S.mT))[..., -1].clamp_min(0)
+    # rounding: S's entries carry errors far below 1e-10 of ‖N‖·‖G∘G‖_F ≥ λ_max(S) (§2.3.2)
+    slack = 1e-10 * mu.amax((-1, -2)).clamp_min(0) * Kp.flatten(1).norm(dim=-1)
+    form = 0.5 * (lam * (1 + ROUND_REL) + slack).sqrt()
+    # Λ = λ_max(Σ_α p_α f̂_α f̂_αᵀ) = λ_max(D^½ G D^½), D = diag(p_α): the energy of every head's and
+    # row's linear logit spread at once, which the value term pays (§2.3.2)
+    w = P.permute(0, 2, 1, 3).reshape(B, n * m).sqrt()
+    D = w[:, :, None] * G * w[:, None, :]
+    spread = torch.linalg.eigvalsh(0.5 * (D + D.mT))[..., -1].clamp_min(0)
+    spread = spread * (1 + ROUND_REL) + 1e-10 * G.flatten(1).norm(dim=-1)
+    return form, spread.sqrt()
+
+
+QUAD_LIMIT = 1536  # h·n² above which the quadratic form's eigenproblem is skipped (§2.3.2)
+
+
+def quadratic_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
+    """``‖𝒜‖r² + Σ_l (the rest of head l)`` ≥ ‖R(Γ)‖_F over ‖Γ‖_F ≤ r, [B] (docs/bounds.md §2.3.2):
+    the pure-logit second-order term bounded jointly over heads and rows as the quadratic form it is
+    (‖𝒜‖r², :func:`logit_form_norm`), the value term Σ_l dP_l[Γ]ΓC_l by Cauchy–Schwarz (√(cΛ) r²), and
+    what is left (Cov_p(q, Y) and the third order) by the row quantities of :func:`_rows` with
+    v_i = √λ_i‖C_l‖r,
+
+        α'_i = (7/24) s_i² e^{s_i} σ_i + g₂(s_i) v_i,  β'_i = σ_i (1 + 3s_i/2) + v_i + α'_i.
+
+    +inf where h·n² > QUAD_LIMIT."""
+    B, n, _ = X.shape
+    r = radius(eps, X)[:, None, None]
+    if layer.h * n * n > QUAD_LIMIT:
+        return torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
+    rows = _rows(layer, X, r)
+    s, sigma = rows["s"], rows["sigma"]
+    value = rows["lam"].sqrt() * rows["C"] * r  # ≥ std_{p_i}(Γ C_l) over the ball
+    alpha = (7 / 24) * s.square() * torch.exp(s) * sigma + _g2(s) * value
+    beta = sigma * (1 + 1.5 * s) + value + alpha
+    rest = _assemble(rows, alpha, beta, r, layer.d_h).sum(-1)
+    form, spread = logit_form_norm(layer, X)
+    # the value term Σ_l dP_l[Γ] Γ C_l by Cauchy–Schwarz over (l, k): c = max_{i,k} Σ_l p_lik ‖C_l‖²
+    P = layer.attention(X)
+    c = (P * rows["C"][None, :, :, None].square()).sum(1).amax((-1, -2))
+    return ((form + c.sqrt() * spread) * r[:, 0, 0] ** 2 + rest) * (1 + ROUND_REL)
+
+
+def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
+              quadratic: bool | None = None) -> Tensor:
+    """A certified bound of ‖F(X+Γ) − F(X) − J_F(X)[Γ]‖_F over ‖Γ‖_F ≤ r, [B]: each head's share by
+    the smaller of :func:`global_remainder` and :func:`local_remainder` (both bound the same head's
+    term, docs/bounds.md §2.3.1), summed over heads, and the smaller of that and
+    :func:`quadratic_remainder`. ``quadratic`` None takes the quadratic form where its eigenproblem
+    (h·n²) is no larger than the Jacobian's (n·d), which ``taylor`` pays anyway; False never, True
+    up to QUAD_LIMIT. ``core`` as in :func:`global_remainder`."""
+    glob = global_remainder(layer, X, eps, core)
+    local = local_remainder(layer, X, eps) + ROUND_ABS * glob
+    out = torch.minimum(glob, local).sum(-1)
+    n, d = X.shape[-2:]
+    if quadratic or (quadratic is None and layer.h * n * n <= n * d):
+        out = torch.minimum(out, quadratic_remainder(layer, X, eps) + ROUND_ABS * glob.sum(-1))
+    return out
