@@ -48,3 +48,20 @@ def test_pgd(benchmark, size, objective):
     layer, X = SIZES[size].build()
     benchmark.pedantic(lambda: attack(layer, X, 0.05, objective, steps=50, restarts=4),
                        rounds=3, iterations=1)
+
+
+# the remainder's bounds beside `taylor` itself (issue: the new remainder within 2× of taylor per
+# layer): a sweep layer, a digits-ViT-like one (h·n² ≈ n·d) and a MiniLM-shaped one (n 10, d 384, h 12)
+REMAINDER_CELLS = {"n16-d32-h4": Cell(n=16, d=32, h=4), "n17-d32-h2": Cell(n=17, d=32, h=2),
+                   "n10-d384-h12": Cell(n=10, d=384, h=12)}
+
+
+@pytest.mark.parametrize("size", list(REMAINDER_CELLS))
+@pytest.mark.parametrize("which", ["taylor", "global", "local", "quadratic", "remainder"])
+def test_remainder(benchmark, size, which):
+    from bounds import remainder as R
+    from bounds.taylor import taylor
+    layer, X = REMAINDER_CELLS[size].build()
+    fn = {"taylor": taylor, "global": R.global_remainder, "local": R.local_remainder,
+          "quadratic": R.quadratic_remainder, "remainder": R.remainder}[which]
+    benchmark(lambda: fn(layer, X, 0.05))

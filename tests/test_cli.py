@@ -39,6 +39,10 @@ def test_point_json_matches_library(files):
     assert out["pgd"] == pytest.approx(float(pgd), rel=1e-9)
     assert out["meta"]["kind"] == "dot" and out["meta"]["n"] == 6 and out["meta"]["h"] == 4
     assert len(out["delta21_M"]) == 4 and isinstance(out["lofast_M"], float)
+    # taylor = σ̄_J ε + taylor_remainder, and the remainder's bound is above the attack on it
+    from bounds.remainder import remainder
+    assert out["taylor_remainder"] == pytest.approx(float(remainder(layer, X[None], 0.05)[0]), rel=1e-9)
+    assert out["taylor_remainder"] >= out["pgd_remainder"] > 0
 
 
 def test_point_table_and_batch(files, tmp_path):

@@ -40,6 +40,21 @@ def to_json(ev: Evaluation, meta: dict, batched: bool) -> dict:
     return out
 
 
+def remainder_fields(layer, X: Tensor, args: Namespace, batched: bool) -> dict:
+    """``taylor_remainder`` (the certified bound of attention's Taylor remainder that ``taylor`` pays,
+    docs/bounds.md §2.3–2.3.2: taylor = σ̄_J ε + taylor_remainder) and ``pgd_remainder`` (an attack on
+    the remainder itself, attacks/remainder.py), in float64 on the CPU."""
+    from attacks.remainder import attack_remainder
+    from bounds.remainder import remainder
+
+    X = X.double().cpu()
+    layer = layer.to(X)
+    bound = remainder(layer, X, args.eps)
+    attained = attack_remainder(layer, X, args.eps, steps=args.pgd_steps, restarts=args.pgd_restarts,
+                                seed=args.seed)
+    return {"taylor_remainder": _plain(bound, batched), "pgd_remainder": _plain(attained, batched)}
+
+
 def _fmt(x: float) -> str:
     return "—" if math.isnan(x) else f"{x:.6g}"
 
@@ -96,7 +111,10 @@ def run(args: Namespace) -> int:
         "findings": {n: bounds.get(n).finding for n in ev.values if bounds.get(n).finding},
     }
     if args.json:
-        print(json.dumps(to_json(ev, meta, batched), indent=1))
+        out = to_json(ev, meta, batched)
+        if "taylor" in ev.values and layer.kind == "dot":
+            out |= remainder_fields(layer, Xb, args, batched)
+        print(json.dumps(out, indent=1))
     else:
         print(f"{meta['kind']} layer: n={meta['n']}, d={meta['d']}, h={meta['h']}, "
               f"batch={meta['batch']}, eps={args.eps}, {args.dtype} on {meta['device_name']}")
