@@ -1,6 +1,6 @@
 """PGD lower bounds over the Frobenius ball (docs/bounds.md §4)."""
 
 from .objectives import OBJECTIVES, PER_HEAD
-from .pgd import PGDResult, attack, maximize, warm_starts
+from .pgd import PGDResult, attack, attack_remainder, maximize, warm_starts
 
-__all__ = ["OBJECTIVES", "PER_HEAD", "PGDResult", "attack", "maximize", "warm_starts"]
+__all__ = ["OBJECTIVES", "PER_HEAD", "PGDResult", "attack", "attack_remainder", "maximize", "warm_starts"]

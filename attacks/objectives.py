@@ -73,6 +73,20 @@ def delta22(layer, Xh: Tensor) -> Objective:
     return f
 
 
+def remainder(layer, X: Tensor) -> Objective:
+    """Attention's Taylor remainder ‖F(X') − F(X) − J_F(X)[X' − X]‖_F (docs/bounds.md §2.3.1), J_F(X)[Γ]
+    by forward-mode AD (which reverse mode differentiates through); pgd.attack_remainder attacks it."""
+    layer = _dot(layer, "remainder")
+    FX = layer(X).detach()
+
+    def f(Xp: Tensor) -> Tensor:
+        G = Xp - X
+        _, lin = torch.func.jvp(layer.forward, (X.expand_as(G).contiguous(),), (G,))
+        return _fro(layer(Xp) - FX - lin)
+
+    return f
+
+
 OBJECTIVES: dict[str, Callable] = {"output": output, "delta1": delta1, "delta2": delta2,
-                                   "delta21": delta21, "delta22": delta22}
+                                   "delta21": delta21, "delta22": delta22, "remainder": remainder}
 PER_HEAD = frozenset({"delta21", "delta22"})

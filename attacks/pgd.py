@@ -13,6 +13,7 @@ from models import DotMHA, InputError, Stack, as_batch, check_eps
 from models.operators import jacobian_lanczos, m_norms_lanczos, zeta_lanczos
 
 from .objectives import OBJECTIVES, PER_HEAD, Objective
+from .objectives import remainder as remainder_objective
 
 STEP_FIRST, STEP_LAST = 0.5, 0.005  # step sizes as fractions of ε, decayed geometrically
 
@@ -88,6 +89,8 @@ def attack(layer: DotMHA | Stack, X: Tensor, eps: float, objective: str = "outpu
         raise InputError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
     if objective != "output" and not isinstance(layer, DotMHA):
         raise InputError(f"objective {objective!r} applies to dot layers only, not {layer.kind}")
+    if objective == "remainder":  # a second-order objective: its own two-stage ascent
+        return attack_remainder(layer, X, eps, steps=steps, restarts=restarts, seed=seed)
     X = as_batch(X, layer.d)
     eps = check_eps(eps)
     layer = layer.to(X)
@@ -96,3 +99,29 @@ def attack(layer: DotMHA | Stack, X: Tensor, eps: float, objective: str = "outpu
     starts = warm_starts(layer, X, objective) if warm else None
     fn = OBJECTIVES[objective](layer, X)
     return maximize(fn, X, eps, steps=steps, restarts=restarts, seed=seed, starts=starts).value
+
+
+# the first ascent's radius, as a fraction of r: attention's Taylor remainder is second order, at a
+# small radius it is its quadratic term Q₂ = ½D²F(X)[Γ,Γ], the same at every scale, so an ascent there
+# finds Q₂'s maximisers, which start the ascent at r
+SMALL = 1e-2
+
+
+def attack_remainder(layer, X: Tensor, r, *, steps: int = 200, restarts: int = 8,
+                     seed: int = 0) -> Tensor:
+    """The best attained ‖F(X+Γ) − F(X) − J_F(X)[Γ]‖_F over ‖Γ‖_F ≤ r, [B] (objective ``remainder``,
+    a lower bound of every bound of docs/bounds.md §2.3.1–2.3.2): an ascent at r/100 from
+    ``restarts`` random points, then one at r from its best direction (±), ± J's top singular
+    direction and ``restarts`` fresh random points; each of the two ascents decays its step from
+    0.5r to 0.005r (:func:`maximize`)."""
+    X = as_batch(X, layer.d)
+    r = check_eps(r)
+    layer = layer.to(X)
+    fn = remainder_objective(layer, X)
+    small = maximize(fn, X, SMALL * r, steps=steps // 2, restarts=restarts, seed=seed + 1)
+    starts = [small.delta, -small.delta]
+    warm = warm_starts(layer, X, "output")
+    if warm is not None:
+        starts.extend(warm)
+    return maximize(fn, X, r, steps=steps, restarts=restarts, seed=seed,
+                    starts=torch.stack(starts)).value

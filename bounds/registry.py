@@ -96,6 +96,16 @@ BOUNDS: tuple[Bound, ...] = (
           biases=True, display="best certified",
           description="the smallest certified end-to-end bound without a finding, per input (and "
                       "per block of a stack)"),
+    # attention's Taylor remainder itself, against an attack on the remainder (objective
+    # ``remainder``, attacks.pgd.attack_remainder): opt-in, as that attack costs several of the others
+    Bound("taylor_remainder", tay.taylor_remainder, "this suite, docs/bounds.md §2.3.1–2.3.2",
+          "taylor − σ̄_J·ε: the smallest of the global, local and quadratic remainders", True, DOT,
+          objective="remainder", ours=True, biases=True, opt_in=True, display="Taylor remainder",
+          description="the certified bound of ‖F(X+Γ) − F(X) − J_F(X)[Γ]‖_F that taylor pays"),
+    Bound("taylor_remainder_global", tay.taylor_remainder_global, "this suite, docs/bounds.md §2.3",
+          "§2.3's remainder: softmax's global constants (½, 1)", True, DOT, objective="remainder",
+          ours=True, biases=True, opt_in=True, display="Taylor remainder, global (§2.3)",
+          description="the remainder taylor paid before §2.3.1–2.3.2, beside the one it pays"),
     # the field's yardstick (docs/bounds.md §2.5): opt-in, as it costs seconds where the others cost
     # milliseconds, and needs the optional auto_LiRPA (the crown extra)
     Bound("crown", crown_.crown, CROWN, "per-output CROWN bounds over the joint L2 ball", True, DOT,

@@ -57,6 +57,13 @@ def _g2(s: Tensor) -> Tensor:
     return torch.where(s < 1e-4, small, big)
 
 
+def _g3(s: Tensor) -> Tensor:
+    """∫₀¹ ½(1 − t)² e^{ts} dt = (e^s − 1 − s − s²/2)/s³ (1/6 at s = 0); below 1e-2, its upper bound
+    e^s/6, which the difference would lose to cancellation."""
+    big = (torch.expm1(s) - s - 0.5 * s.square()) / s.clamp_min(1e-2) ** 3
+    return torch.where(s < 1e-2, torch.exp(s) / 6, big)
+
+
 def _rows(layer: DotMHA, X: Tensor, r: Tensor) -> dict[str, Tensor]:
     """The clean point's per-row quantities both local bounds are made of, each [B, h, n] (or [B, h]
     / [h]): σ_i = std_{p_i}(X C_l), a_i = ‖diag(√p_i)(U − 1ū_iᵀ)‖, λ_i ≥ λ_max(diag p_i − p_i p_iᵀ),
@@ -71,7 +78,8 @@ def _rows(layer: DotMHA, X: Tensor, r: Tensor) -> dict[str, Tensor]:
     U = K @ Rq.mT  # [B, h, n, d_h]: the rows of U = K W_qᵀ in Q_q's coordinates
     Vn = (Q @ Rk.mT).norm(dim=-1)  # [B, h, n]: ‖V_i‖
     Y = torch.einsum("bnd,hde->bhne", X, layer.W_v) @ Ro.mT  # rows of X C_l in Q_o's coordinates
-    sigma = (0.5 * torch.einsum("bhik,bhkj,bhij->bhi", P, _pair_sq(Y), P)).clamp_min(0).sqrt()
+    Ysq = _pair_sq(Y)
+    sigma = (0.5 * torch.einsum("bhik,bhkj,bhij->bhi", P, Ysq, P)).clamp_min(0).sqrt()
     diam = _pair_sq(U).amax((-1, -2)).sqrt()  # [B, h]
     Uc = (U[..., None, :, :] - (P @ U)[..., :, None, :]) * P[..., None].sqrt()  # [B, h, i, k, d_h]
     a = torch.linalg.eigvalsh(Uc.mT @ Uc)[..., -1].clamp_min(0).sqrt()  # [B, h, n]
@@ -79,7 +87,7 @@ def _rows(layer: DotMHA, X: Tensor, r: Tensor) -> dict[str, Tensor]:
     A = layer.A_norm()[:, None]  # [h, 1]
     s = r * (diam[..., None] + math.sqrt(2) * (Vn + r * A)) / math.sqrt(layer.d_h)
     return {"sigma": sigma, "a": a, "lam": lam, "Vn": Vn, "s": s, "A": A[:, 0],
-            "C": layer.C_norm()[:, None]}
+            "C": layer.C_norm()[:, None], "diamY": Ysq.amax((-1, -2)).sqrt()}
 
 
 def _assemble(rows: dict[str, Tensor], alpha: Tensor, beta: Tensor, r: Tensor, d_h: int) -> Tensor:
@@ -107,29 +115,21 @@ def local_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
     return _assemble(rows, alpha, sigma + alpha, r, layer.d_h) * (1 + ROUND_REL)
 
 
-def logit_form_norm(layer: DotMHA, X: Tensor) -> tuple[Tensor, Tensor]:
-    """‖𝒜‖ and √Λ, [B] each (docs/bounds.md §2.3.2).
-
-    ‖𝒜‖ bounds the pure-logit second-order term, all heads and rows at once: with δ the linear
-    logit change and Y_l = X C_l, row i of L(Γ) = Σ_l ½ Σ_k p_lik (δ_lik − δ̄_li)² (Y_lk − ȳ_li), and
-    ‖L(Γ)‖_F ≤ ‖𝒜‖‖Γ‖_F². ‖𝒜‖² = ¼ λ_max(N^½ (G∘G) N^½) on the h·n² pairs α = (i, l, k): G the Gram of
-    the centred logit functionals f̂_α, N = ΩΩᵀ block-diagonal over rows, N_αβ = p_α p_β ⟨Ỹ_α, Ỹ_β⟩.
-    The (nd)²-wide side is never formed. Λ = λ_max(Σ_α p_α f̂_α f̂_αᵀ) ≥ Σ_{l,i} Var_{p_li}(δ_li) for
-    every ‖Γ‖_F = 1."""
-    B, n, d = X.shape
+def _logit_gram(layer: DotMHA, X: Tensor) -> tuple[Tensor, Tensor]:
+    """(G, P): G [B, n·h·n, n·h·n] the Gram of the centred logit functionals f̂_α, α = (i, l, k) in
+    this order (δ_lik − δ̄_li = f̂_αᵀ vec Γ), in closed form from the Grams of U_l = K_l W^Q_lᵀ,
+    V_l = Q_l W^K_lᵀ and the e_k − p_li (docs/bounds.md §2.3.2); P [B, h, n, n] the attention."""
+    B, n, _ = X.shape
     h = layer.h
     P = layer.attention(X)  # [B, h, n, n]
     Q, K = layer.queries_keys(X)
     U = K @ layer.W_q.mT  # [B, h, n, d]: U_l = K_l W^Q_lᵀ
     V = Q @ layer.W_k.mT  # V_l = Q_l W^K_lᵀ
-    Y = torch.einsum("bnd,hde->bhne", X, layer.C())
     Ut = U[:, :, None] - (P @ U)[:, :, :, None]  # [B, h, i, k, d]: U_lk − ū_li
-    Yt = Y[:, :, None] - (P @ Y)[:, :, :, None]
     eye = torch.eye(n, dtype=X.dtype, device=X.device)
     E = eye[None, None, None] - P[..., None, :]  # [B, h, i, k, n]: e_k − p_li
-    # α = (i, l, k) in this order, so that N is block-diagonal over rows i
+    # α = (i, l, k) in this order, so that N below is block-diagonal over rows i
     Ut = Ut.permute(0, 2, 1, 3, 4)  # [B, i, h, k, d]
-    Yt = Yt.permute(0, 2, 1, 3, 4)
     E = E.permute(0, 2, 1, 3, 4)  # [B, i, h, k, n]
     Vi = V.permute(0, 2, 1, 3)  # [B, i, h, d]: V_li
     m = h * n
@@ -145,7 +145,49 @@ def logit_form_norm(layer: DotMHA, X: Tensor) -> tuple[Tensor, Tensor]:
     EE = torch.einsum("bihkx,bjgqx->bihkjgq", E, E)
     VV = torch.einsum("bihd,bjgd->bihjg", Vi, Vi)
     G = G + (EE * VV[:, :, :, None, :, :, None]).reshape(B, n, m, n, m)
-    G = G.reshape(B, n * m, n * m) / layer.d_h
+    return G.reshape(B, n * m, n * m) / layer.d_h, P
+
+
+def _weighted_spread(G: Tensor, P: Tensor, w: Tensor | None = None) -> Tensor:
+    """λ_max(Σ_α w_α p_α f̂_α f̂_αᵀ) = λ_max(D^½ G D^½), D = diag(w_α p_α), rounded up, [B]: for
+    every ‖Γ‖_F = 1 it bounds Σ_{l,i} w_li Var_{p_li}(δ_li), the (weighted) energy of every head's
+    and row's linear logit spread at once (docs/bounds.md §2.3.2). ``w`` [B, h, n] per (head, row),
+    default 1; P [B, h, n, n]."""
+    B = P.shape[0]
+    wp = P.permute(0, 2, 1, 3)  # [B, i, h, k]
+    if w is not None:
+        wp = wp * w.permute(0, 2, 1)[..., None]
+    root = wp.reshape(B, -1).clamp_min(0).sqrt()
+    D = root[:, :, None] * G * root[:, None, :]
+    # weights that overflowed (e^s at a saturating scale) bound nothing: +inf, never an eigensolver
+    # failure; the other bounds of the remainder serve there
+    finite = torch.isfinite(D).flatten(1).all(-1)
+    D = torch.where(finite[:, None, None], D, torch.zeros_like(D))
+    top = torch.linalg.eigvalsh(0.5 * (D + D.mT))[..., -1].clamp_min(0)
+    # rounding: far below 1e-10 of ‖D‖_F ≥ λ_max
+    top = top * (1 + ROUND_REL) + 1e-10 * D.flatten(1).norm(dim=-1)
+    return torch.where(finite, top, torch.full_like(top, torch.inf))
+
+
+def logit_form_norm(layer: DotMHA, X: Tensor) -> tuple[Tensor, Tensor]:
+    """‖𝒜‖ and √Λ, [B] each (docs/bounds.md §2.3.2).
+
+    ‖𝒜‖ bounds the pure-logit second-order term, all heads and rows at once: with δ the linear
+    logit change and Y_l = X C_l, row i of L(Γ) = Σ_l ½ Σ_k p_lik (δ_lik − δ̄_li)² (Y_lk − ȳ_li), and
+    ‖L(Γ)‖_F ≤ ‖𝒜‖‖Γ‖_F². ‖𝒜‖² = ¼ λ_max(N^½ (G∘G) N^½) on the h·n² pairs α = (i, l, k): G the Gram of
+    the centred logit functionals f̂_α (:func:`_logit_gram`), N = ΩΩᵀ block-diagonal over rows,
+    N_αβ = p_α p_β ⟨Ỹ_α, Ỹ_β⟩. The (nd)²-wide side is never formed. Λ = λ_max(Σ_α p_α f̂_α f̂_αᵀ) ≥
+    Σ_{l,i} Var_{p_li}(δ_li) for every ‖Γ‖_F = 1 (:func:`_weighted_spread`)."""
+    G, P = _logit_gram(layer, X)
+    return _form_norm(layer, X, G, P), _weighted_spread(G, P).sqrt()
+
+
+def _form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
+    """‖𝒜‖ from the Gram G and the attention P (:func:`logit_form_norm`), [B]."""
+    B, n, d = X.shape
+    m = layer.h * n
+    Y = torch.einsum("bnd,hde->bhne", X, layer.C())
+    Yt = (Y[:, :, None] - (P @ Y)[:, :, :, None]).permute(0, 2, 1, 3, 4)  # [B, i, h, k, d]: Ỹ_α
     Kp = G.square()  # G∘G, PSD by Schur's product theorem
     M = (Yt * P.permute(0, 2, 1, 3)[..., None]).reshape(B, n, m, d)  # p_α Ỹ_α, per row i
     mu, W = torch.linalg.eigh(M @ M.mT)  # N_i = M_i M_iᵀ, [B, n, m, m]
@@ -155,27 +197,30 @@ def logit_form_norm(layer: DotMHA, X: Tensor) -> tuple[Tensor, Tensor]:
     lam = torch.linalg.eigvalsh(0.5 * (S + S.mT))[..., -1].clamp_min(0)
     # rounding: S's entries carry errors far below 1e-10 of ‖N‖·‖G∘G‖_F ≥ λ_max(S) (§2.3.2)
     slack = 1e-10 * mu.amax((-1, -2)).clamp_min(0) * Kp.flatten(1).norm(dim=-1)
-    form = 0.5 * (lam * (1 + ROUND_REL) + slack).sqrt()
-    # Λ = λ_max(Σ_α p_α f̂_α f̂_αᵀ) = λ_max(D^½ G D^½), D = diag(p_α): the energy of every head's and
-    # row's linear logit spread at once, which the value term pays (§2.3.2)
-    w = P.permute(0, 2, 1, 3).reshape(B, n * m).sqrt()
-    D = w[:, :, None] * G * w[:, None, :]
-    spread = torch.linalg.eigvalsh(0.5 * (D + D.mT))[..., -1].clamp_min(0)
-    spread = spread * (1 + ROUND_REL) + 1e-10 * G.flatten(1).norm(dim=-1)
-    return form, spread.sqrt()
+    return 0.5 * (lam * (1 + ROUND_REL) + slack).sqrt()
 
 
 QUAD_LIMIT = 1536  # h·n² above which the quadratic form's eigenproblem is skipped (§2.3.2)
 
 
-def quadratic_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
-    """``‖𝒜‖r² + Σ_l (the rest of head l)`` ≥ ‖R(Γ)‖_F over ‖Γ‖_F ≤ r, [B] (docs/bounds.md §2.3.2):
-    the pure-logit second-order term bounded jointly over heads and rows as the quadratic form it is
-    (‖𝒜‖r², :func:`logit_form_norm`), the value term Σ_l dP_l[Γ]ΓC_l by Cauchy–Schwarz (√(cΛ) r²), and
-    what is left (Cov_p(q, Y) and the third order) by the row quantities of :func:`_rows` with
-    v_i = √λ_i‖C_l‖r,
+# the fourth joint cumulant E[ũ³Ỹ] − 3E[ũ²]E[ũỸ] of a row over the ball is at most
+# (1 + 3/(2√2))·s·diam(Y)·Var(u) (docs/bounds.md §2.3.2)
+CUMULANT4 = 1 + 3 / (2 * math.sqrt(2))
 
-        α'_i = (7/24) s_i² e^{s_i} σ_i + g₂(s_i) v_i,  β'_i = σ_i (1 + 3s_i/2) + v_i + α'_i.
+
+def quadratic_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
+    """``‖𝒜‖r² + √(cΛ)r² + the rest`` ≥ ‖R(Γ)‖_F over ‖Γ‖_F ≤ r, [B] (docs/bounds.md §2.3.2): the
+    pure-logit second-order term bounded jointly over heads and rows as the quadratic form it is
+    (‖𝒜‖r², :func:`logit_form_norm`), the value term Σ_l dP_l[Γ]ΓC_l by Cauchy–Schwarz (√(cΛ) r²),
+    and what is left (Cov_p(q, Y) and the third order) the smaller of two ways, with the row
+    quantities of :func:`_rows`, v_i = √λ_i‖C_l‖r and g₃(s) = ∫₀¹ ½(1−t)² e^{ts} dt:
+
+    * per head, assembled over rows by :func:`_assemble`, with
+      α'_i = (7/4) s_i² g₃(s_i) σ_i + g₂(s_i) v_i and β'_i = σ_i (1 + 3s_i/2) + v_i + α'_i;
+    * the pure-logit third order jointly over heads and rows, Σ_{l,i} c_li Var_{p_li}(u_li) with
+      c_li = (1 + 3/(2√2)) s_li diam(Y_l) g₃(s_li), its δ part a weighted λ_max of the logit Gram
+      (:func:`_weighted_spread`) so that heads and rows share Γ's energy; the rest per head as above
+      without that term.
 
     +inf where h·n² > QUAD_LIMIT."""
     B, n, _ = X.shape
@@ -183,16 +228,28 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
     if layer.h * n * n > QUAD_LIMIT:
         return torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
     rows = _rows(layer, X, r)
-    s, sigma = rows["s"], rows["sigma"]
-    value = rows["lam"].sqrt() * rows["C"] * r  # ≥ std_{p_i}(Γ C_l) over the ball
-    alpha = (7 / 24) * s.square() * torch.exp(s) * sigma + _g2(s) * value
-    beta = sigma * (1 + 1.5 * s) + value + alpha
-    rest = _assemble(rows, alpha, beta, r, layer.d_h).sum(-1)
-    form, spread = logit_form_norm(layer, X)
+    s, sigma, lam = rows["s"], rows["sigma"], rows["lam"]
+    value = lam.sqrt() * rows["C"] * r  # ≥ std_{p_i}(Γ C_l) over the ball
+    third = 1.75 * s.square() * _g3(s) * sigma  # × std(u): the pure-logit third order, per row
+    beta = sigma * (1 + 1.5 * s) + value + _g2(s) * value  # × std(q)
+    per_head = _assemble(rows, third + _g2(s) * value, beta + third, r, layer.d_h).sum(-1)
+    G, P = _logit_gram(layer, X)
+    # jointly: Σ_{l,i} c_li Var(u_li) ≤ (√(Σ c Var δ) + √(Σ c Var q))², Var(q_li) ≤ λ_li‖A_l‖²r²‖Γ_i‖²/d_h
+    c = CUMULANT4 * s * rows["diamY"][..., None] * _g3(s)  # [B, h, n]
+    r1 = r[:, 0, 0]
+    var_q = (c * lam * rows["A"][None, :, None].square()).sum(1).amax(-1) / layer.d_h
+    joint = (_weighted_spread(G, P, c).sqrt() * r1 + var_q.sqrt() * r1**2).square()
+    joint = joint + _assemble(rows, _g2(s) * value, beta, r, layer.d_h).sum(-1)
+    joint = torch.where(torch.isnan(joint), torch.full_like(joint, torch.inf), joint)
+    form = _form_norm(layer, X, G, P)
+    spread = _weighted_spread(G, P).sqrt()
     # the value term Σ_l dP_l[Γ] Γ C_l by Cauchy–Schwarz over (l, k): c = max_{i,k} Σ_l p_lik ‖C_l‖²
-    P = layer.attention(X)
-    c = (P * rows["C"][None, :, :, None].square()).sum(1).amax((-1, -2))
-    return ((form + c.sqrt() * spread) * r[:, 0, 0] ** 2 + rest) * (1 + ROUND_REL)
+    cv = (P * rows["C"][None, :, :, None].square()).sum(1).amax((-1, -2))
+    second = (form + cv.sqrt() * spread) * r1**2
+    out = (second + torch.minimum(per_head, joint)) * (1 + ROUND_REL)
+    # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
+    # that the smaller of the remainders (:func:`remainder`) never takes a NaN
+    return torch.where(torch.isnan(out), torch.full_like(out, torch.inf), out)
 
 
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
@@ -205,6 +262,7 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
     up to QUAD_LIMIT. ``core`` as in :func:`global_remainder`."""
     glob = global_remainder(layer, X, eps, core)
     local = local_remainder(layer, X, eps) + ROUND_ABS * glob
+    local = torch.where(torch.isnan(local), torch.full_like(local, torch.inf), local)  # overflowed
     out = torch.minimum(glob, local).sum(-1)
     n, d = X.shape[-2:]
     if quadratic or (quadratic is None and layer.h * n * n <= n * d):

@@ -27,7 +27,7 @@ from models.structured import dot_jacobian
 from .base import radius
 from .certificates import certified_norm
 from .lofast import layer_key, m_norms, xi
-from .remainder import remainder
+from .remainder import global_remainder, remainder
 
 
 def sigma_J(layer: DotMHA, X: Tensor, *, probabilistic: bool = False) -> Tensor:
@@ -45,11 +45,25 @@ def dense_jacobian(layer, X: Tensor) -> Tensor:
     return dot_jacobian(layer, X) if layer.kind == "dot" else jacobian_matrix(layer.forward, X)
 
 
+def taylor_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
+    """The remainder ``taylor`` pays, [B]: the smallest of its certified bounds
+    (``bounds.remainder.remainder``, docs/bounds.md §2.3–2.3.2); the global one's m_l takes the
+    smaller of the certified ‖M_l‖ and ξ_l (both bound the linear logit change)."""
+    return remainder(layer, X, eps, _core(layer, X))
+
+
+def taylor_remainder_global(layer: DotMHA, X: Tensor, eps) -> Tensor:
+    """The remainder of docs/bounds.md §2.3 alone (softmax's global constants), [B]: what ``taylor``
+    paid before §2.3.1–2.3.2, kept to show what they buy."""
+    return global_remainder(layer, X, eps, _core(layer, X)).sum(-1)
+
+
+def _core(layer: DotMHA, X: Tensor) -> Tensor:
+    return torch.minimum(m_norms(layer, X), xi(layer, X))
+
+
 def taylor(layer: DotMHA, X: Tensor, eps) -> Tensor:
-    """``σ̄_J ε + remainder``, docs/bounds.md §2.3: the remainder the smallest of its certified
-    bounds (``bounds.remainder.remainder``); the global one's m_l takes the smaller of the certified
-    ‖M_l‖ and ξ_l (both bound the linear logit change)."""
-    core = torch.minimum(m_norms(layer, X), xi(layer, X))
-    return sigma_J(layer, X) * radius(eps, X) + remainder(layer, X, eps, core)
+    """``σ̄_J ε + taylor_remainder``, docs/bounds.md §2.3."""
+    return sigma_J(layer, X) * radius(eps, X) + taylor_remainder(layer, X, eps)
 
 

@@ -140,7 +140,8 @@ def test_crown_is_opt_in_and_certified_as_a_relaxation():
     names = [b.name for b in bounds.applicable(layer)]
     assert "crown" not in names and "alpha_crown" not in names and "taylor" in names
     assert {b.name for b in bounds.BOUNDS if b.opt_in} == {"crown", "alpha_crown", "cascade_crown",
-                                                           "cascade_taylor_net_crown"}
+                                                           "cascade_taylor_net_crown", "taylor_remainder",
+                                                           "taylor_remainder_global"}
     for name in ("crown", "alpha_crown"):
         b = bounds.REGISTRY[name]
         assert b.certified and not b.finding and b.biases and b.kinds == {"dot"}

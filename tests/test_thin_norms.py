@@ -224,14 +224,16 @@ def old_bounds(layer, X, eps) -> dict[str, torch.Tensor]:
     out["lofast_M_half"] = zeta * e + 0.5 * out["delta2_M"]
     m = eh * (torch.minimum(M, xi) + eh * a) / rd
     rest = ((0.5 * m**2 + 0.5 * eh**2 * a / rd) * xc + 0.5 * m * eh * c).sum(-1)
-    out["taylor"] = tay.sigma_J(layer, X) * e + rest
+    out["taylor_remainder_global"] = rest  # taylor pays at most this (the smallest remainder, §2.3.2)
+    out["taylor_global"] = tay.sigma_J(layer, X) * e + rest
     per_head = c * spectral(layer.W_q) * spectral(layer.W_k) + c
     radius_sq = (X.flatten(1).norm(dim=-1) + e) ** 2
     out["specformer"] = e * (H + X.shape[1] * (X.shape[1] + 1) * radius_sq * per_head.sum())
     return out
 
 
-NEW = {"xi": lambda layer, X, eps: lf.xi(layer, X), "specformer": sf.specformer, "taylor": tay.taylor,
+NEW = {"xi": lambda layer, X, eps: lf.xi(layer, X), "specformer": sf.specformer,
+       "taylor_remainder_global": tay.taylor_remainder_global,
        **{k: getattr(lf, k) for k in ("delta21_xi", "delta21_M", "delta22_tight", "delta22_naive",
                                       "naive_delta1", "delta2_xi", "delta2_M", "naive", "lofast_xi",
                                       "lofast_M", "lofast_xi_half", "lofast_M_half")}}
@@ -246,6 +248,7 @@ def test_bounds_unchanged(n, d, h, biases, residual):
         for name, fn in NEW.items():
             torch.testing.assert_close(fn(layer, X, eps), ref[name], rtol=SAME, atol=0,
                                        msg=lambda m, name=name, eps=eps: f"{name} at eps={eps}: {m}")
+        assert (tay.taylor(layer, X, eps) <= ref["taylor_global"] * (1 + SAME)).all()
 
 
 def test_registry_values_unchanged():
@@ -253,7 +256,7 @@ def test_registry_values_unchanged():
     layer, X = layer_and_input(12, 24, 6, seed=7, biases=False)
     X = X.float()
     ref = old_bounds(layer, X.double(), 0.05)
-    for name in ("naive", "lofast_xi", "lofast_M", "lofast_M_half", "taylor", "specformer",
-                 "delta22_tight", "delta22_naive"):
+    for name in ("naive", "lofast_xi", "lofast_M", "lofast_M_half", "taylor_remainder_global",
+                 "specformer", "delta22_tight", "delta22_naive"):
         got = bounds.evaluate(name, layer, X, 0.05)
         torch.testing.assert_close(got, ref[name], rtol=SAME, atol=0)

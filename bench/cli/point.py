@@ -16,6 +16,8 @@ from ..core.env import device_name, resolve_device, resolve_dtype, versions
 from ..sweep.evaluate import Evaluation, evaluate
 from ..sweep.rows import unroll
 
+POINT_EXTRA = ("taylor_remainder",)  # opt-in bounds point computes without --bounds, where they apply
+
 
 def _plain(t: Tensor, batched: bool):
     """A number, a per-head list, or (batched) a list of those per input."""
@@ -38,21 +40,6 @@ def to_json(ev: Evaluation, meta: dict, batched: bool) -> dict:
     out.update({f"pgd_{k}": _plain(v, batched) for k, v in ev.pgd.items() if k != "output"})
     out["meta"] = meta
     return out
-
-
-def remainder_fields(layer, X: Tensor, args: Namespace, batched: bool) -> dict:
-    """``taylor_remainder`` (the certified bound of attention's Taylor remainder that ``taylor`` pays,
-    docs/bounds.md §2.3–2.3.2: taylor = σ̄_J ε + taylor_remainder) and ``pgd_remainder`` (an attack on
-    the remainder itself, attacks/remainder.py), in float64 on the CPU."""
-    from attacks.remainder import attack_remainder
-    from bounds.remainder import remainder
-
-    X = X.double().cpu()
-    layer = layer.to(X)
-    bound = remainder(layer, X, args.eps)
-    attained = attack_remainder(layer, X, args.eps, steps=args.pgd_steps, restarts=args.pgd_restarts,
-                                seed=args.seed)
-    return {"taylor_remainder": _plain(bound, batched), "pgd_remainder": _plain(attained, batched)}
 
 
 def _fmt(x: float) -> str:
@@ -95,7 +82,8 @@ def run(args: Namespace) -> int:
     batched = X.dim() == 3
     device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
     names = split_list("--bounds", args.bounds) if args.bounds is not None else None
-    ev = evaluate(layer, X, args.eps, names=names, device=device, dtype=dtype,
+    # without --bounds: every bound that applies, and attention's Taylor remainder beside taylor
+    ev = evaluate(layer, X, args.eps, names=names, extra=POINT_EXTRA, device=device, dtype=dtype,
                   pgd_steps=args.pgd_steps, pgd_restarts=args.pgd_restarts, seed=args.seed)
     Xb = X if batched else X[None]
     meta = describe(layer) | {
@@ -111,10 +99,7 @@ def run(args: Namespace) -> int:
         "findings": {n: bounds.get(n).finding for n in ev.values if bounds.get(n).finding},
     }
     if args.json:
-        out = to_json(ev, meta, batched)
-        if "taylor" in ev.values and layer.kind == "dot":
-            out |= remainder_fields(layer, Xb, args, batched)
-        print(json.dumps(out, indent=1))
+        print(json.dumps(to_json(ev, meta, batched), indent=1))
     else:
         print(f"{meta['kind']} layer: n={meta['n']}, d={meta['d']}, h={meta['h']}, "
               f"batch={meta['batch']}, eps={args.eps}, {args.dtype} on {meta['device_name']}")

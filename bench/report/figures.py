@@ -16,6 +16,7 @@ from .studies import cauchy_study as cauchy
 from .studies import certify_study as certify
 from .studies import cost_study as cost
 from .studies import pretrained_study as pretrained
+from .studies import remainder_study as remainder
 from .studies import taylor_study as taylor
 from .studies.lofast_study import fig1, fig3, fig4
 from .studies.scaling_study import fig_scaling
@@ -58,5 +59,6 @@ FIGURES: dict[str, Callable[[pd.DataFrame], Plot]] = {
     "tightness_taylor": taylor.figure,
     "scaling": fig_scaling,
     "pretrained": pretrained.figure,
+    "remainder": remainder.figure,
     "cost": cost.figure,
 }

@@ -18,6 +18,7 @@ from .studies import cauchy_study
 from .studies import certify_study as certify
 from .studies import cost_study as cost
 from .studies import pretrained_study as pretrained
+from .studies import remainder_study as remainder
 from .studies import taylor_study as taylor
 
 
@@ -207,4 +208,4 @@ def olsa_kim(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 TABLES = {"summary": summary, "table3_lofast": table3, "cauchy": cauchy_study.table_blocks,
           "olsa_vs_kim": olsa_kim, "taylor_eps": taylor.table, "table1_certified": certify.table1,
           "cauchy_table1_models": cauchy_study.table_models, "pretrained": pretrained.table,
-          "cost": cost.table, "table2_cascade": certify.table2}
+          "cost": cost.table, "table2_cascade": certify.table2, "remainder": remainder.table}

@@ -31,10 +31,11 @@ class Evaluation:
         return self.pgd.get(objective) if objective else None
 
 
-def select(layer, names: list[str] | None) -> list[bounds.Bound]:
-    """The bounds to run: the named ones (each must apply: InputError otherwise), else all that apply."""
+def select(layer, names: list[str] | None, extra: tuple[str, ...] = ()) -> list[bounds.Bound]:
+    """The bounds to run: the named ones (each must apply: InputError otherwise), else all that apply
+    and the opt-in ``extra`` that apply."""
     if not names:
-        return bounds.applicable(layer)
+        return bounds.applicable(layer) + [b for b in map(bounds.get, extra) if bounds.applies(b, layer)]
     chosen = [bounds.get(n) for n in names]
     for b in chosen:
         bounds.require(b, layer)
@@ -42,12 +43,14 @@ def select(layer, names: list[str] | None) -> list[bounds.Bound]:
 
 
 def evaluate(layer, X: Tensor, eps: float, *, names: list[str] | None = None,
-             device: torch.device | None = None, dtype: torch.dtype = torch.float64,
+             extra: tuple[str, ...] = (), device: torch.device | None = None,
+             dtype: torch.dtype = torch.float64,
              pgd_steps: int = 100, pgd_restarts: int = 8, seed: int = 0) -> Evaluation:
     """Bounds and PGD values of every objective they refer to, timed one by one.
 
     A bound that refuses this instance (InputError, e.g. the dense Jacobian above its size limit)
     is recorded in ``skipped`` when it was not asked for by name; asked for by name, it raises.
+    ``extra`` names opt-in bounds computed beside the applicable ones where ``names`` is empty.
     Certified bounds compute in float64 from the float64 input whatever ``dtype`` says (estimates
     and PGD use ``dtype``); a certified norm shared by several bounds is computed once, and its
     time is counted in each bound's ``seconds``, so that a bound's time is its cost on its own.
@@ -61,7 +64,7 @@ def evaluate(layer, X: Tensor, eps: float, *, names: list[str] | None = None,
     layer64 = layer.to(X64)
     layer = layer.to(X)
     out = Evaluation()
-    chosen = select(layer, names)
+    chosen = select(layer, names, extra)
     with reuse():
         for b in chosen:
             Xb, lb = (X64, layer64) if b.certified else (X, layer)
