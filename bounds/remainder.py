@@ -86,8 +86,9 @@ def _rows(layer: DotMHA, X: Tensor, r: Tensor) -> dict[str, Tensor]:
     lam = torch.minimum(P.amax(-1), (2 * P * (1 - P)).amax(-1))  # ≥ λ_max(diag p_i − p_i p_iᵀ)
     A = layer.A_norm()[:, None]  # [h, 1]
     s = r * (diam[..., None] + math.sqrt(2) * (Vn + r * A)) / math.sqrt(layer.d_h)
+    Yc = (Y[..., None, :, :] - (P @ Y)[..., :, None, :]).norm(dim=-1)  # [B, h, i, k]: ‖Y_k − ȳ_i‖
     return {"sigma": sigma, "a": a, "lam": lam, "Vn": Vn, "s": s, "A": A[:, 0],
-            "C": layer.C_norm()[:, None], "diamY": Ysq.amax((-1, -2)).sqrt()}
+            "C": layer.C_norm()[:, None], "diamY": Ysq.amax((-1, -2)).sqrt(), "Yc": Yc}
 
 
 def _assemble(rows: dict[str, Tensor], alpha: Tensor, beta: Tensor, r: Tensor, d_h: int) -> Tensor:
@@ -151,12 +152,11 @@ def _logit_gram(layer: DotMHA, X: Tensor) -> tuple[Tensor, Tensor]:
 def _weighted_spread(G: Tensor, P: Tensor, w: Tensor | None = None) -> Tensor:
     """λ_max(Σ_α w_α p_α f̂_α f̂_αᵀ) = λ_max(D^½ G D^½), D = diag(w_α p_α), rounded up, [B]: for
     every ‖Γ‖_F = 1 it bounds Σ_{l,i} w_li Var_{p_li}(δ_li), the (weighted) energy of every head's
-    and row's linear logit spread at once (docs/bounds.md §2.3.2). ``w`` [B, h, n] per (head, row),
-    default 1; P [B, h, n, n]."""
+    and row's linear logit spread at once (docs/bounds.md §2.3.2). ``w`` [B, h, n] per (head, row)
+    or [B, h, n, n] per (head, row, key), default 1; P [B, h, n, n]."""
     B = P.shape[0]
-    wp = P.permute(0, 2, 1, 3)  # [B, i, h, k]
-    if w is not None:
-        wp = wp * w.permute(0, 2, 1)[..., None]
+    wp = P if w is None else P * (w if w.dim() == 4 else w[..., None])
+    wp = wp.permute(0, 2, 1, 3)  # [B, i, h, k]
     root = wp.reshape(B, -1).clamp_min(0).sqrt()
     D = root[:, :, None] * G * root[:, None, :]
     # weights that overflowed (e^s at a saturating scale) bound nothing: +inf, never an eigensolver
@@ -241,15 +241,47 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
     joint = (_weighted_spread(G, P, c).sqrt() * r1 + var_q.sqrt() * r1**2).square()
     joint = joint + _assemble(rows, _g2(s) * value, beta, r, layer.d_h).sum(-1)
     joint = torch.where(torch.isnan(joint), torch.full_like(joint, torch.inf), joint)
+    zform = _zform_rest(layer, rows, G, P, r)
     form = _form_norm(layer, X, G, P)
     spread = _weighted_spread(G, P).sqrt()
     # the value term Σ_l dP_l[Γ] Γ C_l by Cauchy–Schwarz over (l, k): c = max_{i,k} Σ_l p_lik ‖C_l‖²
     cv = (P * rows["C"][None, :, :, None].square()).sum(1).amax((-1, -2))
     second = (form + cv.sqrt() * spread) * r1**2
-    out = (second + torch.minimum(per_head, joint)) * (1 + ROUND_REL)
+    out = (second + torch.minimum(torch.minimum(per_head, joint), zform)) * (1 + ROUND_REL)
     # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
     # that the smaller of the remainders (:func:`remainder`) never takes a NaN
     return torch.where(torch.isnan(out), torch.full_like(out, torch.inf), out)
+
+
+def _nan_inf(t: Tensor) -> Tensor:
+    """NaN (an overflowed factor times a zero) as +inf: such a bound bounds nothing."""
+    return torch.where(torch.isnan(t), torch.full_like(t, torch.inf), t)
+
+
+def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r: Tensor) -> Tensor:
+    """R − Q₂ less Cov_p(q, Y), [B], from p' = p e^x/Z with x the row's logit change centred under
+    the clean p (docs/bounds.md §2.3.2, "under the clean row"): every moment is the clean p's, the
+    values enter by their own distances ‖Y_k − ȳ‖ (no diameter, no e^{ts}), X = s bounds |x|.
+
+    Jointly over heads, rows and keys: Σ_α (k_li + w_α) p_α x_α² with w_α = (e^X X/6)‖Ỹ_α‖ (the cubic
+    remainder of e^x) and k_li = (½ + Xe^X/6)·std(x)(σ + v)(1 + X/2 + X²e^X/6) (1/Z − 1 times the
+    rest); per head, assembled by :func:`_assemble`, the terms of q (x² − δ̃², Cov(q, Z)) and of the
+    perturbed values Z = ΓC (½E[x²Z̃], E[ρZ̃])."""
+    s, sigma, lam = rows["s"], rows["sigma"], rows["lam"]
+    r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
+    v = lam.sqrt() * rows["C"] * r  # ≥ std_p(Γ C_l)
+    A = rows["A"][None, :, None]  # ‖A_l‖, broadcast [1, h, 1]
+    ex = torch.exp(s)
+    # std(x) over the ball: the linear part's spread and q's, and never above X
+    sx = torch.minimum(r * (rows["a"] + lam.sqrt() * rows["Vn"]) / rd + lam.sqrt() * A * r**2 / rd, s)
+    k = (0.5 + s * ex / 6) * sx * (sigma + v) * (1 + s / 2 + s.square() * ex / 6)  # [B, h, n]
+    w = k[..., None] + (ex * s / 6)[..., None] * rows["Yc"]  # [B, h, i, k]
+    var_q = (w.amax(-1) * lam * A.square()).sum(1).amax(-1) / layer.d_h  # × r⁴: Σ w p q̃²
+    joint = (_weighted_spread(G, P, w).sqrt() * r1 + var_q.sqrt() * r1**2).square()
+    qm = 2 * A * r**2 / rd  # ≥ max_k |q̃_k|
+    alpha = qm * sigma + (0.5 * s + ex * s.square() / 6) * v
+    beta = 0.5 * qm * sigma + v + alpha
+    return _nan_inf(joint + _assemble(rows, alpha, beta, r, layer.d_h).sum(-1))
 
 
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
