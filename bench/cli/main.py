@@ -14,7 +14,7 @@ import torch
 
 from models import InputError
 
-from ..core.env import ROOT, keep_freed_memory, set_threads
+from ..core.env import ROOT, check_environment, keep_freed_memory, set_threads
 from ..sweep.profiles import OVERRIDES
 from .certify_cmd import add_parser as add_certify_parser
 from .train_cmd import add_parser as add_train_parser
@@ -185,8 +185,9 @@ def _out_of_memory(e: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    keep_freed_memory()
     try:
+        check_environment()  # every $BENCH_* variable, before torch or the allocator is configured
+        keep_freed_memory()
         set_threads(args.threads)
         if args.command == "point":
             from .point import run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import subprocess
@@ -18,29 +19,94 @@ from .. import __version__
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 ROOT = Path(__file__).resolve().parents[2]  # bench/core/env.py → the checkout
+THREADS_ENV = "BENCH_THREADS"
+ALLOCATOR_ENV = "BENCH_MALLOC"  # "system" leaves glibc's defaults; unset or empty: keep_freed_memory's
+ALLOCATORS = ("system",)
+TIMEOUT_ENV = "BENCH_DASK_WORKER_TIMEOUT"  # read by bench/sweep/distributed.py
+WORKER_TIMEOUT_S = 120.0  # its default: SLURM jobs may queue a while, so minutes, never forever
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def check_environment() -> None:
+    """Every $BENCH_* variable, checked before any work (the CLI calls it first): a typo in one is
+    refused with one line rather than ignored, or met as a crash halfway through a run."""
+    env_threads()
+    env_allocator()
+    env_worker_timeout()
+
+
+def _check_count(n: int, what: str) -> int:
+    """Refuses more threads than CPUs: torch takes any count, and far above the machine's its
+    thread pool crashes the process at the first parallel kernel (99999: a segmentation fault);
+    below that, a count over the cores only oversubscribes them, which skews every timing the suite
+    records, so it is refused too rather than capped behind the user's back."""
+    cpus = available_cpus()
+    if n > cpus:
+        raise InputError(f"{what}{n} is more threads than the {cpus} CPUs this process may use; "
+                         f"give at most {cpus}")
+    return n
+
+
+def env_threads() -> int | None:
+    """$BENCH_THREADS as an integer in 1..available_cpus(), or None when unset or empty."""
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise InputError(f"${THREADS_ENV} must be an integer >= 1, got {text!r}") from None
+    if n < 1:
+        raise InputError(f"${THREADS_ENV} must be an integer >= 1, got {text!r}")
+    return _check_count(n, f"${THREADS_ENV}=")
 
 
 def set_threads(n: int | None) -> int:
     """torch's intra-op threads: ``n``, else $BENCH_THREADS, else 1 (the bench's problems are small,
     and on a busy 2-core box a second thread costs more in synchronisation than it gains)."""
     if n is None:
-        text = os.environ.get("BENCH_THREADS", "").strip() or "1"
-        try:
-            n = int(text)
-        except ValueError:
-            raise InputError(f"$BENCH_THREADS must be an integer >= 1, got {text!r}") from None
-        if n < 1:
-            raise InputError(f"$BENCH_THREADS must be an integer >= 1, got {text!r}")
+        n = env_threads() or 1
     elif isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise InputError(f"--threads must be an integer >= 1, got {n!r}")
+    else:
+        _check_count(n, "--threads ")
     torch.set_num_threads(n)
     return n
+
+
+def env_allocator() -> str:
+    """$BENCH_MALLOC: "" (the suite's setting, :func:`keep_freed_memory`) or one of ALLOCATORS; any
+    other name is refused, since ignoring it would measure another allocator than the one asked for."""
+    text = os.environ.get(ALLOCATOR_ENV, "")
+    name = text.strip().lower()
+    if name and name not in ALLOCATORS:
+        raise InputError(f"${ALLOCATOR_ENV} must be unset (the suite's: keep freed memory) or "
+                         f"{' or '.join(map(repr, ALLOCATORS))} (glibc's defaults), got {text!r}")
+    return name
+
+
+def env_worker_timeout() -> float:
+    """$BENCH_DASK_WORKER_TIMEOUT: finite seconds > 0 (default WORKER_TIMEOUT_S)."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    try:
+        value = float(text) if text else WORKER_TIMEOUT_S
+    except ValueError:
+        raise InputError(f"${TIMEOUT_ENV} must be a number of seconds, got {text!r}") from None
+    if not 0 < value < math.inf:
+        raise InputError(f"${TIMEOUT_ENV} must be a finite number of seconds > 0, got {text!r}")
+    return value
 
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 KEEP_HEAP = 1 << 30  # bytes of freed heap glibc may keep before it returns memory to the system
-ALLOCATOR_ENV = "BENCH_MALLOC"  # "system" leaves glibc's defaults
 
 
 def keep_freed_memory() -> bool:
@@ -52,7 +118,7 @@ def keep_freed_memory() -> bool:
     freed is kept for the next allocation. ``$BENCH_MALLOC=system`` opts out; elsewhere (macOS, musl)
     nothing is done. Returns whether the setting was made."""
     libc = glibc()
-    if os.environ.get(ALLOCATOR_ENV, "").strip().lower() == "system" or libc is None:
+    if env_allocator() == "system" or libc is None:
         return False
     return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, KEEP_HEAP))
 

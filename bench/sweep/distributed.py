@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import signal
 import sys
 import time
@@ -24,7 +23,15 @@ import torch
 
 from models import InputError
 
-from ..core.env import device_name, git_state, keep_freed_memory, resolve_device, resolve_dtype
+from ..core.env import (
+    TIMEOUT_ENV,
+    device_name,
+    env_worker_timeout,
+    git_state,
+    keep_freed_memory,
+    resolve_device,
+    resolve_dtype,
+)
 from .cases import Cell
 from .tasks import TASKS
 
@@ -34,10 +41,6 @@ if TYPE_CHECKING:
 # how long a --scheduler address may take to answer: an unreachable one is a typo or a cluster that
 # is not up yet, and either should be said within seconds, not after distributed's 30 s default
 CONNECT_TIMEOUT_S = 10.0
-# how long a run waits while the cluster has no worker at all (a scheduler started without workers,
-# or every worker gone): SLURM jobs may queue a while, so minutes, but never silently forever
-WORKER_TIMEOUT_S = 120.0
-TIMEOUT_ENV = "BENCH_DASK_WORKER_TIMEOUT"
 POLL_S = 2.0  # seconds between the checks for a worker while no task finishes
 INSTALL = "pip install 'attnbounds[dask]'"
 
@@ -116,15 +119,10 @@ def _result(future, cell: Cell):
 
 
 def worker_timeout() -> float:
-    """Seconds a run waits while its cluster has no worker (${TIMEOUT_ENV}, default 120)."""
-    text = os.environ.get(TIMEOUT_ENV, "")
-    try:
-        value = float(text) if text else WORKER_TIMEOUT_S
-    except ValueError:
-        raise InputError(f"${TIMEOUT_ENV} must be a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise InputError(f"${TIMEOUT_ENV} must be > 0 seconds, got {text!r}")
-    return value
+    """Seconds a run waits while its cluster has no worker at all (a scheduler started without
+    workers, or every worker gone): ${TIMEOUT_ENV}, checked with the other $BENCH_* variables
+    before the run starts (bench/core/env.py)."""
+    return env_worker_timeout()
 
 
 @contextlib.contextmanager

@@ -50,46 +50,63 @@ class Profile:
 
 
 def _convert(key: str, value, where: str):
+    """A value of Cell field ``key`` from the command line's text: ``--n 16``, ``--residual yes``."""
     kind = CELL_FIELDS[key]
+    text = str(value).strip()
     try:
-        if kind in ("int", int):
-            if isinstance(value, bool) or float(value) != int(float(value)):
-                raise ValueError
-            return int(float(value))
-        if kind in ("float", float):
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if kind in ("bool", bool):
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("1", "true", "yes", "i"):
+        if kind == "int":
+            return int(text)  # "16.5", "1e3" and "16.0" are not integers
+        if kind == "float":
+            return float(text)
+        if kind == "bool":
+            if text.lower() in ("1", "true", "yes", "i"):
                 return True
-            if str(value).lower() in ("0", "false", "no"):
+            if text.lower() in ("0", "false", "no"):
                 return False
             raise ValueError
-        return str(value)
-    except (TypeError, ValueError):
+        return text
+    except ValueError:
         raise InputError(f"{where}: {key} = {value!r} is not a valid {kind}") from None
 
 
-def expand(name: str, spec: dict) -> list[Cell]:
-    """The cells of one sweep: the product of its list-valued keys."""
+# the TOML types a profile may give each Cell field's type: TOML is typed, so 16.5 or "16" for an
+# integer axis is a typo, not a value to round or parse (an integer is a float, never a bool)
+TOML_TYPES = {"int": ((int,), "an unquoted integer"), "float": ((int, float), "an unquoted number"),
+              "bool": ((bool,), "true or false"), "str": ((str,), "a quoted string")}
+
+
+def _typed(key: str, value, where: str):
+    """A profile's value of Cell field ``key``, of the field's type or refused."""
+    kind = CELL_FIELDS[key]
+    types, expected = TOML_TYPES[kind]
+    if not isinstance(value, types) or (kind != "bool" and isinstance(value, bool)):
+        raise InputError(f"{where}: {key} = {value!r} is not a valid {kind}: expected {expected}")
+    return float(value) if kind == "float" else value
+
+
+def expand(name: str, spec: dict, where: str = "") -> list[Cell]:
+    """The cells of one sweep: the product of its list-valued keys. ``where`` (the profile) starts
+    every error, so that one line says which file, sweep and axis to fix."""
+    where = f"{where}: sweep {name!r}" if where else f"sweep {name!r}"
     unknown = set(spec) - set(CELL_FIELDS)
     if unknown:
-        raise InputError(f"sweep {name!r}: unknown keys {sorted(unknown)}; known: {sorted(CELL_FIELDS)}")
-    axes = {k: (v if isinstance(v, list) else [v]) for k, v in spec.items()}
-    for k, vs in axes.items():
+        raise InputError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(CELL_FIELDS)}")
+    axes = {}
+    for k, v in spec.items():
+        vs = [_typed(k, x, where) for x in (v if isinstance(v, list) else [v])]
         if not vs:
-            raise InputError(f"sweep {name!r}: axis {k} is empty")
+            raise InputError(f"{where}: axis {k} is empty")
+        twice = [x for i, x in enumerate(vs) if x in vs[:i]]
+        if twice:  # as --eps 0.01,0.01 (core/arglists.py): the same cells twice, a typo more than a wish
+            raise InputError(f"{where}: axis {k} lists {twice[0]!r} twice: {v!r}")
+        axes[k] = vs
     keys = list(axes)
     cells = []
     for combo in itertools.product(*(axes[k] for k in keys)):
-        params = {k: _convert(k, v, f"sweep {name!r}") for k, v in zip(keys, combo, strict=False)}
         try:
-            cells.append(Cell(**params))
+            cells.append(Cell(**dict(zip(keys, combo, strict=True))))
         except InputError as e:
-            raise InputError(f"sweep {name!r}: {e}") from None
+            raise InputError(f"{where}: {e}") from None
     return cells
 
 
@@ -157,7 +174,7 @@ def load_profile(name_or_path: str, overrides: dict[str, list] | None = None) ->
             spec[OVERRIDES[flag]] = values
         if name in sweeps:
             raise InputError(f"profile {path}: two sweeps named {name!r}")
-        sweeps[name] = expand(name, spec)
+        sweeps[name] = expand(name, spec, f"profile {path}")
     if not sweeps:
         raise InputError(f"profile {path}: no [[sweep]] tables")
     return Profile(path.stem, run, sweeps)

@@ -1,10 +1,11 @@
 """``python -m bench run``: every cell of a profile, each written as soon as it is finished.
 
 A run directory knows what it is: ``run.json`` holds the results schema version, the suite version
-and commit, the options and the full list of (sweep, cell id). Resuming into a directory whose
-manifest differs is refused, naming ``--fresh``; a lock keeps a second concurrent run out; temp
-files left by a killed run are removed. A certified bound below its PGD value is a soundness
-violation: it is printed at once and counted at the end, never dropped.
+and commit, the options and the full list of (sweep, cell id), and, once every cell is finished and
+gathered into results.csv, that table's seal (its rows and sha256, bench/core/store.py). Resuming
+into a directory whose manifest differs is refused, naming ``--fresh``; a lock keeps a second
+concurrent run out; temp files left by a killed run are removed. A certified bound below its PGD
+value is a soundness violation: it is printed at once and counted at the end, never dropped.
 """
 
 from __future__ import annotations
@@ -26,22 +27,24 @@ from models import InputError
 
 from ..core.env import device_name, git_state, resolve_device, resolve_dtype, versions
 from ..core.store import (
+    MANIFEST,
     SCHEMA_VERSION,
     cell_file,
     consolidate,
     lock,
     remove_stale_temps,
+    sealed,
     writable_dir,
     write_cell,
     write_json,
 )
+from .memory import check_memory
 from .profiles import Profile
 from .tasks import CROWN_TASKS, TASKS
 
 if TYPE_CHECKING:
     from .distributed import Cluster
 
-MANIFEST = "run.json"
 # what a run directory may hold besides run.json and cells/ (results, compare, report, the lock, the
 # temp files of a killed write): a directory holding anything else is somebody's, not a run's
 RUN_FILES = {MANIFEST, "cells", "results.csv", "compare.md", "report", ".lock"}
@@ -120,6 +123,8 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
     if dtype_arg is not None:
         run["dtype"] = dtype_arg
     dtype = resolve_dtype(run["dtype"])
+    if scheduler is None:  # a --scheduler's workers are other machines, whose memory is not ours to see
+        check_memory(profile.cells(), run["pgd_restarts"], device)
     want = _manifest(profile, run, overrides)
     if any(c.task == "pretrained" for _, c in profile.cells()):
         from models.pretrained import require  # the study's extras, before anything is written
@@ -164,7 +169,8 @@ def _run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: t
             "dtype": run["dtype"], "run_seed": run["seed"],
             "pgd_steps": run["pgd_steps"], "pgd_restarts": run["pgd_restarts"],
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-    write_json(out / MANIFEST, manifest)
+    # a resume keeps the seal of the results.csv still there, until consolidate() seals the new one
+    write_json(out / MANIFEST, manifest | sealed(out))
     cells = profile.cells()
     todo = [(i, s, c) for i, (s, c) in enumerate(cells) if not cell_file(out, s, c.id).exists()]
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=f"{profile.name} on {where}",
