@@ -6,7 +6,6 @@ by PGD is a soundness violation (must be 0); those of a bound with a finding are
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
@@ -20,6 +19,7 @@ from models import InputError
 from ..core.arglists import split_list
 from ..core.env import device_name, resolve_device, set_threads, versions
 from ..core.gate import DIRECT
+from ..core.jsonout import dumps
 from ..nets.accuracy import (
     CertifyRun,
     first_test_images,
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
                  "device": device.type, "device_name": device_name(device), "versions": versions(),
                  "threads": torch.get_num_threads(), "bounds": res.bounds}
     if args.json:
-        print(json.dumps(s | {"samples": per_sample(res)}))
+        print(dumps(s | {"samples": per_sample(res)}))  # NaN (CROWN's, a failed bound's) as null
         return 0
     print(f"{args.model}: {cfg.variant} ViT, depth {cfg.depth}, {cfg.heads} heads, d {cfg.d}, "
           f"c {cfg.constraint}; {args.dataset}, the first {res.n} test images; "

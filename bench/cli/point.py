@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from argparse import Namespace
 
@@ -13,6 +12,7 @@ from models import Stack, load_input, load_layer
 
 from ..core.arglists import split_list
 from ..core.env import device_name, resolve_device, resolve_dtype, versions
+from ..core.jsonout import dumps
 from ..sweep.evaluate import Evaluation, evaluate
 from ..sweep.rows import unroll
 
@@ -99,7 +99,7 @@ def run(args: Namespace) -> int:
         "findings": {n: bounds.get(n).finding for n in ev.values if bounds.get(n).finding},
     }
     if args.json:
-        print(json.dumps(to_json(ev, meta, batched), indent=1))
+        print(dumps(to_json(ev, meta, batched), indent=1))  # a NaN or +inf value as null
     else:
         print(f"{meta['kind']} layer: n={meta['n']}, d={meta['d']}, h={meta['h']}, "
               f"batch={meta['batch']}, eps={args.eps}, {args.dtype} on {meta['device_name']}")

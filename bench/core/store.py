@@ -1,13 +1,23 @@
 """The result store: one CSV per finished cell (written atomically, so a killed run loses nothing
 finished), gathered into one long table ``results.csv``; a lock per run directory; and the one
 loader that every reader (report, compare, baseline) goes through, which refuses anything that is
-not a complete, numeric results table of this schema version."""
+not a complete, numeric results table of this schema version.
+
+Tables that know when they are whole: ``results.csv`` is written once, when a run (or a resume of
+it) has every cell, and :func:`consolidate` then seals it: its row count and the sha256 of its bytes
+go into the ``table`` entry of ``run.json`` beside it (``baseline --update`` writes the same seal
+beside the baseline). A reader compares the table with its seal before believing a row, so a copy
+cut short (at a row's end or in the middle of one) is refused as cut, saying how many rows are
+intact, and resuming the run gathers the intact cells again. A table without a seal (a bare CSV, a
+run written before seals) is checked by its shape only: a last line cut mid-row is refused, one cut
+exactly at a row's end cannot be told from a shorter table (bench/core/whole.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 from collections.abc import Iterator
@@ -17,7 +27,8 @@ import pandas as pd
 
 from models import InputError
 
-from . import gate
+from . import gate, whole
+from .whole import MANIFEST
 
 # 2: rows carry ``role`` (bound, pgd, timing, block), ``certificate`` (how a value is known) and
 # ``finding`` (a published statement found unsound), and ``schema_version``; solver names say
@@ -67,13 +78,13 @@ def writable_dir(path: Path, what: str) -> None:
         raise InputError(f"{what} {path} is not a writable directory ({e.strerror or e})") from None
 
 
-def atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str | bytes) -> None:
     """Writes through a temp file and a rename: a reader sees the old file or the new, never a part.
     On failure the temp file is removed and the error is one InputError."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w") as f:
+        with open(tmp, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -142,8 +153,32 @@ def gather(out: Path) -> pd.DataFrame:
 
 
 def consolidate(out: Path) -> Path:
-    atomic_write(out / TABLE, gather(out).to_csv(index=False))
+    """Writes ``out/results.csv`` from the finished cells, then seals it."""
+    df = gather(out)
+    atomic_write(out / TABLE, df.to_csv(index=False))
+    seal(out, len(df))
     return out / TABLE
+
+
+def seal(out: Path, rows: int, manifest: dict | None = None) -> None:
+    """Records ``rows`` and the sha256 of the bytes of ``out/results.csv`` (read back: what a reader
+    will hash) in ``out/run.json``: ``manifest`` if given, else the run.json already there. A crash
+    between the table and its seal leaves them disagreeing: refused by readers, never believed."""
+    if manifest is None:
+        path = out / MANIFEST
+        manifest = json.loads(path.read_text()) if path.exists() else {}
+    write_json(out / MANIFEST, manifest | {whole.SEAL: whole.record((out / TABLE).read_bytes(), rows)})
+
+
+def sealed(out: Path) -> dict:
+    """The seal in ``out/run.json`` as a manifest entry, for a resumed run that rewrites its manifest
+    while the table it sealed is still there; {} where there is none or it is malformed (the run's
+    :func:`consolidate` writes a new one)."""
+    try:
+        s = whole.seal_of(out / TABLE)
+    except InputError:
+        return {}
+    return {whole.SEAL: s} if s is not None else {}
 
 
 def _as_bool(df: pd.DataFrame, col: str, where: Path, nullable: bool = False) -> None:
@@ -174,26 +209,38 @@ def _as_number(df: pd.DataFrame, col: str, where: Path) -> None:
 def load(path: str | Path) -> pd.DataFrame:
     """A results table from a CSV file, or from a run directory (its results.csv, else its cells).
 
-    Refuses (InputError) a table with no rows, missing columns, values that are not numbers or
-    booleans, another schema version, a key (:data:`KEY`) held by more than one row, or whatever
-    :func:`bench.core.gate.check` refuses (stored flags that contradict the numbers, NaN and infinite
-    values): every reader judges only tables whose stored columns say what their numbers say.
+    Refuses (InputError) a results.csv that the seal in its run.json says is cut or changed, a table
+    whose last row is cut (:mod:`bench.core.whole`), a table with no rows, missing columns, values that
+    are not numbers or booleans, another schema version, a key (:data:`KEY`) held by more than one
+    row, or whatever :func:`bench.core.gate.check` refuses (stored flags that contradict the numbers,
+    NaN and infinite values): every reader judges only tables whose stored columns say what their
+    numbers say.
     """
     path = Path(path)
+    table = path / TABLE if path.is_dir() else path
+    raw, seal_ = None, None
     try:
-        if path.is_dir():
-            df = pd.read_csv(path / TABLE, **READ) if (path / TABLE).exists() else gather(path)
+        if path.is_dir() and not table.exists():
+            df = gather(path)  # every cell file is written whole (atomic_write)
         else:
-            df = pd.read_csv(path, **READ)
+            raw = table.read_bytes()
+            seal_ = whole.seal_of(table)
+            if seal_ is not None:
+                whole.check_seal(table, raw, seal_)
+            df = pd.read_csv(io.BytesIO(raw), **READ)
     except FileNotFoundError:
         raise InputError(f"no results at {path}") from None
     except pd.errors.EmptyDataError:
         raise InputError(f"{path}: empty file, not a results table") from None
     except (OSError, UnicodeDecodeError, pd.errors.ParserError) as e:
+        if raw is not None and seal_ is None:
+            whole.check_shape(table, raw)  # a row cut inside its quotes: say cut, not unparsable
         raise InputError(f"cannot read results {path}: {e}") from None
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise InputError(f"{path}: not a results table of this suite (missing columns {missing})")
+    if raw is not None and seal_ is None:
+        whole.check_shape(table, raw)  # a sealed table matched its seal: whole by its bytes
     if df.empty:
         raise InputError(f"{path}: the results table has no rows")
     versions = set(pd.to_numeric(df["schema_version"], errors="coerce").tolist())

@@ -8,7 +8,8 @@ the attack got weaker). Markers: ``x`` soundness violation, ``+`` worse beyond t
 the bound's optional package is absent from this environment (CROWN without auto_LiRPA: the run
 left those rows out with a note; shown, not failed). Exit 1 on any ``x`` or ``+``, and on ``!``
 unless ``--allow-missing``: a run that lost cells must not pass as one that kept its tightness.
-Either table empty, or not a results table: exit 2.
+Either table empty, not a results table, or no row in common (whatever ``--allow-missing`` says):
+exit 2.
 
 Nothing judged is read from the stored flags: ratio, soundness, violation and whether a bound is
 certified are recomputed by :func:`bench.core.gate.derive` from value, pgd, the network columns and the
@@ -88,7 +89,13 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, tol: float = 0.02) -> pd.Data
         d = derive(df)
         return df.assign(certified=d["certified"], ratio=d["ratio"], violation=d["violation"])[cols]
 
-    j = keep(base).merge(keep(new), on=KEY, how="outer", suffixes=("_base", "_new"), indicator="present")
+    kb, kn = keep(base), keep(new)
+    j = kb.merge(kn, on=KEY, how="outer", suffixes=("_base", "_new"), indicator="present")
+    if not (j["present"] == "both").any():
+        # nothing compared: an empty table and OK would pass any NEW, --allow-missing or not
+        raise InputError(f"BASE and NEW have no row in common (of {len(kb)} and {len(kn)} bound, pgd "
+                         f"and certify rows, none shares its cell, bound, sample, head and block): "
+                         f"nothing to compare; are they runs of the same profile?")
     j = j[j["present"] != "right_only"].copy()
     j["violation_new"] = j["violation_new"].fillna(False).astype(bool)
     skipped = absent_here()
