@@ -18,6 +18,7 @@ from torch import Tensor
 from models import DotMHA
 
 from .base import radius
+from .certificates import verified_gram_norm
 from .lofast import xi
 
 # relative slack for the float64 rounding of the local bound's sums, products and eigenvalues, and an
@@ -149,6 +150,13 @@ def _logit_gram(layer: DotMHA, X: Tensor) -> tuple[Tensor, Tensor]:
     return G.reshape(B, n * m, n * m) / layer.d_h, P
 
 
+def _top(S: Tensor) -> Tensor:
+    """λ_max of each [B, D, D] PSD matrix from above: a Cholesky factorisation of μI − S confirms
+    a guess μ (bounds.certificates.verified_gram_norm, docs/bounds.md §2.4: D³/3 flops where an
+    eigendecomposition costs ≈ 4D³/3 and more), an eigendecomposition where it does not."""
+    return verified_gram_norm(0.5 * (S + S.mT))[0].square()
+
+
 def _weighted_spread(G: Tensor, P: Tensor, w: Tensor | None = None) -> Tensor:
     """λ_max(Σ_α w_α p_α f̂_α f̂_αᵀ) = λ_max(D^½ G D^½), D = diag(w_α p_α), rounded up, [B]: for
     every ‖Γ‖_F = 1 it bounds Σ_{l,i} w_li Var_{p_li}(δ_li), the (weighted) energy of every head's
@@ -163,7 +171,7 @@ def _weighted_spread(G: Tensor, P: Tensor, w: Tensor | None = None) -> Tensor:
     # failure; the other bounds of the remainder serve there
     finite = torch.isfinite(D).flatten(1).all(-1)
     D = torch.where(finite[:, None, None], D, torch.zeros_like(D))
-    top = torch.linalg.eigvalsh(0.5 * (D + D.mT))[..., -1].clamp_min(0)
+    top = _top(D)
     # rounding: far below 1e-10 of ‖D‖_F ≥ λ_max
     top = top * (1 + ROUND_REL) + 1e-10 * D.flatten(1).norm(dim=-1)
     return torch.where(finite, top, torch.full_like(top, torch.inf))
@@ -194,7 +202,7 @@ def _form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
     root = (W * mu.clamp_min(0).sqrt()[..., None, :]) @ W.mT
     S = torch.einsum("biax,bixjy,bjyc->biajc", root, Kp.reshape(B, n, m, n, m), root)
     S = S.reshape(B, n * m, n * m)
-    lam = torch.linalg.eigvalsh(0.5 * (S + S.mT))[..., -1].clamp_min(0)
+    lam = _top(S)
     # rounding: S's entries carry errors far below 1e-10 of ‖N‖·‖G∘G‖_F ≥ λ_max(S) (§2.3.2)
     slack = 1e-10 * mu.amax((-1, -2)).clamp_min(0) * Kp.flatten(1).norm(dim=-1)
     return 0.5 * (lam * (1 + ROUND_REL) + slack).sqrt()
