@@ -162,7 +162,8 @@ def test_the_committed_baseline_has_a_whole_shape():
 
 
 def test_baseline_update_seals_the_baseline(finished, sandbox, capsys):
-    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", finished)
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", finished,
+                                  "--allow-dirty")  # the run's rows: dirty where the checkout is
     assert code == 0, err
     base = sandbox / "baseline"
     m = json.loads((base / "run.json").read_text())
@@ -176,7 +177,8 @@ def test_baseline_update_seals_the_baseline(finished, sandbox, capsys):
 
 def test_baseline_update_from_a_bare_csv_seals_it(finished, tmp_path, sandbox, capsys):
     shutil.copy(finished / "results.csv", tmp_path / "bare.csv")
-    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", tmp_path / "bare.csv")
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", tmp_path / "bare.csv",
+                                  "--allow-dirty")  # the run's rows: dirty where the checkout is
     assert code == 0, err
     assert json.loads((sandbox / "baseline" / "run.json").read_text()) == {
         "table": whole.record((finished / "results.csv").read_bytes(), _rows(finished / "results.csv"))}

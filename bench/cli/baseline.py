@@ -7,8 +7,17 @@ change together, here. A table that is not a complete results table, that the lo
 or that holds a soundness violation (recomputed by :func:`bench.core.gate.derive`, never read from the
 stored ``violation``), never replaces the baseline. The table is copied with its run's ``run.json``
 and sealed there (bench/core/store.py), so that a cut copy of the baseline is refused as one.
-``BASELINE`` and ``REPORTS`` are read at each call, so a test moves them with monkeypatch and never
-writes the committed ones.
+
+Nor does a table replace the baseline unnoticed (issue #23): it is first compared with the baseline
+it replaces (:mod:`bench.report.changes`, through ``compare``), and rows that disappear, a certified
+bound that got looser, a PGD attack that got weaker, a published statement newly broken, or rows
+computed from a dirty tree (or with no commit) are refused with one ``error:`` line holding the
+counts, unless accepted by name (``--accept removed,looser,…``, ``--allow-dirty``). What went
+through is appended to ``CHANGES.md`` beside the table, committed with it. With no previous baseline
+the entry is written without a comparison.
+
+``BASELINE`` and ``REPORTS`` are read at each call (CHANGES.md lives in ``BASELINE``), so a test moves
+them with monkeypatch and never writes the committed ones.
 """
 
 from __future__ import annotations
@@ -22,17 +31,39 @@ from models import InputError
 from ..core.env import ROOT
 from ..core.gate import derive
 from ..core.store import MANIFEST, TABLE, atomic_write, load, seal
-from ..report.render import build
+from ..report import changes
+from ..report.render import build, shown
 from ..sweep.profiles import load_profile
 from ..sweep.runner import run_profile
 
 BASELINE = ROOT / "results" / "baseline"
 REPORTS = ROOT / "reports"
+CHANGES = "CHANGES.md"
 
 
-def update(source: str | None = None) -> Path:
+def _judge(df, tol: float) -> changes.Changes:
+    """The new table against the baseline it replaces; the first update has none to compare with."""
+    previous = BASELINE / TABLE
+    if not previous.is_file():
+        return changes.Changes(len(df), why="first")
+    try:
+        base = load(previous)
+    except InputError as e:  # an older schema, a cut copy: nothing this suite can compare with
+        # the committed CHANGES.md names the path as the repository does, not as this machine does
+        why = str(e).replace(str(previous), shown(str(previous)))
+        return changes.Changes(len(df), classes={"incomparable": 1}, why=f"it is refused: {why}")
+    return changes.judge(base, df, tol)
+
+
+def update(source: str | None = None, accept: list[str] | None = None, allow_dirty: bool = False,
+           tol: float = 0.02) -> Path:
     """Copies a finished run's table (``source``), or runs the quick profile afresh, into the
-    baseline, then rebuilds ``reports/`` from it."""
+    baseline once :mod:`bench.report.changes` lets it through (``accept``: the names of what it may
+    let through, ``allow_dirty``: rows from a dirty tree), appends its CHANGES.md entry, then rebuilds
+    ``reports/`` from it."""
+    accepted = changes.parse_accept(accept)  # before a run of the quick profile, not after
+    if not 0 <= tol < 1:
+        raise InputError(f"--tol must be in [0, 1), got {tol}")
     with tempfile.TemporaryDirectory() as tmp:
         if source is None:
             table, _ = run_profile(load_profile("quick"), Path(tmp) / "run", "cpu")
@@ -44,11 +75,17 @@ def update(source: str | None = None) -> Path:
             r = bad.iloc[0]
             raise InputError(f"{table}: {len(bad)} soundness violation(s) (first: {r['bound']} in "
                              f"{r['cell_id']}); a baseline must hold none")
+        judged, dirty = _judge(df, tol), changes.dirty_rows(df)
+        changes.refuse(judged, accepted, dirty, allow_dirty, shown(str(BASELINE / TABLE)), tol)
+        log = BASELINE / CHANGES
+        text = changes.appended(log.read_text() if log.is_file() else None,
+                                changes.entry(df, judged, accepted, dirty, tol))
         atomic_write(BASELINE / TABLE, table.read_bytes())
         # sealed as a run's table is, with its run's manifest where it has one (a sealed results.csv:
         # load() read it just now), so that a baseline cut short is refused as cut
         beside = table.parent / MANIFEST
         manifest = json.loads(beside.read_text()) if table.name == TABLE and beside.is_file() else {}
         seal(BASELINE, len(df), manifest)
+        atomic_write(log, text)
     build(str(BASELINE / TABLE), str(REPORTS))
     return BASELINE / TABLE

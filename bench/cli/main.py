@@ -1,4 +1,4 @@
-"""``python -m bench``: point, run, report, compare, baseline, train, certify.
+"""``python -m bench``: point, run, report, compare, baseline, history, train, certify.
 
 Bad input ends with one line on stderr and exit code 2: argparse's own errors, and every
 InputError raised by the library (shapes, values, files, kinds).
@@ -107,6 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--update", action="store_true", required=True)
     bl.add_argument("--from", dest="source", default=None, type=_path,
                     help="a finished run directory to copy (default: run the quick profile afresh)")
+    bl.add_argument("--accept", action="append", default=None, metavar="NAME[,NAME...]",
+                    help="let through what the comparison with the baseline it replaces refuses: "
+                         "removed, looser, weaker, finding, incomparable (recorded in "
+                         "results/baseline/CHANGES.md)")
+    bl.add_argument("--allow-dirty", action="store_true",
+                    help="accept rows computed from a dirty tree or without a commit")
+    bl.add_argument("--tol", type=float, default=0.02,
+                    help="relative tolerance of the comparison (default 0.02, as compare's)")
+    hs = sub.add_parser("history", help="the committed baseline's tightness and certified accuracy "
+                                        "over the commits that changed it")
+    hs.add_argument("--out", default=None, type=_path,
+                    help="directory of history.md and history.png (default results/history, git-ignored)")
     add_train_parser(sub)
     add_certify_parser(sub)
     return p
@@ -208,8 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "baseline":
             from .baseline import update
 
-            print(f"baseline: {update(args.source)}")
+            print(f"baseline: {update(args.source, args.accept, args.allow_dirty, args.tol)}")
             return 0
+        if args.command == "history":
+            from ..report.history import run as history
+
+            return history(args.out)
         if args.command == "train":
             from .train_cmd import run as train
 
