@@ -23,7 +23,9 @@ from bench.cli import main as cli
 from bench.core.store import load
 from bench.report.draw import draw, theme
 from bench.report.figures import FIGURES
+from bench.report.panels import PGD_LABEL, Skip
 from bench.report.studies import tight_study as report_tight
+from bench.report.studies.trained_study import PGD_REF
 from bench.report.tables import TABLES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -287,3 +289,124 @@ def test_an_empty_panel_says_why(base: pd.DataFrame):
         assert len(_visible(fig)) == len(plot.panels) - 1
     finally:
         plt.close(fig)
+
+
+# ---- figures that read at a glance (issue #25 item 4), on every figure of the baseline --------------
+
+LEGEND_CHARS = 45  # one line under a panel a third of the page wide
+
+
+@pytest.fixture(scope="module")
+def every(base: pd.DataFrame):
+    """Every figure the baseline has the data for, drawn once for the tests below."""
+    figs = {}
+    for stem, select in FIGURES.items():
+        try:
+            figs[stem] = _drawn(select(base))
+        except Skip:  # remainder: its rows come with the next baseline
+            continue
+    yield figs
+    for fig in figs.values():
+        plt.close(fig)
+
+
+def _legend_texts(fig: plt.Figure) -> list[str]:
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+    return [t.get_text() for leg in legends for t in leg.get_texts()]
+
+
+def test_every_legend_entry_is_one_short_line(every: dict):
+    for stem, fig in every.items():
+        for text in _legend_texts(fig):
+            # equal curves are drawn once under one name, the caption naming the others
+            assert "\n" not in text and " = " not in text, (stem, text)
+            assert len(text) <= LEGEND_CHARS, (stem, text)
+
+
+def _decade_ticks(ax, which: str) -> bool:
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    lo, hi = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
+    shown = [t.get_position()[0 if which == "x" else 1] for t in axis.get_majorticklabels()
+             if t.get_text() and not t.get_text().startswith(">")]  # the off-scale band's own label
+    shown = [v for v in shown if lo <= v <= hi]
+    return bool(shown) and all(float(np.log10(v)).is_integer() for v in shown)
+
+
+def _row_lead(fig: plt.Figure, ax) -> plt.Axes | None:
+    """The first labelled axes in ax's row of the grid (its y label speaks for the row)."""
+    row = ax.get_subplotspec().rowspan.start
+    return next((a for a in _visible(fig) if a.get_subplotspec().rowspan.start == row and a.get_ylabel()),
+                None)
+
+
+def test_a_log_axis_without_decade_ticks_says_log(every: dict):
+    for stem, fig in every.items():
+        for ax in _visible(fig):
+            if ax.get_xscale() == "log" and not _decade_ticks(ax, "x"):
+                assert "log" in ax.get_xlabel(), (stem, ax.get_title(), ax.get_xlabel())
+            if ax.get_yscale() == "log" and not _decade_ticks(ax, "y"):
+                lead = _row_lead(fig, ax)
+                label = ax.get_ylabel() or (lead.get_ylabel() if lead is not None else "")
+                assert "log" in label, (stem, ax.get_title(), label)
+
+
+def test_no_cell_of_a_figure_grid_is_empty(every: dict):
+    for stem, fig in every.items():
+        covered = set()
+        for ax in fig.axes:
+            spec = ax.get_subplotspec()
+            covered |= {(r, c) for r in spec.rowspan for c in spec.colspan}
+        grid = fig.axes[0].get_subplotspec().get_gridspec()
+        assert covered == {(r, c) for r in range(grid.nrows) for c in range(grid.ncols)}, stem
+
+
+def test_pgd_is_drawn_on_top(every: dict):
+    pgd = {PGD_LABEL, PGD_REF}
+    for stem, fig in every.items():
+        for ax in _visible(fig):
+            mine = [line for line in ax.lines if line.get_label() in pgd]
+            others = [line for line in ax.lines if not line.get_label().startswith("_")
+                      and line.get_label() not in pgd]
+            if not mine or not others:
+                continue
+            top = max(a.get_zorder() for a in others)
+            assert all(line.get_zorder() > top for line in mine), (stem, ax.get_title())
+
+
+def test_fig2_markers_differ_in_shape_and_pgd_is_the_smallest(every: dict):
+    for stem in ("fig2_certified_accuracy", "certification_gap"):
+        for ax in _visible(every[stem]):
+            lines = [line for line in ax.lines if not line.get_label().startswith("_")]
+            bounds_ = [line for line in lines if line.get_label() != PGD_REF and line.get_marker() != "None"]
+            shapes = [line.get_marker() for line in bounds_]
+            assert len(shapes) == len(set(shapes)), (stem, ax.get_title(), shapes)
+            for line in (m for m in lines if m.get_label() == PGD_REF):
+                assert line.get_markersize() < min(b.get_markersize() for b in bounds_)
+
+
+def test_fig2_caption_names_the_curves_drawn_once(base: pd.DataFrame):
+    plot = FIGURES["fig2_certified_accuracy"](base)
+    merged = [t for p in plot.panels for t in p.traces if t.also]
+    assert merged  # the baseline's naive and LoFAST coincide on the margin-trained models
+    for t in merged:
+        assert t.label.endswith(f"(+{len(t.also)} equal)")
+        assert f"also stands for {', '.join(t.also)}" in plot.caption
+
+
+def test_a_parameter_changing_along_the_cost_curve_is_marked(base: pd.DataFrame, every: dict):
+    heads = {f"h={h:g}" for h in base.loc[base["sweep"].isin(["cost", "cost_vit"]), "h"].unique()}
+    assert len(heads) > 1  # the ViT cell has 12 heads, the others 4
+    for ax in _visible(every["cost"]):
+        ticks = " ".join(t.get_text() for t in ax.get_xticklabels())
+        assert all(h in ticks for h in heads), ticks
+    assert "heads h changes" in FIGURES["cost"](base).caption
+
+
+def test_table2_columns_say_what_they_hold_and_nothing_repeats_in_every_row(base: pd.DataFrame):
+    t, caption = TABLES["table2_cascade"](base)
+    assert len(t) > 1
+    for col in t.columns:
+        assert t[col].nunique() > 1, col  # a value in every row belongs in the header or caption
+    assert not any(c in ("sent on", "alone", "cascade") for c in t.columns)
+    assert any("share of images sent to" in c for c in t.columns)
+    assert "share of the images" in caption

@@ -65,10 +65,14 @@ def test_equal_curves_share_one_line_and_unequal_ones_do_not():
     # naive and LoFAST (‖M‖) equal at every ε of both models; Taylor equal to them at one ε of A only,
     # and at every ε of B
     df = rows({"naive": at(6, 2, 5, 1), "lofast_M": at(6, 2, 5, 1), "taylor": at(6, 3, 5, 1)})
-    a, b = rc.figure(df).panels
-    joined = lambda p: [t.label.replace("\n", " ") for t in p.traces]
-    assert joined(a) == [f"{name_of('naive')} = {name_of('lofast_M')}", name_of("taylor"), PGD_REF]
-    assert joined(b) == [" = ".join(name_of(n) for n in ("naive", "lofast_M", "taylor")), PGD_REF]
+    plot = rc.figure(df)
+    a, b = plot.panels
+    # one short line per curve: the first name and how many it stands for; the caption names them
+    assert [t.label for t in a.traces] == [f"{name_of('naive')} (+1 equal)", name_of("taylor"), PGD_REF]
+    assert [t.label for t in b.traces] == [f"{name_of('naive')} (+2 equal)", PGD_REF]
+    assert a.traces[0].also == (name_of("lofast_M"),)
+    assert b.traces[0].also == (name_of("lofast_M"), name_of("taylor"))
+    assert f"{name_of('naive')} also stands for {name_of('lofast_M')}, {name_of('taylor')}" in plot.caption
     line = a.traces[0]
     assert line.x == EPS and line.y == [0.6, 0.2] and line.lo[0] == pytest.approx(wilson(6, 10)[0])
     assert a.traces[-1].style == "reference" and a.traces[-1].y == [0.9, 0.9]
@@ -119,16 +123,18 @@ def test_table2_exists_iff_cascade_rows_do():
     cascade = rows({"cascade": at(8, 4, 7, 4)}, sweep="cascade", sent={"cascade": 4})
     t, caption = TABLES["table2_cascade"](pd.concat([plain, cascade], ignore_index=True))
     assert len(t) == len(ARCH) * len(EPS)
-    assert t["alone"].tolist() == [name_of("crown")] * 4
-    assert t["alone acc."].tolist() == ["0.800", "0.400", "0.700", "0.300"]
-    assert t["cascade acc."].tolist() == ["0.800", "0.400", "0.700", "0.400"]
-    assert t["sent on"].tolist() == ["0.400"] * 4
+    crown, cas = name_of("crown"), name_of("cascade")
+    assert t[f"{crown} alone: certified acc."].tolist() == ["0.800", "0.400", "0.700", "0.300"]
+    assert t[f"{cas}: certified acc."].tolist() == ["0.800", "0.400", "0.700", "0.400"]
+    assert t[f"{cas}: share of images sent to {crown}"].tolist() == ["0.400"] * 4
     assert "CROWN alone" in caption and "`certify`, `cascade`" in caption
 
 
 def test_a_cascade_without_its_share_or_crown_says_so():
     t, _ = TABLES["table2_cascade"](rows({"naive": at(1, 1, 1, 1), "cascade_crown": at(2, 2, 2, 2)}))
-    assert set(t["sent on"]) == {"–"} and set(t["alone acc."]) == {"–"}
+    crown, cas = name_of("crown"), name_of("cascade_crown").replace(" (cascade)", "")
+    assert set(t[f"{cas}: share of images sent to {crown}"]) == {"–"}
+    assert set(t[f"{crown} alone: certified acc."]) == {"–"}
     plot = FIGURES["fig2_certified_accuracy"](rows({"cascade_crown": at(2, 2, 2, 2)}))
     assert plot.panels[0].traces[0].label == name_of("cascade_crown") != "cascade_crown"
     assert name_of("some_new_bound") == "some_new_bound"  # the fallback: its code name
@@ -149,8 +155,8 @@ def test_fig2_and_table1_on_the_baseline_recount_the_pairwise_verdicts():
         assert float(row[f"{names[bound]} ε={eps:g}"].iloc[0]) == pytest.approx(
             g["certified_pairwise"].mean(), abs=5e-4)
     for p in plot.panels:  # every bound on every panel, once, merged or not
-        labels = " = ".join(t.label.replace("\n", " ") for t in p.traces[:-1])
-        assert sorted(labels.split(" = ")) == sorted(names.values())
+        labels = [n for t in p.traces[:-1] for n in (t.label.split(" (+")[0], *t.also)]
+        assert sorted(labels) == sorted(names.values())
         for t in p.traces[:-1]:
             assert all(lo <= y <= hi for lo, y, hi in zip(t.lo, t.y, t.hi, strict=True)), t.label
 

@@ -35,6 +35,11 @@ class Trace:
     lo: list[float] | None = None  # error bar ends, absolute (None: no bar)
     hi: list[float] | None = None
     legend: bool = True  # False: the panel's title names it (a legend entry would repeat it)
+    marker: str | None = None  # None: its style's; a shape of its own where many curves meet
+    size: float | None = None  # marker size (points); None: the theme's
+    # the other curves equal to this one everywhere in its panel: drawn once, under one short label,
+    # and named in the caption (a legend entry chaining them would run to a paragraph)
+    also: tuple[str, ...] = ()
 
 
 @dataclass
@@ -50,6 +55,9 @@ class Panel:
     ceiling: float | None = None  # values above are drawn off scale, in a band, with their number
     note: str = ""  # shown instead of axes when the panel has no trace (why it is empty)
     dodge: float = 0.0  # log x: traces with error bars drawn apart by this share of the x span each
+    # a second line under the x tick at a value: a parameter the x axis does not show that changes
+    # along the curve (h of the cost cells), so a bend there is not read as the x axis's doing
+    xnotes: dict[float, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,6 +94,16 @@ _COLOURS = {
     "delta2_xi": "#ff7f0e", "delta1": "#1f77b4", "naive_delta1": "#d62728", "zeta": "#7f7f7f",
     "taylor": "#006d2c", "best": "#555555",
 }
+
+
+def balanced(panels: list[Panel], most: int = 4) -> list[list[Panel]]:
+    """Panels in rows of at most ``most``, as even as can be (6 panels: 3 + 3, not 4 + 2): a ragged
+    last row would leave empty cells beside it."""
+    if not panels:
+        return []
+    nrows = -(-len(panels) // most)
+    ncols = -(-len(panels) // nrows)
+    return [panels[i:i + ncols] for i in range(0, len(panels), ncols)]
 
 
 def letter(i: int) -> str:

@@ -9,20 +9,18 @@ last).
 
 from __future__ import annotations
 
-import itertools
 import math
-import textwrap
 
 import pandas as pd
 
-from ..panels import Panel, Plot, Skip, Trace, commits, letter, style
+from ..panels import Panel, Plot, Skip, Trace, balanced, commits, letter, style
 from . import trained_study as tr
 from .trained_study import CASCADE, LEVEL, counts, eg, name_of, network
 
 WIDE = 7.0
-COLUMNS = 4  # panels per row of Fig. 2
+COLUMNS = 3  # panels per row of Fig. 2 at most: a legend entry of one line fits under a panel
 DODGE = 0.02  # share of the log-ε span between two curves' error bars at the same ε
-WRAP = 30  # characters per line of a legend entry: a merged one names several bounds
+LARGEST, SMALLEST = 6.0, 3.6  # marker sizes (points) of a panel's first and last curves
 EPS_AXIS = "ε (ℓ2, log scale)"
 DISAGREE = 0.05  # a difference in certified accuracy that ranks two bounds (LoFAST Table 1's models)
 BASE, RIVALS = "lofast_M", ("best", "crown", "alpha_crown")
@@ -64,76 +62,116 @@ def _names(c: pd.DataFrame) -> list[str]:
     return tr.order(c.index.get_level_values("bound"))
 
 
+def _size(i: int) -> float:
+    """The marker size of a panel's i-th curve: the first largest, so markers that meet show as
+    rings one inside the other; PGD's, drawn last and on top, is smaller than all."""
+    return max(SMALLEST, LARGEST - 0.3 * i)
+
+
+def _label(group: list[str]) -> str:
+    """One short line: the first bound's name and how many equal ones it stands for."""
+    return name_of(group[0]) + (f" (+{len(group) - 1} equal)" if len(group) > 1 else "")
+
+
+def _curves(at: pd.DataFrame, keep=lambda e: True) -> list[tuple[list[str], pd.DataFrame]]:
+    """The groups of bounds equal at every ε of one model's counts ``at`` (each drawn once), with the
+    rows of the group's first bound at the ε ``keep`` admits."""
+    curves = {b: tuple((e, int(r.k), int(r.n)) for e, r in at.xs(b, level="bound").iterrows())
+              for b in _names(at)}
+    out = []
+    for group in tr.merged(curves):
+        rows = at.xs(group[0], level="bound").sort_index()
+        out.append((group, rows[[keep(e) for e in rows.index]]))
+    return out
+
+
+def _trace(i: int, group: list[str], x: list[float], y: list[float], **bars) -> Trace:
+    b = group[0]
+    return Trace(_label(group), x, y, style(b), tr.colour_of(b), marker=tr.marker_of(b), size=_size(i),
+                 also=tuple(name_of(o) for o in group[1:]), **bars)
+
+
+def _equal(panels: list[Panel]) -> str:
+    """The caption's list of the bounds each merged curve stands for, per panel."""
+    parts = []
+    for p in panels:
+        merged = [f"{t.label.rsplit(' (+', 1)[0]} also stands for {', '.join(t.also)}"
+                  for t in p.traces if t.also]
+        if merged:
+            parts.append(f"in {p.title.split(' ')[0]} " + "; ".join(merged))
+    if not parts:
+        return ""
+    return (" Curves equal at every ε of a panel are drawn once, under the first bound's name and "
+            "“(+k equal)”, k the number of others: " + "; ".join(parts) + ".")
+
+
+def _rows_of(panels: list[Panel]) -> tuple[list[list[Panel]], float]:
+    """The panels in even rows, and the figure's height: a panel, its ticks and x label, then its
+    legend, one line per entry."""
+    rows = balanced(panels, COLUMNS)
+    return rows, sum(2.3 + 0.11 * max(len(p.traces) for p in row) for row in rows)
+
+
 def figure(df: pd.DataFrame) -> Plot:
     """LoFAST Fig. 2: per model, each bound's certified accuracy over ε with its Wilson interval,
     PGD robust accuracy as the empirical upper reference; curves equal at every ε of a panel are
-    one line whose label joins their names."""
+    one line, labelled by the first and the number of others (the caption names them)."""
     sub, c, ref = network(df), counts(df), tr.references(df)
     models = tr.model_order(sub)
     panels = []
     for i, model in enumerate(m for m in models.index if m in c.index.get_level_values("model")):
         at = c.xs(model, level="model")
-        curves = {b: tuple((e, int(r.k), int(r.n)) for e, r in at.xs(b, level="bound").iterrows())
-                  for b in _names(at)}
-        traces = []
-        for group in tr.merged(curves):
-            rows = at.xs(group[0], level="bound").sort_index()
-            text = textwrap.fill(" = ".join(name_of(b) for b in group), WRAP)
-            traces.append(Trace(text, list(map(float, rows.index)), list(map(float, rows["accuracy"])),
-                                style(group[0]), tr.colour_of(group[0]), list(map(float, rows["lo"])),
-                                list(map(float, rows["hi"]))))
+        traces = [_trace(j, group, list(map(float, rows.index)), list(map(float, rows["accuracy"])),
+                         lo=list(map(float, rows["lo"])), hi=list(map(float, rows["hi"])))
+                  for j, (group, rows) in enumerate(_curves(at))]
         if model in ref.index.get_level_values("model"):
             r = ref.xs(model, level="model")["pgd"].dropna().sort_index()
-            traces.append(Trace(tr.PGD_REF, list(map(float, r.index)), list(map(float, r)), "reference"))
+            traces.append(Trace(tr.PGD_REF, list(map(float, r.index)), list(map(float, r)), "reference",
+                                size=SMALLEST - 0.6))
         top, bottom = _arch(models.loc[model])
-        panels.append(Panel(f"{letter(i)} {top}\n{bottom}", EPS_AXIS,
-                            "certified accuracy" if i % COLUMNS == 0 else "", traces, xscale="log",
+        panels.append(Panel(f"{letter(i)} {top}\n{bottom}", EPS_AXIS, "", traces, xscale="log",
                             yscale="linear", dodge=DODGE))
-    rows = [panels[i:i + COLUMNS] for i in range(0, len(panels), COLUMNS)]
-    # a panel, its ticks and x label, then its legend: one line per line of its entries
-    lines = [max(sum(t.label.count("\n") + 1 for t in p.traces) for p in row) for row in rows]
+    rows, height = _rows_of(panels)
+    for row in rows:
+        row[0].ylabel = "certified accuracy"
     return Plot(rows, f"LoFAST Fig. 2 (docs/bounds.md §5): certified accuracy (the pairwise-head test) of "
                       f"each bound through the whole network against the ℓ2 radius ε over the image "
                       f"(pixels in [0, 1]), one panel per model (blocks × heads, token width d, caps c on "
                       f"‖W^V‖, ‖W^O‖ and q on ‖W^Q‖, ‖W^K‖, training radius ε_t), the y axis shared; "
                       f"bars: {LEVEL:.0%} Wilson score intervals over the images. PGD robust accuracy "
-                      f"(black, dashed) is an empirical upper reference: no certified curve may lie above "
-                      f"it{_above(c, ref)}. Curves equal at every ε of a panel are drawn once, their names "
-                      f"joined by “=”. {_provenance(sub, c)}.",
-                (WIDE, sum(2.3 + 0.11 * n for n in lines)), legend="each", sharey=True)
+                      f"(black, dashed, drawn on top) is an empirical upper reference: no certified curve "
+                      f"may lie above it{_above(c, ref)}.{_equal(panels)} {_provenance(sub, c)}.",
+                (WIDE, height), legend="each", sharey=True)
 
 
 def gap_figure(df: pd.DataFrame) -> Plot:
     """The certification gap: per model, each method's certified accuracy divided by PGD's robust
-    accuracy at the same ε (1: certified as far as the attack reaches), one line per method, so a
-    reader sees at a glance which method closes the gap (docs/bounds.md §5.1)."""
+    accuracy at the same ε (1: certified as far as the attack reaches), one line per method (equal
+    ones merged as in Fig. 2), so a reader sees at a glance which method closes the gap
+    (docs/bounds.md §5.1)."""
     sub, c, ref = network(df), counts(df), tr.references(df)
     models = tr.model_order(sub)
     panels = []
     for i, model in enumerate(m for m in models.index if m in c.index.get_level_values("model")
                               and m in ref.index.get_level_values("model")):
         at, pgd = c.xs(model, level="model"), ref.xs(model, level="model")["pgd"]
-        traces = []
-        for b in _names(at):
-            rows = at.xs(b, level="bound").sort_index()
-            keep = [e for e in rows.index if pgd.get(e, 0) > 0]
-            traces.append(Trace(name_of(b), list(map(float, keep)),
-                                [float(rows.loc[e, "accuracy"] / pgd[e]) for e in keep], style(b),
-                                tr.colour_of(b)))
+        traces = [_trace(j, group, list(map(float, rows.index)),
+                         [float(a / pgd[e]) for e, a in rows["accuracy"].items()])
+                  for j, (group, rows) in enumerate(_curves(at, lambda e, pgd=pgd: pgd.get(e, 0) > 0))]
         top, bottom = _arch(models.loc[model])
-        panels.append(Panel(f"{letter(i)} {top}\n{bottom}", EPS_AXIS,
-                            "certified ÷ PGD robust" if i % COLUMNS == 0 else "", traces, xscale="log",
-                            yscale="linear"))
+        panels.append(Panel(f"{letter(i)} {top}\n{bottom}", EPS_AXIS, "", traces, xscale="log",
+                            yscale="linear", ref=1.0))
     if not panels:
         raise Skip("no certify rows with a PGD robust accuracy above 0")
-    rows = [panels[i:i + COLUMNS] for i in range(0, len(panels), COLUMNS)]
-    lines = [max(len(p.traces) for p in row) for row in rows]
+    rows, height = _rows_of(panels)
+    for row in rows:
+        row[0].ylabel = "certified ÷ PGD robust"
     return Plot(rows, f"The certification gap (docs/bounds.md §5.1): each method's certified accuracy "
                       f"(the pairwise-head test; CROWN and taylor_net verify the margins directly) divided "
                       f"by PGD's robust accuracy on the same images at the same ε, one panel per model, "
-                      f"the y axis shared; 1 means certified as far as the attack reaches, and nothing "
-                      f"sound lies above it. {_provenance(sub, c)}.",
-                (WIDE, sum(2.3 + 0.11 * n for n in lines)), legend="each", sharey=True)
+                      f"the y axis shared; 1 (dotted) means certified as far as the attack reaches, and "
+                      f"nothing sound lies above it.{_equal(panels)} {_provenance(sub, c)}.",
+                (WIDE, height), legend="each", sharey=True)
 
 
 def _unique(names: list[str]) -> dict[str, str]:
@@ -213,34 +251,48 @@ def disagreements(c: pd.DataFrame, margin: pd.Series, gap: float = DISAGREE) -> 
     return out
 
 
-def _alone(cascade: str, present: set[str]) -> str | None:
+def _alone(cascade: str, present: set[str]) -> str:
     """The bound a cascade ends in, run alone: ``cascade_<bound>``'s bound, else CROWN."""
     tail = cascade[len(CASCADE):].lstrip("_")
-    return tail if tail in present else "crown" if "crown" in present else None
+    return tail if tail in present else "crown"
+
+
+def _secs(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def _cell(c: pd.DataFrame, key: tuple, col: str, text=_num) -> str:
+    """One count's ``col`` as text ("–" where the rows lack the model, ε or bound)."""
+    return text(c.loc[key, col]) if key in c.index else "–"
 
 
 def table2(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Per model, cascade and ε: the bound alone against the cascade, certified accuracy and seconds
-    per image, and the share of images the cascade sent on to it (when its rows record it)."""
+    """One row per model and ε: the bound each cascade ends in, alone, then every cascade, each with
+    its certified accuracy and seconds per image, and the share of images each cascade sent on (when
+    its rows record it). A row per cascade would repeat the bound alone, and its name, in each."""
     sub, c = network(df), counts(df)
     present = set(c.index.get_level_values("bound"))
     cascades = [b for b in _names(c) if b.startswith(CASCADE)]
     if not cascades:
         raise Skip("no cascade rows (a bound named `cascade…`) in the network certification rows")
+    ends = {cas: _alone(cas, present) for cas in cascades}
     rows = []
-    for (model, m), cas in itertools.product(tr.model_order(sub).iterrows(), cascades):
-        alone = _alone(cas, present)
-        for (mod, e, _), r in c.xs(cas, level="bound", drop_level=False).iterrows():
-            if mod == model:
-                a = c.loc[(model, e, alone)] if alone and (model, e, alone) in c.index else None
-                rows.append({"model": "; ".join(_arch(m)), "cascade": name_of(cas), "ε": eg(e),
-                             "alone": name_of(alone) if alone else "–",
-                             "alone acc.": "–" if a is None else _num(a["accuracy"]),
-                             "alone s/sample": "–" if a is None else f"{a['seconds']:.3g}",
-                             "cascade acc.": _num(r["accuracy"]), "cascade s/sample": f"{r['seconds']:.3g}",
-                             "sent on": _num(r["sent"])})
+    for model, m in tr.model_order(sub).iterrows():
+        for e in sorted({k[1] for k in c.index if k[0] == model and k[2] in cascades}):
+            row = {"model": "; ".join(_arch(m)), "ε": eg(e)}
+            for b in dict.fromkeys(ends.values()):
+                row[f"{name_of(b)} alone: certified acc."] = _cell(c, (model, e, b), "accuracy")
+                row[f"{name_of(b)} alone: s/image"] = _cell(c, (model, e, b), "seconds", _secs)
+            for cas in cascades:
+                # "→" says it is a cascade: the registry's "(cascade)" would only lengthen three headers
+                head = name_of(cas).replace(" (cascade)", "")
+                key = (model, e, cas)
+                row[f"{head}: certified acc."] = _cell(c, key, "accuracy")
+                row[f"{head}: s/image"] = _cell(c, key, "seconds", _secs)
+                row[f"{head}: share of images sent to {name_of(ends[cas])}"] = _cell(c, key, "sent")
+            rows.append(row)
     return pd.DataFrame(rows), (
-        f"Table 2 (docs/bounds.md §5): CROWN alone against the cascade (the suite's cheapest sound "
-        f"bound first, CROWN only on the images it leaves), per model and ε: certified accuracy and "
-        f"seconds per image of each; sent on: the share of images the cascade passed to CROWN (– where "
-        f"its rows do not record it). {_provenance(sub, c)}.")
+        f"Table 2 (docs/bounds.md §5): CROWN alone against each cascade (the suite's bound named first, "
+        f"then CROWN only on the images it leaves), per model and ε: certified accuracy (pairwise-head "
+        f"test) and seconds per image of each, and the share of the images that the cascade sent on "
+        f"to CROWN (– where its rows do not record it). {_provenance(sub, c)}.")

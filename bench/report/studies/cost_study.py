@@ -53,6 +53,17 @@ def _trace(sub: pd.DataFrame, code: str, col: str) -> Trace | None:
     return Trace(text, [float(v) for v in g.index], [float(v) for v in g.values], st, c)
 
 
+def _heads(sub: pd.DataFrame) -> tuple[dict[float, str], str]:
+    """Where the cells' number of heads h changes along n·d (the ViT cell has more): h under every
+    tick, and the caption's word on it; nothing when one h holds throughout."""
+    h = sub.groupby("size")["h"].agg(lambda v: "/".join(f"{x:g}" for x in sorted(set(v))))
+    if h.nunique() < 2:
+        return {}, f" (h = {h.iloc[0]} throughout)" if len(h) else ""
+    return ({float(k): f"h={v}" for k, v in h.items()},
+            " (the number of heads h changes along it, as written under each n·d: a step there is "
+            "partly h's)")
+
+
 def figure(df: pd.DataFrame) -> Plot:
     sub = _rows(df)
     codes = sorted({b for b in sub["bound"] if b.startswith("cost_")},
@@ -62,14 +73,16 @@ def figure(df: pd.DataFrame) -> Plot:
     if est:
         secs.append(Trace("matmul bound of ζ + ‖M_l‖", est.x, est.y, "dense", "#000000"))
     mem = [t for t in (_trace(sub, c, "peak_mib") for c in codes) if t]
-    panels = [Panel("(a) seconds per sample", SIZE, "seconds", secs, xscale="log")]
+    notes, heads = _heads(sub)
+    panels = [Panel("(a) seconds per sample", SIZE, "seconds", secs, xscale="log", xnotes=notes)]
     if mem:
-        panels.append(Panel("(b) peak memory per call", SIZE, "MiB above the start", mem, xscale="log"))
+        panels.append(Panel("(b) peak memory per call", SIZE, "MiB above the start", mem, xscale="log",
+                            xnotes=notes))
     rate = sub[sub["bound"] == "matmul"]["value"]
     return Plot([panels], f"Cost (task cost, bench/sweep/cost.py) on {_where(sub)}: "
                           f"each certified end-to-end "
                           f"bound computed alone (its certificate included), its parts ζ, ‖M_l‖, ξ_l "
-                          f"(dashed), and the PGD that checks it (black), against n·d; cells "
+                          f"(dashed), and the PGD that checks it (black), against n·d{heads}; cells "
                           f"{', '.join(sorted(set(sub['sweep'])))}. The dotted black line is the "
                           f"matmul-bound estimate of ζ + ‖M_l‖: operator products × flops per product "
                           f"÷ the float64 matmul rate measured in the same run (median "
@@ -84,7 +97,7 @@ def table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     for (n, d, h), g in sub.groupby(["n", "d", "h"]):
         sec = g.groupby("bound")["seconds"].median()
         pgd = sec.get("cost_pgd", float("nan"))
-        row = {"n": str(n), "d": str(d), "h": str(h), "PGD s": f"{pgd:.3g}"}
+        row = {"n": f"{n:g}", "d": f"{d:g}", "h": f"{h:g}", "PGD s": f"{pgd:.3g}"}
         for code in sorted((c for c in sec.index if c.startswith("cost_") and c != "cost_pgd"), key=_rank):
             ratio = pgd / sec[code]
             row[_name(code)[0]] = f"{sec[code]:.3g} ({ratio:.0f}×)" if ratio >= 10 else \

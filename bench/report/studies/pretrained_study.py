@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..panels import Panel, Plot, Skip, Trace, bound_trace, label, letter
+from ..panels import Panel, Plot, Skip, Trace, balanced, bound_trace, label, letter
 
 # LoFAST's two, their halves, ours, the minimum, naive, and the first-order estimate
 NAMES = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "taylor", "best", "naive",
@@ -92,7 +92,10 @@ def figure(df: pd.DataFrame) -> Plot:
     first, last = letter(0), letter(len(top) - 1)
     upper = first if len(top) == 1 else f"{first}–{last}"
     lower = ", ".join(p.title.split(" ")[0] for p in bottom)
-    return Plot([top, bottom] if bottom else [top],
+    # a row of ratios (one per ε) over a row of quantities; with one ε, all four in 2 × 2: a row of
+    # one ratio panel would be a third of the height for four points across the page
+    rows = [top, bottom] if len(top) > 1 or not bottom else balanced(top + bottom, 3)
+    return Plot(rows,
                 f"Pretrained attention (docs/bounds.md §1.6), task `pretrained`: {_setting(sub)}. "
                 f"{upper} each end-to-end bound's value / PGD lower bound of the output per layer "
                 f"({_mean(sub)}; estimates dashed, dotted at 1; a ratio above {CAP:g} drawn as ▲ "

@@ -30,6 +30,12 @@ LABELS = {"cascade": "cascade (suite → CROWN)", "cascade_alpha_crown": "cascad
 COLOURS = {"crown": "#e7298a", "alpha_crown": "#7570b3", "cascade": "#a6761d", "cascade_crown": "#a6761d",
            "cascade_alpha_crown": "#66a61e", "taylor_net": "#d95f02", "cascade_taylor_net": "#1b9e77"}
 PGD_REF = "PGD robust (upper ref.)"
+# a shape per bound: up to a dozen curves meet at 0 or at PGD in one panel of Fig. 2, and a colour
+# alone does not tell them apart there (the minimum "best" is a band and has none)
+MARKERS = {"naive": "o", "lofast_M": "v", "lofast_xi": "^", "lofast_M_half": "<", "lofast_xi_half": ">",
+           "specformer": "D", "taylor": "s", "taylor_net": "P", "taylor_net_lofast": "X",
+           "taylor_net_lofast_half": "p", "crown": "h", "alpha_crown": "H", "cascade": "*",
+           "cascade_crown": "*", "cascade_taylor_net_crown": "d", "cascade_alpha_crown": "8"}
 
 
 def name_of(bound: str) -> str:
@@ -39,6 +45,10 @@ def name_of(bound: str) -> str:
 
 def colour_of(bound: str) -> str | None:
     return colour(bound) or COLOURS.get(bound)
+
+
+def marker_of(bound: str) -> str | None:
+    return MARKERS.get(bound)
 
 
 def order(names) -> list[str]:
