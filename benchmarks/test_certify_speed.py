@@ -6,19 +6,25 @@ model, the same first test images and ε = 0.02, as LoFAST's Table 1 reports s/s
         --benchmark-group-by=param:model --benchmark-columns=mean
 
 Each round certifies the images from scratch (the clean trace and every certified norm), so a
-bound's time is its cost on its own; ``extra_info`` holds seconds per image and the share certified.
-The Fashion-MNIST model needs Debian's dataset-fashion-mnist. α-CROWN beyond the 1-block model needs
-``BENCH_HEAVY=1``: on the 3-block digits model one image ran out of 20 GB (CROWN alone takes ≈ 90 s
-an image on the Fashion-MNIST one). README "CROWN" has the numbers.
+bound's time is its cost on its own; ``extra_info`` holds seconds per image, the share certified and
+the ratio to one forward + backward pass of the model on the same images (the input gradient of the
+cross-entropy in float64, as the certifier computes: one PGD step), timed right after the method so
+that both see the same load. At the end of the module a table lists every method's s/image and that
+ratio, one run for all. The Fashion-MNIST model needs Debian's dataset-fashion-mnist. α-CROWN beyond
+the 1-block model needs ``BENCH_HEAVY=1``: on the 3-block digits model one image ran out of 20 GB
+(CROWN alone takes ≈ 90 s an image on the Fashion-MNIST one). README "CROWN" has the numbers.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
+import time
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from bench.core.env import keep_freed_memory
 from bench.nets.accuracy import first_test_images, load_model
@@ -41,6 +47,27 @@ MODELS = {"digits-d32-b1": ("digits-d32-b1-h2-c0.5-q1-m0.003", "digits", 8),
 # where α-CROWN fits in this box's 23 GB: on the 3-block digits model one image ran out of 20 GB
 ALPHA_FITS = {"digits-d32-b1"}
 SUITE = ["lofast_M", "taylor", "best", "taylor_net"]
+FWD_BWD_REPEATS = 5  # the forward + backward pass is milliseconds: the median of a few
+# (model, method) → (s/image, forward + backward s/image, share certified), for the closing table
+RESULTS: dict[tuple[str, str], tuple[float, float, float]] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _table(request):
+    """After the module: every method's s/image and its ratio to one forward + backward pass."""
+    yield
+    if not RESULTS:
+        return
+    lines = [f"certify speed at ε = {EPS} (s/image of the whole batch; {torch.get_num_threads()} thread(s))",
+             f"{'model':<18}{'method':<13}{'s/image':>10}{'fwd+bwd s':>12}{'× fwd+bwd':>11}{'certified':>11}"]
+    lines += [f"{model:<18}{method:<13}{per:>10.4f}{base:>12.5f}{per / base:>11.1f}{share:>11.2f}"
+              for (model, method), (per, base, share) in RESULTS.items()]
+    plugins = request.config.pluginmanager
+    # a teardown's output is captured (at the file descriptor): let the table through
+    with plugins.get_plugin("capturemanager").global_and_fixture_disabled():
+        write = plugins.get_plugin("terminalreporter").write_line
+        for line in ["", *lines]:
+            write(line)
 
 
 def _images(model: str):
@@ -64,6 +91,18 @@ def _crown(net, X, y, name: str) -> torch.Tensor:
     return verify(net, X, y, EPS, name, TracedViT(net)).certified
 
 
+def forward_backward(net, X, y) -> float:
+    """Seconds per image of one forward + backward pass: the gradient of the cross-entropy with
+    respect to the images (one PGD step), in the certifier's float64; the median of a few."""
+    times = []
+    for _ in range(FWD_BWD_REPEATS):
+        start = time.perf_counter()
+        images = X.clone().requires_grad_(True)
+        torch.autograd.grad(F.cross_entropy(net(images), y), images)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) / len(X)
+
+
 @pytest.mark.parametrize("method", [*SUITE, *METHODS])
 @pytest.mark.parametrize("model", list(MODELS))
 def test_certify_speed(benchmark, model, method):
@@ -75,5 +114,8 @@ def test_certify_speed(benchmark, model, method):
     net, X, y = _images(model)
     run = _crown if method in METHODS else _suite
     certified = benchmark.pedantic(run, args=(net, X, y, method), rounds=1, iterations=1)
-    benchmark.extra_info.update(images=len(X), eps=EPS, certified=float(certified.double().mean()),
-                                seconds_per_image=benchmark.stats.stats.mean / len(X))
+    per, base = benchmark.stats.stats.mean / len(X), forward_backward(net, X, y)
+    share = float(certified.double().mean())
+    benchmark.extra_info.update(images=len(X), eps=EPS, certified=share, seconds_per_image=per,
+                                fwd_bwd_seconds_per_image=base, ratio_to_fwd_bwd=per / base)
+    RESULTS[model, method] = per, base, share

@@ -31,7 +31,7 @@ from ..core.arglists import split_list
 
 # Samples per batch: the dense certified norms hold [chunk, nd, nd] float64 matrices (8 MB each at
 # n·d = 1024), so a chunk of 32 keeps a few hundred MB at most. On a GPU a chunk is one batch of every
-# kernel of the ≈ 280 Lanczos steps per norm: 256 samples amortise the launches (≈ 2 GB at nd = 1024)
+# kernel of the ≈ 126 Lanczos steps per norm: 256 samples amortise the launches (≈ 2 GB at nd = 1024)
 CHUNK = 32
 GPU_CHUNK = 256
 

@@ -83,7 +83,7 @@ class NetworkCertificate:
     prop1: Tensor  # [B] bool, certified by LoFAST Proposition 1
     pairwise: Tensor  # [B] bool, certified by the pairwise-head test (ours)
     certificate: Certificate  # per sample: the weakest kind, the failure probability of one value
-    seconds: float  # what this value costs on its own (reused norms counted), for the whole batch
+    seconds: float  # what this value costs on its own (each reused norm counted once), for the whole batch
 
 
 class Certifier:
