@@ -42,19 +42,19 @@ RELAXATION = Certificate("relaxation")
 
 def check() -> None:
     """Raises InputError naming the install when auto_LiRPA cannot be imported."""
-    _lirpa()
+    lirpa_module()
 
 
 def available() -> bool:
     """Whether auto_LiRPA can be imported here."""
     try:
-        _lirpa()
+        lirpa_module()
     except InputError:
         return False
     return True
 
 
-def _lirpa():
+def lirpa_module():
     try:
         # its import warns about torch.jit.script, not about us; recorded and dropped, as a module it
         # imports puts its own filter before an "ignore" of ours
@@ -125,7 +125,7 @@ class Traced(nn.Module):
 
 
 @contextlib.contextmanager
-def _float64() -> Iterator[None]:
+def float64_lirpa() -> Iterator[None]:
     """auto_LiRPA makes some of its constants in the default dtype, and a float32 constant meets
     float64 bounds with an error; so float64 is made the default while it runs, and restored."""
     before = torch.get_default_dtype()
@@ -159,7 +159,7 @@ def intervals(layer: DotMHA, X: Tensor, eps, method: str) -> tuple[Tensor, Tenso
     α-CROWN's intervals are intersected with CROWN's, both being sound, so it is never looser."""
     if method not in ("CROWN", "alpha-CROWN"):
         raise ValueError(f"unknown method {method!r}")
-    lirpa = _lirpa()
+    lirpa = lirpa_module()
     from auto_LiRPA.perturbations import PerturbationLpNorm
 
     B, n, d = X.shape
@@ -167,7 +167,7 @@ def intervals(layer: DotMHA, X: Tensor, eps, method: str) -> tuple[Tensor, Tenso
     layer = layer.to(X)
     e = radius(eps, X)
     lbs, ubs = [], []
-    with _float64():
+    with float64_lirpa():
         for b in range(B):  # one ball per input, each with its own radius and centre
             x = X[b].reshape(1, n * d)
             model = Traced(layer, X[b]).to(X.device)

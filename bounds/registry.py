@@ -202,6 +202,20 @@ def applicable(layer) -> list[Bound]:
     return [b for b in BOUNDS if applies(b, layer) and not b.opt_in]
 
 
+def unavailable() -> set[str]:
+    """The registered bounds whose optional package this environment lacks (their ``check`` refuses:
+    CROWN and what runs it without auto_LiRPA). The one question the runner, the tasks and
+    ``compare`` ask; never answered from a table."""
+    out = set()
+    for b in BOUNDS:
+        if b.check is not None:
+            try:
+                b.check()
+            except InputError:
+                out.add(b.name)
+    return out
+
+
 def require(bound: Bound, layer) -> None:
     """Raises InputError when the bound does not apply to this layer or stack, or cannot run here."""
     if not _applies_to_kind(bound, layer):

@@ -32,7 +32,7 @@ OPTIONAL: dict[str, dict[str, str]] = {
 BIAS_NAMES = ("b_q", "b_k", "b_v", "b_o")
 
 
-def _read(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+def read_file(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:
     try:
         with safe_open(str(path), framework="pt") as f:
             return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
@@ -145,7 +145,7 @@ def save_layer(path: str | Path, layer: Layer | Stack) -> None:
 
 def load_layer(path: str | Path) -> Layer | Stack:
     """Reads a layer or stack file, validating every tensor and metadata key (InputError if bad)."""
-    tensors, meta = _read(path)
+    tensors, meta = read_file(path)
     where = str(path)
     if _meta(meta, "kind", where) != "stack":
         return layer_from_tensors(tensors, meta, where)
@@ -181,7 +181,7 @@ def save_input(path: str | Path, X: Tensor) -> None:
 
 def load_input(path: str | Path) -> Tensor:
     """Reads ``X`` ([n, d] or [B, n, d]) from an input file, as float64."""
-    tensors, _ = _read(path)
+    tensors, _ = read_file(path)
     if "X" not in tensors:
         raise InputError(f"{path}: missing tensor 'X'")
     extra = sorted(set(tensors) - {"X"})

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from .errors import InputError, check_finite, check_float
-from .io import _read
+from .io import read_file
 from .vit import ViT, ViTConfig
 
 FORMAT = "attnbounds-vit/1"
@@ -60,7 +60,7 @@ def load_vit(path: str | Path) -> tuple[ViT, dict]:
     cfg = ViTConfig.from_dict(card["architecture"])
     if "sha256" in card and Path(path).is_file() and sha256(path) != card["sha256"]:
         raise InputError(f"{path}: the weights do not match the sha256 of their card")
-    tensors, _ = _read(path)
+    tensors, _ = read_file(path)
     for name, t in tensors.items():
         check_float(f"{path}: {name}", t)
         check_finite(f"{path}: {name}", t)

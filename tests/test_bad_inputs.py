@@ -68,7 +68,7 @@ def files(tmp_path) -> dict[str, Path]:
     save_file({**t, "extra": torch.zeros(2)}, str(d / "extra.safetensors"), metadata=meta)
     stack = models.random_stack("dot", 2, 4, 2, seed=3, R=1.0)
     models.save_layer(d / "stack.safetensors", stack)
-    st, sm = models.io._read(d / "stack.safetensors")
+    st, sm = models.io.read_file(d / "stack.safetensors")
     save_file({**st, "blocks.1.W_v": st["blocks.1.W_v"].to(torch.int64)}, str(d / "stack_int.safetensors"),
               metadata=sm)
     save_file({"X": torch.arange(12).reshape(3, 4)}, str(d / "x_int64.safetensors"))
@@ -396,3 +396,33 @@ def test_other_runtime_errors_are_not_called_out_of_memory(capsys, monkeypatch):
     with pytest.raises(RuntimeError, match="a bug"):
         main_inprocess(capsys, "certify", "--model", TINY_MODEL, "--limit", "2", "--eps", "0.01",
                        "--bounds", "naive")
+
+
+def test_a_second_ctrl_c_during_the_cleanup_prints_no_traceback(tmp_path, monkeypatch, capsys):
+    """Ctrl-C twice (an impatient user): the cleanup of the first runs to its end, one line, 130."""
+    import bench.sweep.runner as runner
+
+    real = runner.remove_stale_temps
+    calls = []
+
+    def slow_cleanup(out):  # the second Ctrl-C lands inside the cleanup, as it would on a slow disk
+        calls.append(out)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        return real(out)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    (tmp_path / "p.toml").write_text(INTERRUPTIBLE)
+    monkeypatch.setattr(runner, "remove_stale_temps", slow_cleanup)
+    monkeypatch.setattr(runner, "_run_cells", interrupted)
+    monkeypatch.chdir(tmp_path)
+    before = signal.getsignal(signal.SIGINT)
+    code, _, err = main_inprocess(capsys, "run", "--profile", "p.toml", "--out", "out")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 130 and len(calls) == 2, err
+    # the first Ctrl-C's own message, with the resume command: its cleanup was not cut short
+    assert len(lines) == 1 and lines[0].startswith("interrupted: ") and "resume with: " in lines[0], err
+    assert signal.getsignal(signal.SIGINT) is before  # restored once the cleanup is done

@@ -275,7 +275,7 @@ def test_stack_depth_must_equal_the_blocks_present(tmp_path, depth):
 def test_stack_blocks_numbered_from_zero_and_nothing_else(tmp_path):
     stack = models.random_stack("dot", 2, 4, 2, seed=0)
     path = _stack_file(tmp_path, stack)
-    tensors, meta = models.io._read(path)
+    tensors, meta = models.io.read_file(path)
     shifted = {n.replace("blocks.1.", "blocks.2."): x for n, x in tensors.items()}
     with raises(r"holds blocks \[0, 2\]"):
         models.load_layer(write(tmp_path, shifted, meta))

@@ -27,7 +27,7 @@ from ..nets.accuracy import (
     parse_eps,
     run_certify,
 )
-from ..sweep.cases import _num
+from ..sweep.cases import num
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -56,7 +56,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _key(eps: float) -> str:
-    return _num(eps)
+    return num(eps)
 
 
 def summary(res: CertifyRun) -> dict:

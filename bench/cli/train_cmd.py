@@ -84,7 +84,25 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     tr.add_argument("--zoo", action="store_true",
                     help="retrain every model of zoo/README.md into --out (a directory, default zoo/, "
                          "whose models it replaces)")
+    tr.set_defaults(single_defaults={k: tr.get_default(k) for k in SINGLE})
     return tr
+
+
+# the options that describe one model: --zoo trains the zoo's own recipes and takes none of them
+SINGLE = ("dataset", "variant", "d", "depth", "heads", "patch", "ffn", "constraint", "ffn_constraint",
+          "qk_constraint", "margin_eps", "epochs", "batch_size", "lr", "head_lr_scale", "seed", "force")
+
+
+def check_zoo_options(args: argparse.Namespace) -> None:
+    """--zoo with an option of a single model is refused, naming it: the zoo's recipes would ignore
+    it, and a run that ignores what it was told is a silently wrong answer."""
+    given = [f"--{k.replace('_', '-')}" for k, default in getattr(args, "single_defaults", {}).items()
+             if getattr(args, k, default) != default]
+    if given:
+        raise InputError(f"--zoo retrains every model of zoo/README.md with its own recipe; "
+                         f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to one model "
+                         f"only: drop {'it' if len(given) == 1 else 'them'}, or train one model without "
+                         f"--zoo")
 
 
 def check_writable(path: Path, what: str) -> None:
@@ -126,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and not args.out.strip():
         raise InputError("--out: expected a path, got an empty string")
     if args.zoo:
+        check_zoo_options(args)
         out_dir = Path(args.out) if args.out is not None else ROOT / "zoo"
         check_writable(out_dir, f"--out {out_dir}")
         print(f"zoo: {train_zoo(out_dir, args.device)}")

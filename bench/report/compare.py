@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bounds.registry import BOUNDS
+from bounds.registry import unavailable
 from models import InputError
 
 from ..core.gate import derive
@@ -42,15 +42,9 @@ STRENGTH = ("exact", "deterministic", "relaxation", "probabilistic", "estimate",
 def absent_here() -> set[str]:
     """The bounds whose optional package this environment lacks (CROWN without auto_LiRPA): a run here
     leaves their rows out with a note, so their absence from NEW is ``s``, not ``!``. Judged from
-    this environment, never from the tables."""
-    out = set()
-    for b in BOUNDS:
-        if b.check is not None:
-            try:
-                b.check()
-            except InputError:
-                out.add(b.name)
-    return out
+    this environment, never from the tables, by the registry's one question
+    (bounds.registry.unavailable), which the runner asks too."""
+    return unavailable()
 
 
 def _judge(r, tol: float, skipped: set[str]) -> tuple[str, float]:

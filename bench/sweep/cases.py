@@ -204,16 +204,16 @@ class Cell:
         non-default extras (perturbation, samples, task, model, dataset). A pretrained cell's id
         names only what it reads: ``minilm[layer=1,sentence=0,eps=0.01,seed=0]``."""
         if self.task == "pretrained":
-            return (f"minilm[layer={self.layer_index},sentence={self.sentence},eps={_num(self.eps)},"
+            return (f"minilm[layer={self.layer_index},sentence={self.sentence},eps={num(self.eps)},"
                     f"seed={self.seed}]")
         parts = [f"n={self.n}", f"d={self.d}", f"h={self.h}", f"H={'I' if self.residual else '0'}",
-                 f"wqk={_num(self.w_qk)}", f"wvo={_num(self.w_vo)}", f"x={self.x}:{_num(self.x_norm)}",
+                 f"wqk={num(self.w_qk)}", f"wvo={num(self.w_vo)}", f"x={self.x}:{num(self.x_norm)}",
                  f"depth={self.depth}"]
         if self.depth > 1:
-            parts.append(f"R={_num(self.R)}")
-        parts += [f"eps={_num(self.eps)}", f"seed={self.seed}"]
+            parts.append(f"R={num(self.R)}")
+        parts += [f"eps={num(self.eps)}", f"seed={self.seed}"]
         if self.perturb != "none":
-            parts.append(f"perturb={self.perturb}:{_num(self.noise)}")
+            parts.append(f"perturb={self.perturb}:{num(self.noise)}")
         if self.samples != 1:
             parts.append(f"samples={self.samples}")
         if self.task != "bounds":
@@ -322,7 +322,7 @@ def _layer_fields(kind: str, items: dict[str, str]) -> dict:
             kw[key] = items.pop(key)
     return kw
 
-def _num(v: float) -> str:
+def num(v: float) -> str:
     """The shortest text that reads back as the same float (0.05, 1, 1e-05)."""
     return repr(float(v)).removesuffix(".0")
 

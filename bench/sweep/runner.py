@@ -14,6 +14,7 @@ import contextlib
 import datetime as dt
 import json
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from bounds import crown
+from bounds.registry import unavailable
 from models import InputError
 
 from ..core.env import device_name, git_state, resolve_device, resolve_dtype, versions
@@ -130,25 +132,48 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
         from models.pretrained import require  # the study's extras, before anything is written
 
         require()
-    if any(c.task in CROWN_TASKS for _, c in profile.cells()) and not crown.available():
+    if any(c.task in CROWN_TASKS for _, c in profile.cells()) and "crown" in unavailable():
         print(f"note: the CROWN rows are left out: {crown.INSTALL}", file=sys.stderr)
     # the cluster first: a missing Dask or an unreachable scheduler then leaves nothing written
-    with _cluster(workers, scheduler) if dask else contextlib.nullcontext() as cluster:
-        writable_dir(out, "--out")
-        check_run_dir(out)
-        with lock(out):
-            if fresh:
-                _discard(out)
-            remove_stale_temps(out)
-            _check_resume(out, want)
-            try:
-                table = _run_cells(profile, out, run, want, device, dtype, cluster, device_arg)
-            except KeyboardInterrupt:
-                remove_stale_temps(out)  # a write cut short; we still hold the lock, so none is live
-                cells = profile.cells()
-                kept = sum(cell_file(out, s, c.id).exists() for s, c in cells)
-                raise Interrupted(out, kept, len(cells)) from None
+    with _shielded_cleanup() as shield:
+        with _cluster(workers, scheduler) if dask else contextlib.nullcontext() as cluster:
+            writable_dir(out, "--out")
+            check_run_dir(out)
+            with lock(out):
+                if fresh:
+                    _discard(out)
+                remove_stale_temps(out)
+                _check_resume(out, want)
+                try:
+                    table = _run_cells(profile, out, run, want, device, dtype, cluster, device_arg)
+                except KeyboardInterrupt:
+                    shield()
+                    remove_stale_temps(out)  # a write cut short; we hold the lock, so none is live
+                    cells = profile.cells()
+                    kept = sum(cell_file(out, s, c.id).exists() for s, c in cells)
+                    raise Interrupted(out, kept, len(cells)) from None
     return table, int(pd.read_csv(table, usecols=["violation"])["violation"].sum())
+
+
+@contextlib.contextmanager
+def _shielded_cleanup():
+    """Yields ``shield``: called at the first Ctrl-C, it ignores further ones until the cleanup (temp
+    files, the lock, the cluster's shutdown) has run to its end, when the handler is restored. A
+    second Ctrl-C would otherwise cut that cleanup with a traceback and leave the lock or a temp file
+    behind; it is short."""
+    saved = []
+
+    def shield() -> None:
+        try:
+            saved.append(signal.signal(signal.SIGINT, signal.SIG_IGN))
+        except ValueError:  # not the main thread (a library caller): nothing to protect from here
+            pass
+
+    try:
+        yield shield
+    finally:
+        if saved:
+            signal.signal(signal.SIGINT, saved[0])
 
 
 def _cluster(workers: int | None, scheduler: str | None):

@@ -8,13 +8,11 @@ from collections.abc import Callable
 
 import torch
 
-import bounds
 from attacks.margin import attack_margin
-from bounds import crown
 from bounds import jacobian as jac
 from bounds import lofast as lf
 from bounds.network import network_bounds
-from bounds.registry import CASCADE
+from bounds.registry import CASCADE, unavailable
 from bounds.taylor import sigma_J
 from models import Stack
 from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
@@ -67,8 +65,8 @@ def crown_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) 
     """CROWN (and α-CROWN for task ``alpha_crown``) beside Taylor, LoFAST (ξ) and best; without
     auto_LiRPA the CROWN rows are left out (the runner says so once)."""
     names = CROWN_TASKS[cell.task]
-    if not crown.available():
-        names = [n for n in names if not bounds.get(n).check]
+    missing = unavailable()
+    names = [n for n in names if n not in missing]
     return bounds_task(cell, run, device, dtype, names=names)
 
 
@@ -151,7 +149,7 @@ def certify_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype
         _CERTIFY_MEMO.update(key=key, memo={})
     names, cascade = None, False
     if cell.task in CROWN_TASKS:  # without auto_LiRPA these are the certify task's rows (runner: a note)
-        extra = CROWN_TASKS[cell.task] if crown.available() else []
+        extra = [n for n in CROWN_TASKS[cell.task] if n not in unavailable()]
         names = [b.name for b in network_bounds()] + [n for n in extra if n != CASCADE]
         cascade = CASCADE in extra
     res = run_certify(net, images, labels, [cell.eps], names, steps=run["pgd_steps"],

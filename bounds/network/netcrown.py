@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from models.vit import ViT
 
-from ..crown import RELAXATION, _float64, _lirpa, intersect, nan_as
+from ..crown import RELAXATION, float64_lirpa, intersect, lirpa_module, nan_as
 from .propagated import ROUNDING, check_certifiable
 
 METHODS = {"crown": "CROWN", "alpha_crown": "alpha-CROWN"}
@@ -69,8 +69,8 @@ class TracedViT(nn.Module):
         the module, shaped by their batch, and CROWN on a later batch of another size fails on them."""
         held = getattr(self, "_bounded", None)
         if held is None or held[0] != device or not keep:
-            lirpa = _lirpa()
-            with _float64():
+            lirpa = lirpa_module()
+            with float64_lirpa():
                 self.to(device)
                 like = torch.zeros(1, self.M.shape[0], dtype=torch.float64, device=device)
                 held = (device, lirpa.BoundedModule(self, like, device=device, verbose=0))
@@ -134,7 +134,7 @@ def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "cr
     intersected with CROWN's bounds) on the margins of ``images`` [B, H, W] over ‖γ‖₂ ≤ ``eps``.
     A bound that is NaN (an overflow inside the relaxation) or that auto_LiRPA cannot compute
     (:func:`_lower`) certifies nothing."""
-    lirpa = _lirpa()
+    lirpa = lirpa_module()
     from auto_LiRPA.perturbations import PerturbationLpNorm
 
     start = time.perf_counter()
@@ -144,7 +144,7 @@ def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "cr
     model = traced if traced is not None else TracedViT(net)
     C = spec(labels.to(x.device), classes)
     parts = []
-    with _float64():
+    with float64_lirpa():
         for i in range(0, B, BATCH[name]):
             bounded = model.bounded(x.device, keep=METHODS[name] == "CROWN")
             xb = lirpa.BoundedTensor(x[i:i + BATCH[name]], PerturbationLpNorm(norm=2, eps=float(eps)))

@@ -18,7 +18,7 @@ import math
 import pandas as pd
 
 from ..panels import Panel, Plot, Skip, Trace, letter, sweep
-from .trained_study import _models, _provenance, _recipe, eg
+from .trained_study import eg, model_rows, provenance, recipe
 
 CAUCHY = "cauchy_models"
 WIDE = 7.0
@@ -80,7 +80,7 @@ def _models_of(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFra
     acc = sub[sub["role"] == "accuracy"]
     if blocks.empty or acc.empty:
         raise Skip(f"no block/accuracy rows in sweep `{CAUCHY}`")
-    models = _models(sub).assign(vanilla=lambda m: m["vit_c"].isna())
+    models = model_rows(sub).assign(vanilla=lambda m: m["vit_c"].isna())
     models = models.sort_values(["vit_d", "vit_depth", "vit_heads", "vanilla", "vit_c", "vit_margin_eps"],
                                 ascending=[True, True, True, False, True, True])
     return sub, blocks, acc, models
@@ -114,7 +114,7 @@ def table_models(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         a = acc[acc["model"] == model].set_index("bound")["value"]
         b = blocks[blocks["model"] == model]
         row = {"model": model, "group": _group(m),
-               "variant": "vanilla (LayerNorm)" if m["vanilla"] else f"LayerProject, {_recipe(m)}",
+               "variant": "vanilla (LayerNorm)" if m["vanilla"] else f"LayerProject, {recipe(m)}",
                "clean": f"{a['clean']:.3f}", "PGD-20": f"{a['pgd_margin']:.3f}"}
         for k in range(depth):
             s = b.loc[b["block"] == k, "value"]
@@ -127,7 +127,7 @@ def table_models(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         f"robust accuracy at ε={eps}, and per block ({BLOCKS}) the mean (std) over test images of "
         f"σ_max of that block's Jacobian at its input (exact SVD where n·d fits, else the "
         f"matrix-free estimate); \"–\": the model has fewer blocks. Rows are grouped by width d, "
-        f"depth and heads (`group`). {pairs(models)} {_provenance(sub)}.")
+        f"depth and heads (`group`). {pairs(models)} {provenance(sub)}.")
 
 
 def fig_models(df: pd.DataFrame) -> Plot:
@@ -155,5 +155,5 @@ def fig_models(df: pd.DataFrame) -> Plot:
                       f"violin (density of log σ_max, bar: median) and every image as a point; one "
                       f"panel per model (vanilla red, LayerProject blue), one row per width d, so "
                       f"panels side by side have equal d; all panels share the log y axis. "
-                      f"{pairs(models)} {_provenance(sub)}.",
+                      f"{pairs(models)} {provenance(sub)}.",
                 (min(WIDE, 2.3 * ncols + 0.4), 2.3 * len(rows)), legend="none", sharey=True)

@@ -61,7 +61,7 @@ def eg(v: float) -> str:
     return f"{v:g}"
 
 
-def _provenance(sub: pd.DataFrame) -> str:
+def provenance(sub: pd.DataFrame) -> str:
     """Which data, how many test images and which commit the rows came from."""
     data = "/".join(sorted(set(sub["dataset"])))
     n = int(sub.loc[sub["role"] == "certify", "sample"].max() + 1) if (sub["role"] == "certify").any() \
@@ -69,13 +69,13 @@ def _provenance(sub: pd.DataFrame) -> str:
     return f"{data} test set, first {n} images; commit {commits(sub)}"
 
 
-def _recipe(m: pd.Series) -> str:
+def recipe(m: pd.Series) -> str:
     qk = "" if math.isnan(m["vit_qk"]) else f", ‖W^Q‖,‖W^K‖ ≤ {m['vit_qk']:g}"
     tr = "cross-entropy" if not m["vit_margin_eps"] else f"Lipschitz-margin ε={m['vit_margin_eps']:g}"
     return f"c={m['vit_c']:g}{qk}, {tr}"
 
 
-def _models(sub: pd.DataFrame) -> pd.DataFrame:
+def model_rows(sub: pd.DataFrame) -> pd.DataFrame:
     """One row per model: its architecture columns."""
     cols = ["model", "vit_depth", "vit_heads", "vit_d", "vit_c", "vit_qk", "vit_margin_eps",
             "vit_test_accuracy", "dataset"]
@@ -154,7 +154,7 @@ def references(df: pd.DataFrame) -> pd.DataFrame:
 
 def model_order(sub: pd.DataFrame) -> pd.DataFrame:
     """The models of the rows, margin-trained first, then by depth, heads and c."""
-    return _models(sub).sort_values(["vit_margin_eps", "vit_depth", "vit_heads", "vit_c"],
+    return model_rows(sub).sort_values(["vit_margin_eps", "vit_depth", "vit_heads", "vit_c"],
                                     ascending=[False, True, True, True])
 
 
