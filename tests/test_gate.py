@@ -5,7 +5,6 @@ states honestly) fail ``compare`` with ``x``."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -315,8 +314,7 @@ def test_crown_rows_missing_where_auto_lirpa_is_absent_are_skipped_not_failed(mo
     def absent():
         raise InputError("auto_LiRPA is not installed")
 
-    monkeypatch.setattr(compare, "BOUNDS", tuple(b if b.check is None else replace(b, check=absent)
-                                                 for b in compare.BOUNDS))
+    monkeypatch.setattr(crown, "lirpa_module", absent)  # what every bound's check asks
     j = compare.compare(base, new)
     assert set(j.loc[j["bound"].isin(["crown", "alpha_crown"]), "marker"]) == {"s"}
     assert compare.failures(j) == []
@@ -325,3 +323,161 @@ def test_crown_rows_missing_where_auto_lirpa_is_absent_are_skipped_not_failed(mo
         j = compare.compare(base, new)
         assert set(j.loc[j["bound"].isin(["crown", "alpha_crown"]), "marker"]) == {"!"}
         assert compare.failures(j) == ["!"]
+
+
+def test_a_remainder_bound_below_the_attacked_remainder_fails_compare(tmp_path, capsys):
+    """Attention's Taylor remainder (docs/bounds.md §2.3.1–2.3.2) is judged like every certified
+    bound: against the attack on the remainder itself (objective ``remainder``, its pgd_remainder
+    row); just below it, compare marks it ``x`` and fails."""
+    df = pd.read_csv(BASELINE, **READ)
+    cell = df.loc[df["bound"] == "taylor_remainder", "cell_id"].iloc[0]
+    sub = df[df["cell_id"] == cell].reset_index(drop=True)
+    assert not derive(sub)["violation"].any()
+    i = _row(sub, "bound", "taylor_remainder", sample=0)
+    assert sub.loc[i, "pgd"] == sub.loc[_row(sub, "pgd", "pgd_remainder", sample=0), "value"]
+    base = tmp_path / "base.csv"
+    sub.to_csv(base, index=False)
+    sub.loc[i, "value"] = sub.loc[i, "pgd"] * (1 - 10 * SOUND_RTOL)
+    assert derive(sub).loc[i, "violation"]
+    code, out, _ = main_inprocess(capsys, "compare", base, _new(_honest(sub), tmp_path))
+    assert code == 1 and "| x | taylor_remainder |" in out, out
+
+
+# --- baseline --update against the baseline it replaces (issue #23) -------------------------------
+
+JUDGED = ["bound", "pgd", "certify"]
+
+
+@pytest.fixture
+def previous(small, sandbox) -> Path:
+    """A baseline to replace: the small table, as an earlier update would have left it."""
+    (sandbox / "baseline").mkdir(parents=True)
+    small.to_csv(sandbox / "baseline" / "results.csv", index=False)
+    return sandbox / "baseline"
+
+
+def _looser(df: pd.DataFrame) -> pd.DataFrame:
+    """lofast_M of the one-head cell 1.5× its value: its value/PGD rises beyond any tolerance."""
+    df.loc[_row(df, "bound", "lofast_M", cell_id=EPS_CELL), "value"] *= 1.5
+    return df
+
+
+def _weaker(df: pd.DataFrame) -> pd.DataFrame:
+    """PGD on δ₂ 10 % lower, on its row and on the two bounds it is the PGD value of (whose ratios
+    rise with it: looser, too)."""
+    at = (df["cell_id"] == EPS_CELL) & (df["sample"] == 0)
+    i = _row(df, "pgd", "pgd_delta2", cell_id=EPS_CELL, sample=0)
+    df.loc[i, "value"] *= 0.9
+    df.loc[at & (df["role"] == "bound") & (df["objective"] == "delta2"), "pgd"] = df.loc[i, "value"]
+    return df
+
+
+def _finding(df: pd.DataFrame) -> pd.DataFrame:
+    """SpecFormer's published statement (a finding) broken: its value below PGD, no violation."""
+    i = _row(df, "bound", "specformer", cell_id=EPS_CELL, sample=0)
+    df.loc[i, "value"] = 0.5 * df.loc[i, "pgd"]
+    return df
+
+
+def _removed(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(index=[_row(df, "bound", b, cell_id=EPS_CELL) for b in ("naive", "lofast_xi")])
+
+
+@pytest.mark.parametrize("change,words,names", [
+    (_removed, "removed 2", "removed"),
+    (_looser, "looser 1", "looser"),
+    (_weaker, "looser 2; weaker 1", "looser,weaker"),
+    (_finding, "finding 1 (specformer)", "finding"),
+])
+def test_update_refuses_each_class_with_its_counts(change, words, names, small, previous, sandbox,
+                                                   tmp_path, capsys):
+    before = {p.name: p.read_bytes() for p in previous.iterdir()}
+    new = _new(_honest(change(small.copy())), tmp_path)
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", new)
+    one_error(code, err, f"baseline --update refused against {previous / 'results.csv'}: ")
+    assert words in err and f"accept by name with --accept {names}" in err, err
+    assert {p.name: p.read_bytes() for p in previous.iterdir()} == before
+    assert not (sandbox / "reports").exists()
+    if "," in names:  # one name is not enough when two classes are refused
+        code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", new,
+                                      "--accept", names.split(",")[0])
+        one_error(code, err, words.split("; ")[1])
+
+
+def test_accepted_by_name_the_update_goes_through_and_says_so_in_changes(small, previous, sandbox,
+                                                                          tmp_path, capsys):
+    df = _removed(_looser(small.copy())).assign(date="2031-02-03T04:05:06+00:00")
+    new = _new(_honest(df), tmp_path)
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", new,
+                                  "--accept", "removed", "--accept", "looser")
+    assert code == 0, err
+    assert (previous / "results.csv").read_bytes() == (new / "results.csv").read_bytes()
+    assert (sandbox / "reports" / "README.md").exists()
+    text = (previous / "CHANGES.md").read_text()
+    compared = int(small["role"].isin(JUDGED).sum()) - 2
+    commit = small["git_commit"].iloc[0]
+    assert text.startswith("# Changes of the committed baseline\n"), text
+    assert text.endswith(f"\n## 2031-02-03: rows of {commit}\n\n"
+                         f"- rows {len(df)}, compared {compared} (tol 0.02): better 0, worse 1, removed 2, "
+                         f"added 0\n- accepted: removed 2; looser 1\n"), text
+
+
+def test_first_update_and_the_next_append_their_entries(small, sandbox, tmp_path, capsys):
+    """With no baseline yet the entry is written without a comparison; the next one is appended."""
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", _new(small, tmp_path / "a"))
+    assert code == 0, err
+    log = sandbox / "baseline" / "CHANGES.md"
+    first = log.read_text()
+    assert f"- rows {len(small)}; the first baseline recorded here, compared with none\n" in first
+    assert first.endswith("- accepted: nothing\n"), first
+    new = _new(_honest(_finding(small.copy())), tmp_path / "b")
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", new, "--accept", "finding")
+    assert code == 0, err
+    second = log.read_text()
+    assert second.startswith(first) and second.count("\n## ") == 2, second
+    assert "better 1, worse 0, removed 0, added 0" in second and "accepted: finding 1 (specformer)" in second
+
+
+@pytest.mark.parametrize("column,value,words", [
+    ("git_dirty", True, "3 row(s) from a dirty tree (git_dirty not False)"),
+    ("git_commit", "", "3 row(s) without a git_commit"),
+])
+def test_rows_from_a_dirty_tree_need_allow_dirty(column, value, words, small, previous, sandbox, tmp_path,
+                                                 capsys):
+    df = small.copy()
+    df[column] = df[column].astype(object)
+    df.loc[:2, column] = value
+    new = _new(df, tmp_path)
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", new)
+    one_error(code, err, words)
+    assert "accept by name with --allow-dirty" in err and not (previous / "CHANGES.md").exists()
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", new, "--allow-dirty")
+    assert code == 0, err
+    assert f"- accepted: {words} (--allow-dirty)\n" in (previous / "CHANGES.md").read_text()
+
+
+@pytest.mark.parametrize("old", ["no row in common", "older schema"])
+def test_a_previous_baseline_that_cannot_be_compared_needs_accepting(old, small, previous, tmp_path, capsys):
+    other = small.assign(sweep=small["sweep"] + "_old") if old == "no row in common" else \
+        small.assign(schema_version=1)
+    other.to_csv(previous / "results.csv", index=False)
+    new = _new(small, tmp_path)
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", new)
+    one_error(code, err, "incomparable (")
+    assert ("no row in common" if old == "no row in common" else "results schema version") in err
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", new, "--accept", "incomparable")
+    assert code == 0, err
+    assert "not compared with the previous baseline" in (previous / "CHANGES.md").read_text()
+
+
+@pytest.mark.parametrize("names,words", [
+    ("removed,bogus", "--accept: unknown name 'bogus' (known: removed, looser, weaker, finding"),
+    ("violation", "--accept violation: a soundness violation is never accepted"),
+    (",", "--accept needs names"),
+])
+def test_unknown_accept_names_are_refused_before_any_work(names, words, small, previous, tmp_path, capsys):
+    before = (previous / "results.csv").read_bytes()
+    code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", _new(_removed(small.copy()),
+                                                                                tmp_path), "--accept", names)
+    one_error(code, err, words)
+    assert (previous / "results.csv").read_bytes() == before and not (previous / "CHANGES.md").exists()
