@@ -17,20 +17,10 @@ from bench.cli import baseline
 from bench.core import store
 from bench.sweep import tasks
 from bench.sweep.profiles import load_profile
-from bench.sweep.runner import run_profile
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 # root writes through chmod 555; /sys refuses even root, where it exists
 UNWRITABLE = Path("/sys/kernel") if Path("/sys/kernel").is_dir() else None
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A finished run of ONE (two cells)."""
-    d = tmp_path_factory.mktemp("finished")
-    (d / "one.toml").write_text(ONE)
-    run_profile(load_profile(str(d / "one.toml")), d / "run", "cpu")
-    return d / "run"
 
 
 @pytest.fixture

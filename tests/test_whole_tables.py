@@ -12,24 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import ONE, ROOT, main_inprocess, one_error
+from helpers import ROOT, main_inprocess, one_error
 
 from bench.cli import baseline, certify_cmd, point
 from bench.core import store, whole
-from bench.sweep.profiles import load_profile
-from bench.sweep.runner import run_profile
 from bounds import crown
 
 TINY = ROOT / "zoo" / "tiny-digits-d16-b1-h1-c0.5.safetensors"
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A finished run of ONE (two cells)."""
-    d = tmp_path_factory.mktemp("finished")
-    (d / "one.toml").write_text(ONE)
-    run_profile(load_profile(str(d / "one.toml")), d / "run", "cpu")
-    return d / "run"
 
 
 @pytest.fixture
