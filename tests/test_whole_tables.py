@@ -212,7 +212,18 @@ def test_certify_json_with_crown_is_strict_json(capsys):
     code, out, err = main_inprocess(capsys, "certify", "--model", TINY, "--limit", 2, "--eps", "0.01",
                                     "--bounds", "crown", "--pgd-steps", 2, "--pgd-restarts", 1, "--json")
     assert code == 0, err
-    assert _strict(out)["samples"]["delta"]["crown"]["0.01"] == [None, None]
+    parsed = _strict(out)
+    assert parsed["samples"]["delta"]["crown"]["0.01"] == [None, None]
+    assert "verifies the margins directly" in parsed["nulls"]["crown"]  # the null's reason
+
+
+def test_certify_json_says_why_taylor_net_has_no_delta(capsys):
+    code, out, err = main_inprocess(capsys, "certify", "--model", TINY, "--limit", 2, "--eps", "0.01",
+                                    "--bounds", "taylor_net,lofast_M", "--pgd-steps", 2, "--pgd-restarts", 1,
+                                    "--json")
+    assert code == 0, err
+    parsed = _strict(out)
+    assert set(parsed["nulls"]) == {"taylor_net"}, parsed["nulls"]
 
 
 def test_point_json_writes_non_finite_numbers_as_null(tmp_path, monkeypatch, capsys):

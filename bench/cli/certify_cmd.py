@@ -88,6 +88,19 @@ def summary(res: CertifyRun) -> dict:
     return out
 
 
+def null_reasons(res: CertifyRun) -> dict[str, str]:
+    """Why a bound's per-sample ``delta`` holds nulls in the JSON (strict JSON has no NaN): a direct
+    verification of the margins has no δ_features; any other bound's null is a value it could not
+    compute at that sample."""
+    out = {}
+    for b in res.bounds:
+        if not any(bool(torch.isnan(res.delta[(b, e)]).any()) for e in res.eps):
+            continue
+        out[b] = ("no δ_features: it verifies the margins directly (its verdict is in certified)"
+                  if b in DIRECT else "δ_features could not be computed at those samples (NaN)")
+    return out
+
+
 def per_sample(res: CertifyRun) -> dict:
     """Columns over the samples: label, margin, and per bound and ε δ and both tests; per ε PGD."""
     col = lambda t: t.tolist()
@@ -166,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
                  "device": device.type, "device_name": device_name(device), "versions": versions(),
                  "threads": torch.get_num_threads(), "bounds": res.bounds}
     if args.json:
-        print(dumps(s | {"samples": per_sample(res)}))  # NaN (CROWN's, a failed bound's) as null
+        # NaN (CROWN's δ, a failed bound's) is null; the reason beside it, per bound
+        print(dumps(s | {"nulls": null_reasons(res), "samples": per_sample(res)}))
         return 0
     print(f"{args.model}: {cfg.variant} ViT, depth {cfg.depth}, {cfg.heads} heads, d {cfg.d}, "
           f"c {cfg.constraint}; {args.dataset}, the first {res.n} test images; "
