@@ -67,8 +67,8 @@ def load_fashion_mnist(directory: Path | None = None) -> Split:
     paths = {k: directory / f for k, f in FASHION_MNIST_FILES.items()}
     missing = [p for p in paths.values() if not p.is_file()]
     if missing:
-        raise InputError(f"fashion-mnist: {missing[0]} not found; it comes from the Debian package "
-                         f"dataset-fashion-mnist (apt-get install dataset-fashion-mnist)")
+        raise InputError(f"fashion-mnist is not installed: {missing[0]} not found; it comes from the Debian "
+                         f"package dataset-fashion-mnist (apt-get install dataset-fashion-mnist)")
     arrays = {k: read_idx(p, 3 if k.endswith("images") else 1) for k, p in paths.items()}
     for part in ("train", "test"):
         if len(arrays[f"{part}_images"]) != len(arrays[f"{part}_labels"]):

@@ -62,15 +62,27 @@ def check_heads(d: int, h: int) -> int:
     return d // h
 
 
+def check_tokens(name: str, X: Tensor) -> None:
+    """Refuses an X ([n, d] or [B, n, d]) with nothing in it, saying which of its sizes is 0: a batch
+    of zero inputs and inputs of zero tokens are different mistakes in the file."""
+    shape = list(X.shape)
+    if X.dim() == 3 and shape[0] == 0:
+        raise InputError(f"{name} has shape {shape}: the batch is empty (B = 0); it needs at least one "
+                         f"input [n, d]")
+    if X.dim() in (2, 3) and shape[-2] == 0:
+        which = "its inputs have" if X.dim() == 3 else "the input has"
+        raise InputError(f"{name} has shape {shape}: {which} no tokens (n = 0); an input needs at least "
+                         f"one token")
+
+
 def as_batch(X: Tensor, d: int) -> Tensor:
     """Returns X as [B, n, d]; accepts [n, d]."""
-    if X.dim() == 2:
-        X = X.unsqueeze(0)
-    if X.dim() != 3:
+    if X.dim() not in (2, 3):
         raise InputError(f"X must be [n, d] or [B, n, d], got shape {list(X.shape)}")
     if X.shape[-1] != d:
         raise InputError(f"X has d={X.shape[-1]} but the layer has d={d}")
-    if X.shape[1] < 1 or X.shape[0] < 1:
-        raise InputError(f"X must hold at least one token, got shape {list(X.shape)}")
+    check_tokens("X", X)  # before the [n, d] → [1, n, d] below, so that the shape named is the one given
+    if X.dim() == 2:
+        X = X.unsqueeze(0)
     check_finite("X", X)
     return X

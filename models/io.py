@@ -7,15 +7,18 @@ file holds each block's tensors and metadata under the prefix ``blocks.{k}.``, p
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import secrets
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 from torch import Tensor
 
-from .errors import InputError, check_finite, check_float
+from .errors import InputError, check_finite, check_float, check_tokens
 from .layers import ACTIVATIONS, L2MHA, OLSA, DotMHA, Layer, Stack
 
 # tensor name -> (dims, as letters of h, d, e=d_h), per layer kind
@@ -30,6 +33,35 @@ OPTIONAL: dict[str, dict[str, str]] = {
     "dot": {"b_q": "he", "b_k": "he", "b_v": "he", "b_o": "d"},
 }
 BIAS_NAMES = ("b_q", "b_k", "b_v", "b_o")
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> None:
+    """Writes ``data`` through a temp file beside ``path`` and a rename: a reader sees the old file or
+    the new, never a part. The temp file is created with mode 0666, which the kernel narrows by the
+    umask, so the file gets the usual mode (mkstemp's, and safetensors' own save_file's, is 0600: a
+    model or a report the user could not share). On failure the temp file is removed and the
+    OSError raised."""
+    path = Path(path)
+    # the name ``.NAME.*.tmp`` is what bench.core.store.remove_stale_temps clears after a killed run
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with open(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def save_tensors(path: str | Path, tensors: dict[str, Tensor],
+                 metadata: dict[str, str] | None = None) -> None:
+    """A safetensors file written by :func:`write_atomic` (whole or not at all, the usual mode)."""
+    write_atomic(path, save(tensors, metadata=metadata))
 
 
 def read_file(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:
@@ -140,7 +172,7 @@ def save_layer(path: str | Path, layer: Layer | Stack) -> None:
             meta.update({f"blocks.{k}.{name}": v for name, v in m.items()})
     else:
         tensors, meta = layer_to_tensors(layer)
-    save_file(tensors, str(path), metadata=meta)
+    save_tensors(path, tensors, meta)
 
 
 def load_layer(path: str | Path) -> Layer | Stack:
@@ -176,7 +208,7 @@ def load_layer(path: str | Path) -> Layer | Stack:
 
 
 def save_input(path: str | Path, X: Tensor) -> None:
-    save_file({"X": X.detach().cpu().contiguous()}, str(path))
+    save_tensors(path, {"X": X.detach().cpu().contiguous()})
 
 
 def load_input(path: str | Path) -> Tensor:
@@ -191,5 +223,6 @@ def load_input(path: str | Path) -> Tensor:
     check_float(f"{path}: X", X)
     if X.dim() not in (2, 3):
         raise InputError(f"{path}: X must be [n, d] or [B, n, d], got shape {list(X.shape)}")
+    check_tokens(f"{path}: X", X)
     check_finite(f"{path}: X", X)
     return X.to(torch.float64)

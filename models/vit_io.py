@@ -8,10 +8,9 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from .errors import InputError, check_finite, check_float
-from .io import read_file
+from .io import read_file, save_tensors, write_atomic
 from .vit import ViT, ViTConfig
 
 FORMAT = "attnbounds-vit/1"
@@ -32,10 +31,10 @@ def save_vit(path: str | Path, net: ViT, card: dict) -> dict:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.cpu().contiguous() for k, v in net.weights().items()}
-    save_file(tensors, str(path), metadata={"format": FORMAT})
+    save_tensors(path, tensors, {"format": FORMAT})
     card = {"format": FORMAT, **card, "architecture": net.cfg.to_dict(), "weights": path.name,
             "sha256": sha256(path)}
-    card_path(path).write_text(json.dumps(card, indent=2) + "\n")
+    write_atomic(card_path(path), json.dumps(card, indent=2) + "\n")
     return card
 
 

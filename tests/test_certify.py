@@ -30,6 +30,7 @@ from models import DotMHA, InputError
 ZOO = ROOT / "zoo"
 TINY = ZOO / "tiny-digits-d16-b1-h1-c0.5.safetensors"
 D32 = ZOO / "digits-d32-b2-h2-c0.5.safetensors"
+FASHION = ZOO / "fashion-mnist-d128-b3-h4-p7-c0.5-q1-m0.01.safetensors"
 VANILLA = ZOO / "digits-d16-b2-h1-vanilla.safetensors"
 NETWORK = ["naive", "lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "specformer", "taylor",
            "best", "taylor_net", "taylor_net_lofast", "taylor_net_lofast_half"]
@@ -279,8 +280,9 @@ def test_cli_bad_input_is_one_error_line(args, words, capsys):
 
 
 def test_cli_absent_dataset_and_missing_card(monkeypatch, tmp_path, capsys):
+    # a Fashion model: a digits one is refused as the wrong model before the data is looked for
     monkeypatch.setattr(models.data, "FASHION_MNIST_DIR", tmp_path / "absent")
-    code, _, err = main_inprocess(capsys, "certify", "--model", TINY, "--dataset", "fashion-mnist")
+    code, _, err = main_inprocess(capsys, "certify", "--model", FASHION, "--dataset", "fashion-mnist")
     one_error(code, err, "dataset-fashion-mnist")
     shutil.copy(TINY, tmp_path / "m.safetensors")
     code, _, err = main_inprocess(capsys, "certify", "--model", tmp_path / "m.safetensors")

@@ -159,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
     for name in (names or []) + (["crown"] if cascade else []):
         if name in METHODS:
             network_bound(name).check()  # auto_LiRPA missing: one error line before any work
+    if args.limit is not None and args.limit < 1:  # named as the flag, not as the library's "test samples"
+        raise InputError(f"--limit must be at least 1, got {args.limit}")
     if args.seed < 0:
         raise InputError(f"--seed must be >= 0, got {args.seed}")
     if args.pgd_steps < 0 or args.pgd_restarts < 1:

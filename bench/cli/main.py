@@ -16,6 +16,7 @@ from models import InputError
 
 from ..core.env import ROOT, check_environment, keep_freed_memory, set_threads
 from ..sweep.profiles import OVERRIDES
+from . import failures
 from .certify_cmd import add_parser as add_certify_parser
 from .train_cmd import add_parser as add_train_parser
 
@@ -184,17 +185,6 @@ def _resume_command(args, out) -> str:
     return shlex.join(parts)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def _out_of_memory(e: BaseException) -> bool:
-    text = str(e)
-    return isinstance(e, getattr(torch, "OutOfMemoryError", MemoryError)) or \
-        "can't allocate memory" in text or "out of memory" in text.lower()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -243,20 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     except (torch.linalg.LinAlgError, OverflowError, FloatingPointError) as e:
         # the library refuses what overflows before and after its work (bench/sweep/evaluate.py); this is
         # the net under any computation that still fails numerically: one line, not a traceback
-        print(f"error: the computation failed numerically ({_first_line(e)}); the input, the weights or eps "
-              f"may be too large for floating point", file=sys.stderr)
+        print(failures.numerical(args.command, e), file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as e:
-        # out of memory (torch's CPU allocator raises a RuntimeError, CUDA's OutOfMemoryError is one):
-        # met with whole-network α-CROWN, ≈ 8 GB an image at one block and > 20 GB at three
-        if not isinstance(e, MemoryError) and not _out_of_memory(e):
+        # out of memory: met with whole-network α-CROWN, ≈ 8 GB an image at one block and > 20 GB at three
+        if not failures.is_out_of_memory(e):
             raise
-        print(f"error: out of memory during {args.command} ({_first_line(e)}); the problem is too large "
-              f"for this machine's memory: fewer images, a smaller model, or no alpha_crown",
-              file=sys.stderr)
+        print(failures.out_of_memory(args.command, e), file=sys.stderr)
         return 2
     except OSError as e:  # a path the library did not foresee (a full disk, a vanished directory)
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        print(failures.os_error(args.command, e), file=sys.stderr)
         return 2
     return 2

@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from models import InputError
+from models.io import write_atomic
 
 from . import gate, whole
 from .whole import MANIFEST
@@ -79,19 +80,12 @@ def writable_dir(path: Path, what: str) -> None:
 
 
 def atomic_write(path: Path, text: str | bytes) -> None:
-    """Writes through a temp file and a rename: a reader sees the old file or the new, never a part.
-    On failure the temp file is removed and the error is one InputError."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """:func:`models.io.write_atomic` (a reader sees the old file or the new, never a part; the usual
+    mode), its directory created first, its failure one InputError."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb" if isinstance(text, bytes) else "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, text)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         raise InputError(f"cannot write {path}: {e.strerror or e}") from None
 
 

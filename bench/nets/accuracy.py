@@ -22,7 +22,7 @@ from bounds.network.netcrown import METHODS, RELAXATION, TracedViT, verify
 from bounds.network.taylor_net import TaylorNet
 from bounds.registry import CASCADE, CASCADE_TN, CASCADES, TAYLOR_NET, TAYLOR_NETS
 from models import InputError, check_eps
-from models.data import load_dataset
+from models.data import SHAPES, load_dataset
 from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
 from models.vit import ViT
 from models.vit_io import load_vit
@@ -83,13 +83,28 @@ def first_test_images(dataset: str, net: ViT, limit: int | None) -> tuple[Tensor
     """The first ``limit`` test images and labels of a bundled dataset, checked against the network."""
     if limit is not None and (isinstance(limit, bool) or limit < 1):
         raise InputError(f"the number of test samples must be at least 1, got {limit}")
+    # a dataset's shape is known before it is loaded: a model of the other one is refused even where
+    # that dataset is not installed
+    if dataset in SHAPES and SHAPES[dataset] != (net.cfg.image, net.cfg.classes):
+        side, classes = SHAPES[dataset]
+        raise InputError(_mismatch(dataset, f"{side}×{side}", classes, net))
     _, _, X, y = load_dataset(dataset)
-    if tuple(X.shape[1:]) != (net.cfg.image, net.cfg.image) or int(y.max()) >= net.cfg.classes:
-        raise InputError(f"{dataset} images are {list(X.shape[1:])} with {int(y.max()) + 1} classes; "
-                         f"the model takes {net.cfg.image}×{net.cfg.image} images and {net.cfg.classes}")
+    classes = int(y.max()) + 1
+    if tuple(X.shape[1:]) != (net.cfg.image, net.cfg.image) or classes > net.cfg.classes:
+        raise InputError(_mismatch(dataset, "×".join(map(str, X.shape[1:])), classes, net))
     if limit is not None and limit > len(X):
         raise InputError(f"{dataset} has {len(X)} test images, fewer than the {limit} asked for")
     return X[:limit], y[:limit]
+
+
+def _mismatch(dataset: str, side: str, classes: int, net: ViT) -> str:
+    """Why ``net`` cannot be certified on ``dataset``, naming the bundled datasets it fits (in words,
+    not as a flag: certify's --dataset and a profile's ``dataset`` both come here)."""
+    cfg = net.cfg
+    fits = [name for name, shape in SHAPES.items() if shape == (cfg.image, cfg.classes)]
+    hint = f"use it with {' or '.join(fits)}, whose images it takes" if fits else "no bundled dataset fits it"
+    return (f"the model takes {cfg.image}×{cfg.image} images in {cfg.classes} classes, but {dataset} has "
+            f"{side} images in {classes} classes; {hint}")
 
 
 def load_model(path: str | Path) -> tuple[ViT, dict]:
