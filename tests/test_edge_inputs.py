@@ -137,10 +137,16 @@ def test_known_allocator_names_are_taken(value, profile, capsys, monkeypatch):
     ("residual = [true, true]", "axis residual lists True twice"),
     ("seed = [0, 1, 0]", "axis seed lists 0 twice"),
 ])
-def test_a_profile_axis_may_not_list_a_value_twice(line, words, tmp_path, capsys):
+def _profile_with(line: str, tmp_path) -> str:
+    """ONE with ``line`` in place of its own line for the same key, written to p.toml; the key."""
     key = line.split()[0]
     text = "\n".join(ln for ln in ONE.splitlines() if not ln.startswith(f"{key} ")) + f"\n{line}\n"
     (tmp_path / "p.toml").write_text(text)
+    return key
+
+
+def test_a_profile_axis_may_not_list_a_value_twice(line, words, tmp_path, capsys):
+    key = _profile_with(line, tmp_path)
     err = refused(capsys, tmp_path, "run", "--profile", tmp_path / "p.toml", "--out", tmp_path / "out",
                   words=words)
     assert f"profile {tmp_path / 'p.toml'}: sweep 'one': axis {key}" in err
@@ -160,9 +166,7 @@ def test_a_profile_axis_may_not_list_a_value_twice(line, words, tmp_path, capsys
     ('residual = "yes"', "residual = 'yes' is not a valid bool: expected true or false"),
 ])
 def test_a_profile_value_must_have_its_fields_toml_type(line, words, tmp_path, capsys):
-    key = line.split()[0]
-    text = "\n".join(ln for ln in ONE.splitlines() if not ln.startswith(f"{key} ")) + f"\n{line}\n"
-    (tmp_path / "p.toml").write_text(text)
+    _profile_with(line, tmp_path)
     err = refused(capsys, tmp_path, "run", "--profile", tmp_path / "p.toml", "--list", words=words)
     assert f"profile {tmp_path / 'p.toml'}: sweep 'one'" in err
 
