@@ -129,14 +129,6 @@ def test_known_allocator_names_are_taken(value, profile, capsys, monkeypatch):
 
 # --- profile axes: as the command line's lists ---------------------------------------------------
 
-@pytest.mark.parametrize("line, words", [
-    ("eps = [0.01, 0.01]", "axis eps lists 0.01 twice"),
-    ("h = [2, 2]", "axis h lists 2 twice"),
-    ('kind = ["dot", "l2", "dot"]', "axis kind lists 'dot' twice"),
-    ("x_norm = [1, 1.0]", "axis x_norm lists 1.0 twice"),
-    ("residual = [true, true]", "axis residual lists True twice"),
-    ("seed = [0, 1, 0]", "axis seed lists 0 twice"),
-])
 def _profile_with(line: str, tmp_path) -> str:
     """ONE with ``line`` in place of its own line for the same key, written to p.toml; the key."""
     key = line.split()[0]
@@ -145,6 +137,14 @@ def _profile_with(line: str, tmp_path) -> str:
     return key
 
 
+@pytest.mark.parametrize("line, words", [
+    ("eps = [0.01, 0.01]", "axis eps lists 0.01 twice"),
+    ("h = [2, 2]", "axis h lists 2 twice"),
+    ('kind = ["dot", "l2", "dot"]', "axis kind lists 'dot' twice"),
+    ("x_norm = [1, 1.0]", "axis x_norm lists 1.0 twice"),
+    ("residual = [true, true]", "axis residual lists True twice"),
+    ("seed = [0, 1, 0]", "axis seed lists 0 twice"),
+])
 def test_a_profile_axis_may_not_list_a_value_twice(line, words, tmp_path, capsys):
     key = _profile_with(line, tmp_path)
     err = refused(capsys, tmp_path, "run", "--profile", tmp_path / "p.toml", "--out", tmp_path / "out",
