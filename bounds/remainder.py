@@ -88,8 +88,10 @@ def _rows(layer: DotMHA, X: Tensor, r: Tensor) -> dict[str, Tensor]:
     A = layer.A_norm()[:, None]  # [h, 1]
     s = r * (diam[..., None] + math.sqrt(2) * (Vn + r * A)) / math.sqrt(layer.d_h)
     Yc = (Y[..., None, :, :] - (P @ Y)[..., :, None, :]).norm(dim=-1)  # [B, h, i, k]: ‖Y_k − ȳ_i‖
-    return {"sigma": sigma, "a": a, "lam": lam, "Vn": Vn, "s": s, "A": A[:, 0],
-            "C": layer.C_norm()[:, None], "diamY": Ysq.amax((-1, -2)).sqrt(), "Yc": Yc}
+    C = layer.C_norm()[:, None]
+    return {"sigma": sigma, "a": a, "lam": lam, "Vn": Vn, "s": s, "A": A[:, 0], "C": C, "P": P,
+            "v": lam.sqrt() * C * r,  # ≥ std_{p_i}(Γ C_l) over the ball (fact iv)
+            "diamY": Ysq.amax((-1, -2)).sqrt(), "Yc": Yc}
 
 
 def _assemble(rows: dict[str, Tensor], alpha: Tensor, beta: Tensor, r: Tensor, d_h: int) -> Tensor:
@@ -113,17 +115,17 @@ def local_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
     r = radius(eps, X)[:, None, None]  # [B, 1, 1]: broadcasts over heads and rows
     rows = _rows(layer, X, r)
     s, sigma = rows["s"], rows["sigma"]
-    alpha = sigma * _g2(s) + rows["lam"].sqrt() * rows["C"] * r * _g1(s)
+    alpha = sigma * _g2(s) + rows["v"] * _g1(s)
     return _assemble(rows, alpha, sigma + alpha, r, layer.d_h) * (1 + ROUND_REL)
 
 
-def _logit_gram(layer: DotMHA, X: Tensor) -> tuple[Tensor, Tensor]:
+def _logit_gram(layer: DotMHA, X: Tensor, P: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(G, P): G [B, n·h·n, n·h·n] the Gram of the centred logit functionals f̂_α, α = (i, l, k) in
     this order (δ_lik − δ̄_li = f̂_αᵀ vec Γ), in closed form from the Grams of U_l = K_l W^Q_lᵀ,
     V_l = Q_l W^K_lᵀ and the e_k − p_li (docs/bounds.md §2.3.2); P [B, h, n, n] the attention."""
     B, n, _ = X.shape
     h = layer.h
-    P = layer.attention(X)  # [B, h, n, n]
+    P = layer.attention(X) if P is None else P  # [B, h, n, n]
     Q, K = layer.queries_keys(X)
     U = K @ layer.W_q.mT  # [B, h, n, d]: U_l = K_l W^Q_lᵀ
     V = Q @ layer.W_k.mT  # V_l = Q_l W^K_lᵀ
@@ -220,7 +222,7 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
     """``‖𝒜‖r² + √(cΛ)r² + the rest`` ≥ ‖R(Γ)‖_F over ‖Γ‖_F ≤ r, [B] (docs/bounds.md §2.3.2): the
     pure-logit second-order term bounded jointly over heads and rows as the quadratic form it is
     (‖𝒜‖r², :func:`logit_form_norm`), the value term Σ_l dP_l[Γ]ΓC_l by Cauchy–Schwarz (√(cΛ) r²),
-    and what is left (Cov_p(q, Y) and the third order) the smaller of two ways, with the row
+    and what is left (Cov_p(q, Y) and the third order) the smallest of three ways, with the row
     quantities of :func:`_rows`, v_i = √λ_i‖C_l‖r and g₃(s) = ∫₀¹ ½(1−t)² e^{ts} dt:
 
     * per head, assembled over rows by :func:`_assemble`, with
@@ -228,7 +230,8 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
     * the pure-logit third order jointly over heads and rows, Σ_{l,i} c_li Var_{p_li}(u_li) with
       c_li = (1 + 3/(2√2)) s_li diam(Y_l) g₃(s_li), its δ part a weighted λ_max of the logit Gram
       (:func:`_weighted_spread`) so that heads and rows share Γ's energy; the rest per head as above
-      without that term.
+      without that term;
+    * under the clean row (:func:`_zform_rest`).
 
     +inf where h·n² > QUAD_LIMIT."""
     B, n, _ = X.shape
@@ -237,28 +240,27 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
         return torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
     rows = _rows(layer, X, r)
     s, sigma, lam = rows["s"], rows["sigma"], rows["lam"]
-    value = lam.sqrt() * rows["C"] * r  # ≥ std_{p_i}(Γ C_l) over the ball
+    value = rows["v"]
     third = 1.75 * s.square() * _g3(s) * sigma  # × std(u): the pure-logit third order, per row
     beta = sigma * (1 + 1.5 * s) + value + _g2(s) * value  # × std(q)
     per_head = _assemble(rows, third + _g2(s) * value, beta + third, r, layer.d_h).sum(-1)
-    G, P = _logit_gram(layer, X)
+    G, P = _logit_gram(layer, X, rows["P"])
     # jointly: Σ_{l,i} c_li Var(u_li) ≤ (√(Σ c Var δ) + √(Σ c Var q))², Var(q_li) ≤ λ_li‖A_l‖²r²‖Γ_i‖²/d_h
     c = CUMULANT4 * s * rows["diamY"][..., None] * _g3(s)  # [B, h, n]
     r1 = r[:, 0, 0]
     var_q = (c * lam * rows["A"][None, :, None].square()).sum(1).amax(-1) / layer.d_h
     joint = (_weighted_spread(G, P, c).sqrt() * r1 + var_q.sqrt() * r1**2).square()
     joint = joint + _assemble(rows, _g2(s) * value, beta, r, layer.d_h).sum(-1)
-    joint = torch.where(torch.isnan(joint), torch.full_like(joint, torch.inf), joint)
+    joint = _nan_inf(joint)
     zform = _zform_rest(layer, rows, G, P, r)
     form = _form_norm(layer, X, G, P)
     spread = _weighted_spread(G, P).sqrt()
     # the value term Σ_l dP_l[Γ] Γ C_l by Cauchy–Schwarz over (l, k): c = max_{i,k} Σ_l p_lik ‖C_l‖²
     cv = (P * rows["C"][None, :, :, None].square()).sum(1).amax((-1, -2))
     second = (form + cv.sqrt() * spread) * r1**2
-    out = (second + torch.minimum(torch.minimum(per_head, joint), zform)) * (1 + ROUND_REL)
     # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
     # that the smaller of the remainders (:func:`remainder`) never takes a NaN
-    return torch.where(torch.isnan(out), torch.full_like(out, torch.inf), out)
+    return _nan_inf((second + torch.minimum(torch.minimum(per_head, joint), zform)) * (1 + ROUND_REL))
 
 
 def _nan_inf(t: Tensor) -> Tensor:
@@ -277,7 +279,7 @@ def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
     perturbed values Z = ΓC (½E[x²Z̃], E[ρZ̃])."""
     s, sigma, lam = rows["s"], rows["sigma"], rows["lam"]
     r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
-    v = lam.sqrt() * rows["C"] * r  # ≥ std_p(Γ C_l)
+    v = rows["v"]
     A = rows["A"][None, :, None]  # ‖A_l‖, broadcast [1, h, 1]
     ex = torch.exp(s)
     # std(x) over the ball: the linear part's spread and q's, and never above X
@@ -302,7 +304,7 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
     up to QUAD_LIMIT. ``core`` as in :func:`global_remainder`."""
     glob = global_remainder(layer, X, eps, core)
     local = local_remainder(layer, X, eps) + ROUND_ABS * glob
-    local = torch.where(torch.isnan(local), torch.full_like(local, torch.inf), local)  # overflowed
+    local = _nan_inf(local)
     out = torch.minimum(glob, local).sum(-1)
     n, d = X.shape[-2:]
     if quadratic or (quadratic is None and layer.h * n * n <= n * d):
