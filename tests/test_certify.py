@@ -267,6 +267,11 @@ def test_cli_table(capsys):
     (["--limit", "0"], "at least 1"),
     (["--limit", "-2"], "at least 1"),
     (["--limit", "451"], "fewer than"),
+    (["--offset", "-1"], "--offset must be at least 0"),
+    (["--offset", "449"], "fewer than the 2 asked for from index 449"),
+    (["--offset", "450"], "fewer than the 2 asked for from index 450"),
+    (["--sample", "0"], "--sample must be at least 1"),
+    (["--sample", "3"], "without --limit and --offset"),
     (["--dataset", "mnist"], "unknown dataset"),
     (["--pgd-restarts", "0"], "--pgd-restarts"),
     (["--threads", "0"], "--threads"),
@@ -277,6 +282,41 @@ def test_cli_bad_input_is_one_error_line(args, words, capsys):
     code, out, err = main_inprocess(capsys, "certify", *[x for kv in base.items() for x in kv])
     one_error(code, err, words)
     assert out == ""
+
+
+def test_cli_offset_and_sample_choose_the_images_and_say_which(capsys):
+    """--offset N --limit K certifies test images N..N+K-1 and --sample K a seeded draw without
+    replacement; the JSON names each image by its index in the test set, and the labels and clean
+    margins are those images' own (read apart from the CLI, through the dataset)."""
+    from bench.nets.accuracy import load_model
+    from models.data import load_dataset
+
+    _, _, X, y = load_dataset("digits")
+    net, _ = load_model(TINY)
+    with torch.no_grad():
+        logits = net(X.to(torch.float64))
+    own = logits.gather(1, y[:, None])[:, 0]
+    clean = own - logits.scatter(1, y[:, None], -torch.inf).amax(1)
+
+    def run(*args):
+        code, out, err = main_inprocess(capsys, "certify", "--model", TINY, "--eps", "0.01", "--bounds",
+                                        "lofast_M", "--pgd-steps", 2, "--pgd-restarts", 1, "--json", *args)
+        assert code == 0, err
+        return json.loads(out)
+
+    s = run("--offset", 440, "--limit", 10)
+    assert s["samples"]["index"] == list(range(440, 450)) and s["meta"]["offset"] == 440
+    assert s["samples"]["label"] == y[440:].tolist()
+    assert torch.allclose(torch.tensor(s["samples"]["margin"], dtype=torch.float64), clean[440:])
+    draws = [run("--sample", 6, "--seed", seed)["samples"]["index"] for seed in (1, 1, 2)]
+    assert draws[0] == draws[1] != draws[2]
+    for idx in draws:
+        assert len(set(idx)) == 6 and idx == sorted(idx) and 0 <= idx[0] and idx[-1] < len(y)
+    t = run("--sample", 6, "--seed", 2)
+    assert t["samples"]["label"] == y[draws[2]].tolist() and t["meta"]["sample"] == 6
+    code, out, _ = main_inprocess(capsys, "certify", "--model", TINY, "--eps", "0.01", "--bounds",
+                                  "lofast_M", "--pgd-steps", 1, "--offset", 445)
+    assert code == 0 and "test images 445–449" in out
 
 
 def test_cli_absent_dataset_and_missing_card(monkeypatch, tmp_path, capsys):

@@ -296,3 +296,36 @@ def test_cli_margin_training_records_its_recipe_and_retrains_bit_for_bit(tmp_pat
     assert "--qk-constraint 0.5 --margin-eps 0.01" in card["command"]
     again, _ = train_from_card(card)
     assert all(torch.equal(v, again.weights()[k]) for k, v in net.weights().items())
+
+
+def test_an_interrupted_training_resumes_to_the_same_bits(tmp_path, monkeypatch):
+    """A run stopped after its first epoch and started again from its checkpoint ends with the weights
+    of a run never stopped (batch order, optimizer and schedule restored), keeps the first epoch's
+    test accuracy, and refuses a checkpoint of another recipe by name."""
+    import bench.nets.train as tr
+
+    cfg = ViTConfig(image=8, classes=10, d=8, depth=1, heads=2, ffn=12, patch=2)
+    kw = {"seed": 3, "epochs": 2, "batch_size": 256, "progress": False, "margin_eps": 0.01}
+    whole, _ = tr.train(cfg, "digits", **kw)
+    ckpt = tmp_path / "m.safetensors.ckpt"
+    calls = []
+    real = tr.accuracy
+
+    def stop_in_epoch_two(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(tr, "accuracy", stop_in_epoch_two)
+    with pytest.raises(KeyboardInterrupt):
+        tr.train(cfg, "digits", checkpoint=ckpt, **kw)
+    monkeypatch.setattr(tr, "accuracy", real)
+    assert torch.load(ckpt, weights_only=False)["epoch"] == 1
+    resumed, card = tr.train(cfg, "digits", checkpoint=ckpt, **kw)
+    a, b = whole.state_dict(), resumed.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert len(card["epoch_test_accuracy"]) == 2
+    assert card["epoch_test_accuracy"][-1] == round(card["test_accuracy"], 4)
+    with pytest.raises(InputError, match=r"another recipe .*seed"):
+        tr.train(cfg, "digits", checkpoint=ckpt, **{**kw, "seed": 4})

@@ -22,10 +22,10 @@ from ..core.gate import DIRECT
 from ..core.jsonout import dumps
 from ..nets.accuracy import (
     CertifyRun,
-    first_test_images,
     load_model,
     parse_eps,
     run_certify,
+    test_images,
 )
 from ..sweep.cases import num
 
@@ -43,12 +43,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    f"where {TAYLOR_NET} runs): {CASCADE_FIRST} on "
                    "every image, whole-network CROWN on the correctly classified ones it leaves uncertified "
                    "(needs auto_LiRPA)")
-    c.add_argument("--limit", type=int, default=None, help="the first N test images (default all)")
+    c.add_argument("--limit", type=int, default=None, help="the first N test images (default all; from "
+                   "--offset on where given)")
+    c.add_argument("--offset", type=int, default=0, metavar="N",
+                   help="skip the first N test images (default 0)")
+    c.add_argument("--sample", type=int, default=None, metavar="N",
+                   help="N test images drawn at random without replacement, from --seed (instead of "
+                        "--limit/--offset); their indices are in the JSON")
     c.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     c.add_argument("--pgd-steps", type=int, default=100, help="PGD steps (PGD-20: 20; default 100)")
     c.add_argument("--pgd-restarts", type=int, default=8, help="random starts (default 8; plus one "
                    "along -∇margin)")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=int, default=0, help="PGD's random starts and --sample's draw (default 0)")
     c.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     c.add_argument("--threads", dest="certify_threads", type=int, default=None, metavar="N",
                    help="torch CPU threads (default: the global --threads, else 1)")
@@ -101,10 +107,12 @@ def null_reasons(res: CertifyRun) -> dict[str, str]:
     return out
 
 
-def per_sample(res: CertifyRun) -> dict:
-    """Columns over the samples: label, margin, and per bound and ε δ and both tests; per ε PGD."""
+def per_sample(res: CertifyRun, index: torch.Tensor) -> dict:
+    """Columns over the samples: the test-set index, label, margin, and per bound and ε δ and both
+    tests; per ε PGD."""
     col = lambda t: t.tolist()
-    return {"label": col(res.labels), "margin": col(res.margin), "correct": col(res.correct),
+    return {"index": col(index), "label": col(res.labels), "margin": col(res.margin),
+            "correct": col(res.correct),
             "delta": {b: {_key(e): col(res.delta[(b, e)]) for e in res.eps} for b in res.bounds},
             "certified": {b: {_key(e): col(res.pairwise[(b, e)]) for e in res.eps} for b in res.bounds},
             "certified_prop1": {b: {_key(e): col(res.prop1[(b, e)]) for e in res.eps} for b in res.bounds},
@@ -159,8 +167,13 @@ def run(args: argparse.Namespace) -> int:
     for name in (names or []) + (["crown"] if cascade else []):
         if name in METHODS:
             network_bound(name).check()  # auto_LiRPA missing: one error line before any work
-    if args.limit is not None and args.limit < 1:  # named as the flag, not as the library's "test samples"
-        raise InputError(f"--limit must be at least 1, got {args.limit}")
+    # named as the flags, not as the library's words, and before the model or the data is read
+    for flag, value, least in (("--limit", args.limit, 1), ("--offset", args.offset, 0),
+                               ("--sample", args.sample, 1)):
+        if value is not None and value < least:
+            raise InputError(f"{flag} must be at least {least}, got {value}")
+    if args.sample is not None and (args.limit is not None or args.offset):
+        raise InputError("--sample draws from the whole test set: give it without --limit and --offset")
     if args.seed < 0:
         raise InputError(f"--seed must be >= 0, got {args.seed}")
     if args.pgd_steps < 0 or args.pgd_restarts < 1:
@@ -169,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     net, card = load_model(args.model)
     check_certifiable(net)
-    images, labels = first_test_images(args.dataset, net, args.limit)
+    images, labels, index = test_images(args.dataset, net, args.limit, offset=args.offset,
+                                        sample=args.sample, seed=args.seed)
     res = run_certify(net, images, labels, eps, names, steps=args.pgd_steps, restarts=args.pgd_restarts,
                       seed=args.seed, device=device, progress=True, cascade=cascade)
     s = summary(res)
@@ -177,15 +191,19 @@ def run(args: argparse.Namespace) -> int:
     s["meta"] = {"model": str(args.model), "card": {k: card.get(k) for k in (
                      "dataset", "variant", "constraint", "ffn_constraint", "test_accuracy", "sha256")},
                  "architecture": cfg.to_dict(), "dataset": args.dataset, "n": res.n, "eps": eps,
+                 "offset": args.offset, "sample": args.sample,
                  "pgd_steps": args.pgd_steps, "pgd_restarts": args.pgd_restarts, "seed": args.seed,
                  "device": device.type, "device_name": device_name(device), "versions": versions(),
                  "threads": torch.get_num_threads(), "bounds": res.bounds}
     if args.json:
         # NaN (CROWN's δ, a failed bound's) is null; the reason beside it, per bound
-        print(dumps(s | {"nulls": null_reasons(res), "samples": per_sample(res)}))
+        print(dumps(s | {"nulls": null_reasons(res), "samples": per_sample(res, index)}))
         return 0
+    which = (f"{res.n} test images drawn with seed {args.seed}" if args.sample is not None else
+             f"the first {res.n} test images" if not args.offset else
+             f"test images {args.offset}–{args.offset + res.n - 1}")
     print(f"{args.model}: {cfg.variant} ViT, depth {cfg.depth}, {cfg.heads} heads, d {cfg.d}, "
-          f"c {cfg.constraint}; {args.dataset}, the first {res.n} test images; "
+          f"c {cfg.constraint}; {args.dataset}, {which}; "
           f"clean accuracy {s['clean_accuracy']:.4f}")
     print(f"PGD on the margin: {args.pgd_steps} steps, {args.pgd_restarts} random starts + 1 along -∇margin, "
           f"seed {args.seed}; ε is the ℓ2 radius over the image (pixels in [0, 1])\n")

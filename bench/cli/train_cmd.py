@@ -17,7 +17,7 @@ from models.vit import ViTConfig
 from models.vit_io import card_path, save_vit
 
 from ..core.env import ROOT, set_threads
-from ..nets.train import BATCH_SIZE, DEFAULTS, HEAD_LR_SCALE, LR, command, model_name, train
+from ..nets.train import BATCH_SIZE, DEFAULTS, HEAD_LR_SCALE, LR, checkpoint_path, command, model_name, train
 from ..nets.zoo import train_zoo
 
 # where a single model goes by default: git-ignored, so that trying README's commands leaves the
@@ -75,7 +75,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help="the head's learning rate over --lr (default 10)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--out", default=None, help="weights file (default results/latest/zoo/<name>."
-                    "safetensors, git-ignored); the card goes beside it as <name>.json")
+                    "safetensors, git-ignored); the card goes beside it as <name>.json; an "
+                    "interrupted run resumes from <out>.ckpt, kept there after every epoch")
     tr.add_argument("--force", action="store_true",
                     help="overwrite --out and its card if they exist (refused otherwise)")
     tr.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -156,8 +157,9 @@ def run(args: argparse.Namespace) -> int:
     epochs = args.epochs if args.epochs is not None else DEFAULTS[args.dataset]["epochs"]
     net, card = train(cfg, args.dataset, seed=args.seed, epochs=epochs, batch_size=args.batch_size,
                       lr=args.lr, head_lr_scale=args.head_lr_scale, margin_eps=args.margin_eps,
-                      device=args.device)
+                      device=args.device, checkpoint=checkpoint_path(out))
     card = save_vit(out, net, {**card, "command": command(cfg, card, out)})
+    checkpoint_path(out).unlink(missing_ok=True)  # the model is whole: nothing left to resume
     print(f"model: {out} (test accuracy {card['test_accuracy']:.4f}, {card['train_seconds']:.1f} s on "
           f"{card['device_name']})")
     return 0

@@ -81,8 +81,27 @@ def parse_eps(text: str) -> list[float]:
 
 def first_test_images(dataset: str, net: ViT, limit: int | None) -> tuple[Tensor, Tensor]:
     """The first ``limit`` test images and labels of a bundled dataset, checked against the network."""
-    if limit is not None and (isinstance(limit, bool) or limit < 1):
-        raise InputError(f"the number of test samples must be at least 1, got {limit}")
+    X, y, _ = test_images(dataset, net, limit)
+    return X, y
+
+
+def _count(value: int | None, name: str, least: int) -> None:
+    if value is not None and (isinstance(value, bool) or value < least):
+        raise InputError(f"{name} must be at least {least}, got {value}")
+
+
+def test_images(dataset: str, net: ViT, limit: int | None = None, *, offset: int = 0,
+                sample: int | None = None, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """Test images [B, H, W], labels [B] and their indices in the test set [B] of a bundled dataset,
+    checked against the network: the ``limit`` images from index ``offset`` on (all of them without
+    ``limit``), or with ``sample`` a uniform draw of that many without replacement (``torch.randperm``
+    from ``seed``, indices in ascending order), so a reader can cite which images were certified."""
+    _count(limit, "the number of test samples", 1)
+    _count(offset, "the offset", 0)
+    _count(sample, "the sample size", 1)
+    if sample is not None and (limit is not None or offset):
+        raise InputError("a random sample is drawn from the whole test set: give the sample size "
+                         "alone, without a limit or an offset")
     # a dataset's shape is known before it is loaded: a model of the other one is refused even where
     # that dataset is not installed
     if dataset in SHAPES and SHAPES[dataset] != (net.cfg.image, net.cfg.classes):
@@ -92,9 +111,17 @@ def first_test_images(dataset: str, net: ViT, limit: int | None) -> tuple[Tensor
     classes = int(y.max()) + 1
     if tuple(X.shape[1:]) != (net.cfg.image, net.cfg.image) or classes > net.cfg.classes:
         raise InputError(_mismatch(dataset, "×".join(map(str, X.shape[1:])), classes, net))
-    if limit is not None and limit > len(X):
-        raise InputError(f"{dataset} has {len(X)} test images, fewer than the {limit} asked for")
-    return X[:limit], y[:limit]
+    want = sample if sample is not None else (limit or 0) + offset
+    if want > len(X) or offset >= len(X):
+        what = (f"a sample of {sample}" if sample is not None else
+                f"images from index {offset}" if limit is None else
+                f"the {limit} asked for from index {offset}" if offset else f"the {limit} asked for")
+        raise InputError(f"{dataset} has {len(X)} test images, fewer than {what}")
+    if sample is not None:
+        idx = torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))[:sample].sort().values
+    else:
+        idx = torch.arange(offset, len(X) if limit is None else offset + limit)
+    return X[idx], y[idx], idx
 
 
 def _mismatch(dataset: str, side: str, classes: int, net: ViT) -> str:

@@ -102,12 +102,48 @@ def accuracy(net: ViT, X: Tensor, y: Tensor, batch: int = 2048) -> float:
     return hits / len(X)
 
 
+def checkpoint_path(out: str | Path) -> Path:
+    """Where a training run into ``out`` keeps its state between epochs: ``<out>.ckpt`` beside it."""
+    out = Path(out)
+    return out.with_name(out.name + ".ckpt")
+
+
+def _save_state(path: Path, state: dict) -> None:
+    """torch.save through a temporary file and a rename: an interrupted save leaves the previous
+    epoch's checkpoint whole."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _resume(path: Path | None, recipe: dict) -> dict | None:
+    """The state of an interrupted run of the same recipe, or None; a checkpoint of another recipe is
+    refused by name (resuming it would train a model the card does not describe)."""
+    if path is None or not path.exists():
+        return None
+    try:
+        state = torch.load(path, weights_only=False)
+    except Exception as e:  # a truncated or foreign file: say which, never train from it
+        raise InputError(f"checkpoint {path} cannot be read ({type(e).__name__}); remove it to "
+                         f"start over") from None
+    if state.get("recipe") != recipe:
+        diff = sorted(k for k in recipe if state.get("recipe", {}).get(k) != recipe[k])
+        raise InputError(f"checkpoint {path} is of another recipe (differs in {', '.join(diff)}); "
+                         f"remove it to start over, or train with its recipe")
+    return state
+
+
 def train(cfg: ViTConfig, dataset: str, *, seed: int = 0, epochs: int = 30, batch_size: int = BATCH_SIZE,
           lr: float = LR, head_lr_scale: float = HEAD_LR_SCALE, margin_eps: float = 0.0,
-          device: str = "cpu", progress: bool = True) -> tuple[ViT, dict]:
+          device: str = "cpu", progress: bool = True,
+          checkpoint: str | Path | None = None) -> tuple[ViT, dict]:
     """Adam with a cosine schedule on the cross-entropy, in float64 (the weights certified later are
     exactly the trained ones; these networks are small enough that float64 costs little). Returns the
-    network (eval mode) and its card (without the file fields that ``save_vit`` adds)."""
+    network (eval mode) and its card (without the file fields that ``save_vit`` adds).
+
+    With ``checkpoint``, the whole state (weights, optimizer, schedule, batch order, per-epoch test
+    accuracy) is saved there after every epoch and a run of the same recipe resumes from it, with
+    the bits an uninterrupted run would have; the file is removed once training ends."""
     for name, v in (("epochs", epochs), ("batch size", batch_size)):
         if v < 1:
             raise InputError(f"{name} must be at least 1, got {v}")
@@ -127,6 +163,10 @@ def train(cfg: ViTConfig, dataset: str, *, seed: int = 0, epochs: int = 30, batc
         raise InputError(f"{dataset} images are {list(X_tr.shape[1:])} with {int(y_tr.max()) + 1} classes, "
                          f"the architecture expects {cfg.image}×{cfg.image} and {cfg.classes}")
     X_tr, y_tr, X_te, y_te = (t.to(dev) for t in (X_tr, y_tr, X_te, y_te))
+    recipe = {"architecture": cfg.to_dict(), "dataset": dataset, "seed": seed, "epochs": epochs,
+              "batch_size": batch_size, "lr": lr, "head_lr_scale": head_lr_scale, "margin_eps": margin_eps}
+    checkpoint = None if checkpoint is None else Path(checkpoint)
+    state = _resume(checkpoint, recipe)
     with deterministic(dev):
         torch.manual_seed(seed)
         net = ViT(cfg).to(device=dev, dtype=torch.float64)  # drawn on the CPU, so the same on every device
@@ -136,10 +176,18 @@ def train(cfg: ViTConfig, dataset: str, *, seed: int = 0, epochs: int = 30, batc
         rest = [p for n, p in net.named_parameters() if not n.startswith("head.")]
         opt = torch.optim.Adam([{"params": rest}, {"params": head, "lr": lr * head_lr_scale}], lr=lr)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * steps)
-        bar = tqdm(range(epochs), desc=model_name(dataset, cfg, margin_eps), file=sys.stderr,
-                   disable=not progress)
-        start = time.perf_counter()
-        for _ in bar:
+        history: list[float] = []  # test accuracy after each epoch: how far more epochs would take it
+        done, spent = 0, 0.0
+        if state is not None:
+            net.load_state_dict(state["net"])
+            opt.load_state_dict(state["opt"])
+            schedule.load_state_dict(state["schedule"])
+            order.set_state(state["order"])
+            done, spent, history = state["epoch"], state["seconds"], state["history"]
+        bar = tqdm(range(done, epochs), desc=model_name(dataset, cfg, margin_eps), file=sys.stderr,
+                   disable=not progress, initial=done, total=epochs)
+        start = time.perf_counter() - spent
+        for epoch in bar:
             net.train()
             perm = torch.randperm(len(X_tr), generator=order).to(dev)
             total = 0.0
@@ -151,7 +199,16 @@ def train(cfg: ViTConfig, dataset: str, *, seed: int = 0, epochs: int = 30, batc
                 opt.step()
                 schedule.step()
                 total += float(loss.detach()) * len(idx)
-            bar.set_postfix(loss=f"{total / len(X_tr):.4f}")
+            if checkpoint is not None:  # the test pass is paid only by runs that keep a history
+                tick = time.perf_counter()
+                history.append(accuracy(net, X_te, y_te))
+                start += time.perf_counter() - tick  # train_seconds counts training only
+                _save_state(checkpoint, {"recipe": recipe, "epoch": epoch + 1, "net": net.state_dict(),
+                                         "opt": opt.state_dict(), "schedule": schedule.state_dict(),
+                                         "order": order.get_state(), "history": history,
+                                         "seconds": time.perf_counter() - start})
+            bar.set_postfix(loss=f"{total / len(X_tr):.4f}",
+                            **({"test": f"{history[-1]:.4f}"} if history else {}))
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         seconds = time.perf_counter() - start
@@ -165,6 +222,7 @@ def train(cfg: ViTConfig, dataset: str, *, seed: int = 0, epochs: int = 30, batc
                          + ("cross-entropy" if not margin_eps else
                             "cross-entropy on Lipschitz-margin logits (bench/nets/train.py: margin_loss)"),
             "test_accuracy": test_acc, "train_accuracy": train_acc, "n_test": len(X_te),
+            **({"epoch_test_accuracy": [round(a, 4) for a in history]} if history else {}),
             "train_seconds": round(seconds, 3), "device": dev.type, "device_name": device_name(dev),
             "cpu_kernels": cpu_kernels(), "threads": torch.get_num_threads(), "suite_version": __version__,
             "torch_version": torch.__version__,
