@@ -218,7 +218,7 @@ QUAD_LIMIT = 1536  # h·n² above which the quadratic form's eigenproblem is ski
 CUMULANT4 = 1 + 3 / (2 * math.sqrt(2))
 
 
-def quadratic_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
+def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None) -> Tensor:
     """``‖𝒜‖r² + √(cΛ)r² + the rest`` ≥ ‖R(Γ)‖_F over ‖Γ‖_F ≤ r, [B] (docs/bounds.md §2.3.2): the
     pure-logit second-order term bounded jointly over heads and rows as the quadratic form it is
     (‖𝒜‖r², :func:`logit_form_norm`), the value term Σ_l dP_l[Γ]ΓC_l by Cauchy–Schwarz (√(cΛ) r²),
@@ -233,7 +233,9 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
       without that term;
     * under the clean row (:func:`_zform_rest`).
 
-    +inf where h·n² > QUAD_LIMIT."""
+    +inf where h·n² > QUAD_LIMIT. ``cache`` (a dict, empty at first) keeps ‖𝒜‖ and √Λ, which depend
+    on the clean point alone, for calls at other radii on the same layer and X: two of the four
+    eigenproblems of a call."""
     B, n, _ = X.shape
     r = radius(eps, X)[:, None, None]
     if layer.h * n * n > QUAD_LIMIT:
@@ -253,8 +255,11 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
     joint = joint + _assemble(rows, _g2(s) * value, beta, r, layer.d_h).sum(-1)
     joint = _nan_inf(joint)
     zform = _zform_rest(layer, rows, G, P, r)
-    form = _form_norm(layer, X, G, P)
-    spread = _weighted_spread(G, P).sqrt()
+    if cache is None or "form" not in cache:
+        clean = {"form": _form_norm(layer, X, G, P), "spread": _weighted_spread(G, P).sqrt()}
+        if cache is not None:
+            cache.update(clean)
+    form, spread = (cache or clean)["form"], (cache or clean)["spread"]
     # the value term Σ_l dP_l[Γ] Γ C_l by Cauchy–Schwarz over (l, k): c = max_{i,k} Σ_l p_lik ‖C_l‖²
     cv = (P * rows["C"][None, :, :, None].square()).sum(1).amax((-1, -2))
     second = (form + cv.sqrt() * spread) * r1**2
@@ -295,18 +300,19 @@ def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
 
 
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
-              quadratic: bool | None = None) -> Tensor:
+              quadratic: bool | None = None, cache: dict | None = None) -> Tensor:
     """A certified bound of ‖F(X+Γ) − F(X) − J_F(X)[Γ]‖_F over ‖Γ‖_F ≤ r, [B]: each head's share by
     the smaller of :func:`global_remainder` and :func:`local_remainder` (both bound the same head's
     term, docs/bounds.md §2.3.1), summed over heads, and the smaller of that and
     :func:`quadratic_remainder`. ``quadratic`` None takes the quadratic form where its eigenproblem
     (h·n²) is no larger than the Jacobian's (n·d), which ``taylor`` pays anyway; False never, True
-    up to QUAD_LIMIT. ``core`` as in :func:`global_remainder`."""
+    up to QUAD_LIMIT. ``core`` as in :func:`global_remainder`, ``cache`` as in
+    :func:`quadratic_remainder`."""
     glob = global_remainder(layer, X, eps, core)
     local = local_remainder(layer, X, eps) + ROUND_ABS * glob
     local = _nan_inf(local)
     out = torch.minimum(glob, local).sum(-1)
     n, d = X.shape[-2:]
     if quadratic or (quadratic is None and layer.h * n * n <= n * d):
-        out = torch.minimum(out, quadratic_remainder(layer, X, eps) + ROUND_ABS * glob.sum(-1))
+        out = torch.minimum(out, quadratic_remainder(layer, X, eps, cache) + ROUND_ABS * glob.sum(-1))
     return out

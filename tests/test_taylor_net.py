@@ -165,6 +165,22 @@ def test_a_tighter_attention_remainder_certifies_more_on_sharp_attention():
     assert not (tn.certify(0.01, "lofast_half").certified & broken).any()
 
 
+def test_the_clean_parts_kept_across_eps_change_no_bit():
+    """The remainder's parts that depend on the clean point alone are computed once per block and
+    image and reused at every other ε: a certificate after others equals a fresh one, bit for bit,
+    and the second pass (which asks for them) ran on some image."""
+    net, _ = load_vit(SHARP)
+    x, y = first_test_images("digits", net, 6)
+    x = x.double()
+    warm = TaylorNet(net, x, y)
+    for eps in (0.02, 0.005):
+        warm.certify(eps)
+    assert any(warm.clean_parts.values())
+    for eps in (0.01, 0.02):
+        a, b = warm.certify(eps), TaylorNet(net, x, y).certify(eps)
+        assert torch.equal(a.lower, b.lower) and torch.equal(a.certified, b.certified)
+
+
 @pytest.mark.parametrize("biases", [False, True])
 def test_the_operator_forms_match_dense_independent_constructions(biases):
     """J_F(X)[Γ], J_F(X)ᵀΛ, Δ₁[Γ] and Δ₁ᵀΛ as taylor_net applies them, against the Jacobian by

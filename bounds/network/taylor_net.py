@@ -212,12 +212,14 @@ SPLITS = ("taylor", "lofast", "lofast_half")
 
 
 def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | None = None,
-              split: str = "taylor", quadratic: bool | None = None) -> DeviationSet:
+              split: str = "taylor", quadratic: bool | None = None,
+              cache: dict | None = None) -> DeviationSet:
     """Attention at its clean input X [B, n, d]: Δ ↦ J[Δ] + R(Δ) with J the exact Jacobian
     (:func:`jacobian_apply`) and ‖R‖_F ≤ the Taylor remainder of docs/bounds.md §2.3 at the set's
     radius (or, with ``split`` lofast, LoFAST's Δ₁ and δ₂); E's radii and the route grow by
     :func:`jacobian_bound`. ``quadratic`` as in ``bounds.remainder.remainder`` (the second pass asks
-    for the quadratic form, docs/bounds.md §2.3.2)."""
+    for the quadratic form, docs/bounds.md §2.3.2); ``cache`` keeps its parts that depend on X alone
+    (``bounds.remainder.quadratic_remainder``)."""
     r = S.route  # the radius LayerProject left (bounds.network.zonotope.DeviationSet.radius)
     parts = attention_parts(layer, X)
     N = X.shape[-2] * X.shape[-1]
@@ -231,7 +233,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             out = S.mixed(lambda T: (T.flatten(2) @ J.mT).reshape(T.shape))
         else:
             out = S.mixed(lambda T: jacobian_apply(layer, parts, T))
-        rest = remainder(layer, X, r, quadratic=quadratic)
+        rest = remainder(layer, X, r, quadratic=quadratic, cache=cache)
     bound = jacobian_bound(layer, X, parts, J, logits=split == "taylor")
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest)
     if log is not None:
@@ -474,6 +476,9 @@ class TaylorNet:
         self.lip = net.ffn_lipschitz()
         self.embed = net.pixel_map().permute(1, 2, 0).contiguous()  # [n, d, P]: G₀, pixels to tokens
         self.embed_norm = net.embedding_norm()  # the tokens' ball: ‖E‖ε (a permutation, then E)
+        # per block and batch slice, the remainder's parts that depend on the clean tokens alone
+        # (two eigenproblems of four): computed at the first ε that needs them, reused at the others
+        self.clean_parts: dict[tuple, dict] = {}
 
     def certify(self, eps: float, split: str = "taylor") -> NetCertificate:
         """The certificate at image radius ``eps`` for every image of the batch, attention split as
@@ -528,7 +533,8 @@ class TaylorNet:
             out.append((f"project{k}", S, s))
             # the quadratic form of the remainder costs an h·n² eigenproblem: the second pass only
             S = attention(S, self.layers[k], self.inputs[k][images], k, log, split,
-                          quadratic=True if refine is not None else None)
+                          quadratic=True if refine is not None else None,
+                          cache=self.clean_parts.setdefault((k, images.start, images.stop), {}))
             out.append((f"attention{k}", S, None))
             S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine)
             out.append((f"ffn{k}", S, u))
