@@ -160,15 +160,31 @@ def test_cascade_rows_pass_the_gate_and_say_what_went_on(tiny_run):
     assert gate.derive(forged).loc[certified[0], "violation"]
 
 
-def run_certify_crown_cell(tmp_path, capsys, samples: int):
-    """A one-cell run of task certify_crown on the tiny model: (its table, the run's stderr)."""
+def run_certify_crown_cell(tmp_path, capsys, samples: int, task: str = "certify_crown"):
+    """A one-cell run of task ``task`` on the tiny model: (its table, the run's stderr)."""
     profile = tmp_path / "p.toml"
     profile.write_text('[run]\npgd_steps = 5\npgd_restarts = 1\n[[sweep]]\nname = "c"\n'
-                       'task = "certify_crown"\nmodel = "tiny-digits-d16-b1-h1-c0.5"\n'
+                       f'task = "{task}"\nmodel = "tiny-digits-d16-b1-h1-c0.5"\n'
                        f'eps = 0.02\nsamples = {samples}\n')
     code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", tmp_path / "out")
     assert code == 0, err
     return store.load(tmp_path / "out"), err
+
+
+@needs_lirpa
+def test_a_crown_cascade_cell_runs_crown_and_the_cascades_with_their_first_bounds_only(tmp_path, capsys):
+    """Task crown_cascade (CROWN on a subset of the images a certify sweep covers): CROWN, both
+    cascades, and only the bounds they start from, with the verdicts of a certify_crown cell."""
+    df, _ = run_certify_crown_cell(tmp_path, capsys, 4, task="crown_cascade")
+    cert = df[df["role"] == "certify"]
+    assert set(cert["bound"]) == {"crown", CASCADE, "naive", "taylor_net", "cascade_taylor_net_crown"}
+    (tmp_path / "full").mkdir()
+    full, _ = run_certify_crown_cell(tmp_path / "full", capsys, 4)
+    key = ["bound", "sample"]
+    both = cert.merge(full[full["role"] == "certify"], on=key, suffixes=("", "_full"))
+    assert len(both) == len(cert)
+    assert (both["certified_pairwise"] == both["certified_pairwise_full"]).all()
+    assert not gate.derive(df)["violation"].any()
 
 
 @needs_lirpa

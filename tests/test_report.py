@@ -510,6 +510,28 @@ def test_out_that_is_not_a_report_directory_is_refused(small: str, tmp_path: Pat
     assert (rep / "notes.txt").read_text() == "mine"
 
 
+def test_a_report_nested_in_a_report_is_carried_over_and_a_folder_of_notes_is_not(
+        small: str, tmp_path: Path, monkeypatch):
+    """reports/paper inside reports/: rebuilding the outer report keeps the inner one byte for byte,
+    also when the build fails; a folder that is not a report makes the outer one not ours."""
+    out = tmp_path / "rep"
+    build(small, str(out))
+    build(small, str(out / "paper"))
+    inner = _snapshot(out / "paper")
+    build(small, str(out))
+    assert _snapshot(out / "paper") == inner and (out / "README.md").exists()
+    monkeypatch.setitem(report_select.FIGURES, "scaling", lambda df: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        build(small, str(out))
+    assert _snapshot(out / "paper") == inner and _leftovers(out) == []
+    monkeypatch.undo()
+    (out / "mine").mkdir()
+    (out / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="not a report directory"):
+        build(small, str(out))
+    assert (out / "mine" / "notes.txt").read_text() == "mine"
+
+
 def test_out_at_or_under_a_file_is_refused(small: str, tmp_path: Path):
     f = tmp_path / "file.txt"
     f.write_text("x")

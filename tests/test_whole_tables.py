@@ -164,6 +164,31 @@ def test_baseline_update_seals_the_baseline(finished, sandbox, capsys):
     assert "copy the whole table again" in err and "--fresh" not in err
 
 
+def test_the_paper_profile_has_its_own_table_and_report_inside_reports(finished, tmp_path, sandbox,
+                                                                        monkeypatch, capsys):
+    """--profile paper-cpu writes results/paper and reports/paper (moved here), leaves the quick
+    baseline alone, and survives a rebuild of reports/; rows of one committed profile never replace
+    the other's table."""
+    monkeypatch.setattr(baseline, "PAPER", sandbox / "paper")
+    monkeypatch.setattr(baseline, "PAPER_REPORTS", sandbox / "reports" / "paper")
+    paper = tmp_path / "paper-run"
+    shutil.copytree(finished, paper)
+    df = pd.read_csv(paper / "results.csv")
+    df.assign(profile="paper-cpu").to_csv(paper / "bare.csv", index=False)
+    args = ("baseline", "--update", "--allow-dirty", "--from")
+    code, _, err = main_inprocess(capsys, *args, paper / "bare.csv")
+    one_error(code, err, "rows are of profile paper-cpu")
+    assert "--profile paper-cpu" in err and not (sandbox / "baseline").exists()
+    code, _, err = main_inprocess(capsys, *args, paper / "bare.csv", "--profile", "paper-cpu")
+    assert code == 0, err
+    assert (sandbox / "paper" / "results.csv").is_file() and (sandbox / "paper" / "CHANGES.md").is_file()
+    inner = (sandbox / "reports" / "paper" / "README.md").read_bytes()
+    code, _, err = main_inprocess(capsys, *args, finished)
+    assert code == 0, err
+    assert (sandbox / "reports" / "paper" / "README.md").read_bytes() == inner
+    assert (sandbox / "reports" / "README.md").is_file()
+
+
 def test_baseline_update_from_a_bare_csv_seals_it(finished, tmp_path, sandbox, capsys):
     shutil.copy(finished / "results.csv", tmp_path / "bare.csv")
     code, _, err = main_inprocess(capsys, "baseline", "--update", "--from", tmp_path / "bare.csv",

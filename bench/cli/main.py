@@ -104,10 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--allow-missing", action="store_true",
                     help="rows of BASE absent from NEW are reported (`!`) but do not fail")
 
-    bl = sub.add_parser("baseline", help="rewrite results/baseline deliberately")
+    bl = sub.add_parser("baseline", help="rewrite results/baseline (or results/paper) deliberately")
     bl.add_argument("--update", action="store_true", required=True)
+    bl.add_argument("--profile", default="quick", choices=["quick", "paper-cpu"],
+                    help="quick (default): results/baseline and reports/; paper-cpu: results/paper and "
+                         "reports/paper")
     bl.add_argument("--from", dest="source", default=None, type=_path,
-                    help="a finished run directory to copy (default: run the quick profile afresh)")
+                    help="a finished run directory to copy (default: run the profile afresh)")
     bl.add_argument("--accept", action="append", default=None, metavar="NAME[,NAME...]",
                     help="let through what the comparison with the baseline it replaces refuses: "
                          "removed, looser, weaker, finding, incomparable (recorded in "
@@ -210,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "baseline":
             from .baseline import update
 
-            print(f"baseline: {update(args.source, args.accept, args.allow_dirty, args.tol)}")
+            print(f"baseline: {update(args.source, args.accept, args.allow_dirty, args.tol, args.profile)}")
             return 0
         if args.command == "history":
             from ..report.history import run as history

@@ -3,8 +3,10 @@ filesystem), then renamed into place, so a build that fails midway leaves the pr
 and never a mix of old and new files.
 
 Only an empty directory or a previous report is ever replaced: a directory of anything else is
-refused, never deleted. A build holds an flock on its temporary directories for its whole life, so
-the next build tells a killed build's leftovers (removed) from a live one's (left alone).
+refused, never deleted. A report may hold other reports in folders of their own (reports/paper in
+reports/): rebuilding the outer one carries them over as they are. A build holds an flock on its
+temporary directories for its whole life, so the next build tells a killed build's leftovers
+(removed) from a live one's (left alone).
 """
 
 from __future__ import annotations
@@ -28,13 +30,19 @@ BUILDING, OLD = "report-building", "report-old"
 
 def _is_report(out: Path) -> bool:
     """A previous report: a README.md that starts with HEADING, and only the kinds of file a report
-    writes (a user's notes dropped into it are not ours to delete)."""
+    writes, or folders that are reports themselves (a user's notes dropped into it are not ours to
+    delete)."""
     try:
         head = (out / "README.md").read_text(errors="replace")[:len(HEADING)]
         entries = list(out.iterdir())
     except OSError:
         return False
-    return head == HEADING and all(e.is_file() and e.suffix in SUFFIXES for e in entries)
+    return head == HEADING and all(_nested(e) or (e.is_file() and e.suffix in SUFFIXES) for e in entries)
+
+
+def _nested(entry: Path) -> bool:
+    """A report inside a report (a real folder, not a link), kept when the outer one is rebuilt."""
+    return entry.is_dir() and not entry.is_symlink() and _is_report(entry)
 
 
 def check(out: Path) -> None:
@@ -45,7 +53,8 @@ def check(out: Path) -> None:
     if out.is_dir():
         if not os.access(out, os.W_OK | os.X_OK):
             raise InputError(f"--out {out} is not a writable directory")
-        if any(out.iterdir()) and not _is_report(out):
+        # a folder of reports alone (reports/paper built before reports/) takes the outer one too
+        if any(out.iterdir()) and not _is_report(out) and not all(map(_nested, out.iterdir())):
             raise InputError(f"--out {out} exists and is not a report directory (no README.md "
                              f"starting with {HEADING!r}, or files a report does not write); "
                              f"choose another --out or empty it")
@@ -103,6 +112,12 @@ def replacing(out: Path) -> Iterator[Path]:
     try:
         yield tmp
         old = None
+        # the reports nested in the previous one move into the new one first (a rename each), and
+        # back if the swap fails: they are never rebuilt here, nor lost
+        nested = [e.name for e in out.iterdir() if _nested(e) and not (tmp / e.name).exists()] \
+            if out.is_dir() else []
+        for name in nested:
+            os.rename(out / name, tmp / name)
         if out.exists():
             old = _sibling(out, OLD)
             fds.append(_hold(out))
@@ -112,6 +127,8 @@ def replacing(out: Path) -> Iterator[Path]:
         except OSError:
             if old is not None:
                 os.rename(old, out)
+            for name in nested:
+                os.rename(tmp / name, out / name)
             raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

@@ -32,9 +32,9 @@ KINDS = ("dot", "l2", "olsa")
 INPUTS = ("gauss", "fro", "proj", "data")
 PERTURB = ("none", "W_q", "W_k", "W_v", "W_o", "X")
 TASKS = ("bounds", "lofast", "totals", "scaling", "cauchy", "certify", "cauchy_model", "pretrained",
-         "cost", "crown", "alpha_crown", "certify_crown", "certify_alpha_crown")
+         "cost", "crown", "alpha_crown", "certify_crown", "certify_alpha_crown", "crown_cascade")
 # the whole-network tasks: they need ``model`` and ``dataset``
-MODEL_TASKS = ("certify", "certify_crown", "certify_alpha_crown", "cauchy_model")
+MODEL_TASKS = ("certify", "certify_crown", "certify_alpha_crown", "crown_cascade", "cauchy_model")
 # the layer tasks that also run on a trained model's first attention layer at real inputs (x = data)
 LAYER_TASKS = ("bounds", "lofast", "totals")
 PRETRAINED_LAYERS = 6  # all-MiniLM-L6-v2 (models/pretrained.py, which needs the extras to import)
@@ -71,7 +71,9 @@ class Cell:
     its first ``samples`` test images, and ignore the layer fields: ``certify`` (every network bound
     at ε with both certification tests, and PGD on the margin), ``certify_crown`` and
     ``certify_alpha_crown`` (the same, with whole-network CROWN, α-CROWN and the cascade of
-    LoFAST Table 2) and ``cauchy_model`` (per-block Jacobian σ_max, clean and PGD-20 robust accuracy
+    LoFAST Table 2), ``crown_cascade`` (CROWN and the cascades with only the bounds they start from:
+    on fewer images than a ``certify`` sweep of the same model, whose other bounds it does not
+    repeat) and ``cauchy_model`` (per-block Jacobian σ_max, clean and PGD-20 robust accuracy
     at ε).
 
     The pretrained study (``task = "pretrained"``, docs/bounds.md §1.6) reads attention sub-layer
