@@ -19,13 +19,16 @@ from test_report_pretrained import stored_rows
 import bounds
 from bench.core import store
 from bench.report import figures as report_select
+from bench.report import outdir
 from bench.report import render as report_mod
 from bench.report.draw import draw, theme
 from bench.report.figures import FIGURES
+from bench.report.panels import Parts, Skip, p_text
 from bench.report.panels import label as report_label
 from bench.report.render import build
 from bench.report.studies import taylor_study as report_taylor
-from bench.report.tables import TABLES, p_text, summary
+from bench.report.studies.certify_tables import short_labels
+from bench.report.tables import TABLES, summary
 from bench.sweep.profiles import load_profile
 from bench.sweep.runner import run_profile
 from models import InputError
@@ -205,7 +208,7 @@ def report(run_dir: Path) -> Path:
     return build(str(run_dir), str(run_dir.parent / "rep"))
 
 
-def test_build_writes_every_figure_and_table(report: Path):
+def test_build_writes_every_figure_and_table(report: Path, table: pd.DataFrame):
     readme = report
     out = readme.parent
     assert readme == out / "README.md"
@@ -215,11 +218,22 @@ def test_build_writes_every_figure_and_table(report: Path):
             f = out / f"{stem}.{ext}"
             assert f.exists() and f.stat().st_size > 0, f
         assert f"]({stem}.png)" in text, stem
-    for stem in TABLES:
-        for ext in ("md", "tex"):
-            f = out / f"{stem}.{ext}"
-            # Table 2 compares a cascade with CROWN: the tiny run has neither, and says so
-            assert (f.exists() and f.stat().st_size > 0) is (stem != "table2_cascade"), f
+    for stem, make in TABLES.items():
+        try:
+            made = make(table)
+        except Skip:  # Table 2 compares a cascade with CROWN: the tiny run has neither, and says so
+            assert stem == "table2_cascade" and not list(out.glob(f"{stem}*"))
+            continue
+        # a table in parts (Table 1: one per dataset) is written as <stem><suffix>, each listed
+        for name in [stem + p[0] for p in made.parts] if isinstance(made, Parts) else [stem]:
+            for ext in ("md", "tex"):
+                f = out / f"{name}.{ext}"
+                assert f.exists() and f.stat().st_size > 0, f
+            assert f"### {name}\n" in text, name
+    assert not (out / "table1_certified.md").exists() and (out / "table1_certified_digits.md").exists()
+    full = (out / "table1_certified_full.csv").read_text()
+    assert full.startswith("dataset,model,method,label,certificate,eps,k,n,certified_accuracy,") and \
+        "every ε: [table1_certified_full.csv](table1_certified_full.csv)" in text
     skipped = text.split("## Skipped")[-1].split("## Figures")[0] if "## Skipped" in text else ""
     assert [line[:25] for line in skipped.splitlines() if line.startswith("- ")] == [
         "- table `table2_cascade`:"]
@@ -232,8 +246,10 @@ def test_build_is_deterministic(run_dir: Path, report: Path, tmp_path: Path):
     a = report.parent
     b = build(str(run_dir), str(tmp_path / "b")).parent
     for f in sorted(a.iterdir()):
-        if f.suffix in (".md", ".tex", ".pdf"):
+        if f.suffix in (".md", ".tex", ".pdf", ".csv"):
             assert f.read_bytes() == (b / f.name).read_bytes(), f.name
+    assert list(a.glob("*.csv"))
+    outdir.check(a)  # a report with its full CSV is a report: the next build may replace it
 
 
 def test_missing_sweeps_are_skipped_and_named(run_dir: Path, tmp_path: Path):
@@ -571,13 +587,15 @@ def test_cli_report_into_a_file_exits_2(run_dir: Path, tmp_path: Path):
 def test_trained_model_figures_and_tables_read_the_stored_rows(table: pd.DataFrame):
     """LoFAST Fig. 2 / Table 1 and the Cauchy Table 1 recount the stored rows: certified accuracy
     is the mean of the pairwise verdicts, per model and ε; captions name the models and commit."""
-    tab, caption = TABLES["table1_certified"](table)
+    (suffix, tab, caption), = TABLES["table1_certified"](table).parts
     cert = table[(table["sweep"] == "certify") & (table["role"] == "certify")]
-    for (_, bound, eps), g in cert.groupby(["model", "bound", "eps"]):
-        row = tab[tab["model"].str.startswith(f"digits, {int(g['vit_depth'].iloc[0])} block")]
-        assert float(row[f"{report_label(bound)} ε={eps:g}"].iloc[0]) == pytest.approx(
+    assert suffix == "_digits" and len(tab.columns) == 2 + 2 * cert["model"].nunique()
+    labels = short_labels(sorted(cert["model"].unique()))
+    at = tab.set_index("method")
+    for (model, bound), g in cert[cert["eps"] == 0.02].groupby(["model", "bound"]):
+        assert float(at.loc[report_label(bound), f"{labels[model]}: certified"]) == pytest.approx(
             g["certified_pairwise"].mean(), abs=5e-4)
-    assert "commit" in caption and "digits" in caption
+    assert "commit" in caption and "digits" in caption and "The other ε (0.1)" in caption
     plot = FIGURES["fig2_certified_accuracy"](table)
     assert len(plot.panels) == 2 and "ε" in plot.panels[0].xlabel
     assert plot.panels[0].traces[0].x == [0.02, 0.1]

@@ -24,7 +24,7 @@ from models import InputError
 from ..core.store import writable_dir
 
 HEADING = "# Benchmark report"  # the first line of every report's README.md: what marks a report
-SUFFIXES = {".png", ".pdf", ".md", ".tex"}
+SUFFIXES = {".png", ".pdf", ".md", ".tex", ".csv"}  # .csv: a table's every number (render.py)
 BUILDING, OLD = "report-building", "report-old"
 
 

@@ -7,6 +7,7 @@ figure shows can be checked without matplotlib, and the drawing never reads the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +20,16 @@ PGD_LABEL = "PGD (lower bd.)"
 
 class Skip(Exception):
     """A figure or table whose data is not in this table."""
+
+
+@dataclass(frozen=True, eq=False)
+class Parts:
+    """One study's table in several parts, each written as ``<stem><suffix>.md`` and ``.tex`` with its
+    caption, and optionally ``full``: every number the parts were chosen from, one per row, written as
+    ``<stem>_full.csv`` (its cells already text, so the file depends on the data alone)."""
+
+    parts: tuple[tuple[str, pd.DataFrame, str], ...]  # (stem suffix, table, caption)
+    full: pd.DataFrame | None = None
 
 
 @dataclass
@@ -194,3 +205,29 @@ def pgd_trace(sub: pd.DataFrame, x: str, objective: str = "output") -> Trace | N
 
 def present(*traces: Trace | None) -> list[Trace]:
     return [t for t in traces if t is not None]
+
+
+# certificate kinds, strongest first (docs/bounds.md §2.4), then PGD's "attained" (a lower bound)
+KINDS = (*bounds.certificates.KINDS, "attained")
+
+
+def p_text(p: float) -> str:
+    """A failure probability rounded up to two digits: "p ≤ 4e-09" must not understate it."""
+    k = math.floor(math.log10(p)) - 1
+    return f"{math.ceil(p / 10.0**k * (1 - 1e-12)) * 10.0**k:.2g}"
+
+
+def certificates(rows: pd.DataFrame) -> str:
+    """The certificate kinds of a bound's rows (docs/bounds.md §2.4), strongest first; a
+    probabilistic one with the largest failure probability of its rows; "–" where the rows record
+    none."""
+    if "certificate" not in rows:
+        return "–"
+    kinds = set(rows["certificate"].dropna())
+    seen = [k for k in KINDS if k in kinds] + sorted(kinds - set(KINDS))
+    out = []
+    for k in seen:
+        p = rows.loc[rows["certificate"] == k, "certificate_p"] if "certificate_p" in rows else pd.Series()
+        p = p[np.isfinite(p) & (p > 0)]
+        out.append(f"{k} (p ≤ {p_text(p.max())})" if k == "probabilistic" and len(p) else k)
+    return " / ".join(out) if out else "–"

@@ -1,7 +1,8 @@
 """``python -m bench report``: every figure and table of the suite, rebuilt from stored results.
 
 Reads one results table (a run directory or CSV, see :func:`bench.core.store.load`) and writes into
-``out``: each figure as PNG and PDF, each table as Markdown and LaTeX, and a README.md that
+``out``: each figure as PNG and PDF, each table (or each part of one) as Markdown and LaTeX, with the
+long table a study chose its parts from as CSV, and a README.md that
 shows them all with how each was made. A figure whose sweep is absent is skipped and named in the
 README, so a user profile with fewer sweeps still reports what it has. The output depends on the
 data alone (no timestamps or paths of this machine), so re-running on the same results gives the
@@ -20,7 +21,7 @@ from ..core.store import TABLE, load
 from . import draw, outdir
 from . import tables as tabs
 from .figures import FIGURES
-from .panels import Skip, label, registry_order
+from .panels import Parts, Skip, label, registry_order
 
 META = ["profile", "device_name", "dtype", "git_commit", "git_dirty", "torch_version",
         "pgd_steps", "pgd_restarts", "date"]
@@ -126,15 +127,29 @@ def _write(df: pd.DataFrame, outp: Path):
         made_figs.append((stem, plot.caption))
     for stem, make in tabs.TABLES.items():
         try:
-            t, caption = make(df)
+            made = make(df)
         except Skip as e:
             skipped.append(f"table `{stem}`: {e}")
             continue
-        md = tabs.to_markdown(t)
-        (outp / f"{stem}.md").write_text(md)
-        (outp / f"{stem}.tex").write_text(tabs.to_latex(t, caption))
-        made_tabs.append((stem, caption, md))
+        made_tabs += _write_table(made, outp, stem)
     return made_figs, made_tabs, skipped
+
+
+def _write_table(made: tuple[pd.DataFrame, str] | Parts, outp: Path, stem: str):
+    """Each part of a table as ``<stem><suffix>.md`` and ``.tex``, and its long form, if any, as
+    ``<stem>_full.csv``; returns per part (its stem, caption, Markdown, the CSV's name or None)."""
+    parts = made.parts if isinstance(made, Parts) else (("", *made),)
+    csv = None
+    if isinstance(made, Parts) and made.full is not None:
+        csv = f"{stem}_full.csv"
+        (outp / csv).write_text(made.full.to_csv(index=False, lineterminator="\n"))
+    out = []
+    for suffix, t, caption in parts:
+        md = tabs.to_markdown(t)
+        (outp / f"{stem}{suffix}.md").write_text(md)
+        (outp / f"{stem}{suffix}.tex").write_text(tabs.to_latex(t, caption))
+        out.append((stem + suffix, caption, md, csv))
+    return out
 
 
 def _readme(df: pd.DataFrame, results: str, out: str, made_figs, made_tabs, skipped) -> str:
@@ -166,7 +181,8 @@ def _readme(df: pd.DataFrame, results: str, out: str, made_figs, made_tabs, skip
         lines += [f"### {stem}", "", f"![{stem}]({stem}.png)", "",
                   f"{caption} ([PDF]({stem}.pdf))", ""]
     lines += ["## Tables", ""]
-    for stem, caption, md in made_tabs:
+    for stem, caption, md, csv in made_tabs:
+        also = f", every ε: [{csv}]({csv})" if csv else ""
         lines += [f"### {stem}", "", caption + f" ([{stem}.md]({stem}.md), "
-                  f"[{stem}.tex]({stem}.tex))", "", md]
+                  f"[{stem}.tex]({stem}.tex){also})", "", md]
     return "\n".join(lines).rstrip() + "\n"

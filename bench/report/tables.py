@@ -7,15 +7,16 @@ string when it reaches them, so the two always show the same digits.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
 import bounds
 
-from .panels import Skip, label, nearest, registry_order, sweep
+from .panels import Parts, Skip, certificates, label, nearest, registry_order, sweep
 from .studies import cauchy_study
-from .studies import certify_study as certify
+from .studies import certify_tables as certify
 from .studies import cost_study as cost
 from .studies import pretrained_study as pretrained
 from .studies import remainder_study as remainder
@@ -61,7 +62,7 @@ _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#
 # runs of sub- or superscripts one _{…} or ^{…} (x^{(}^{1} would be a double superscript)
 _MATH = {"±": r"\pm", "ε": r"\varepsilon", "σ": r"\sigma", "‖": r"\|", "√": r"\surd", "ξ": r"\xi",
          "δ": r"\delta", "ζ": r"\zeta", "Σ": r"\Sigma", "½": r"\tfrac{1}{2}", "·": r"\cdot",
-         "≤": r"\leq", "−": "-"}
+         "≤": r"\leq", "−": "-", "→": r"\to"}
 _SCRIPT = {"∞": ("_", r"\infty"), "⁽": ("^", "("), "⁾": ("^", ")"), "¹": ("^", "1"), "²": ("^", "2"),
            **{chr(0x2080 + i): ("_", str(i)) for i in range(10)}}
 
@@ -111,28 +112,6 @@ def certified(name: str, rows: pd.DataFrame) -> str:
     if not b.certified:
         return "estimate"
     return "yes (finding)" if b.finding else "yes"
-
-
-KINDS = ["exact", "deterministic", "probabilistic", "estimate", "attained"]  # strongest first
-
-
-def p_text(p: float) -> str:
-    """A failure probability rounded up to two digits: "p ≤ 4e-09" must not understate it."""
-    k = math.floor(math.log10(p)) - 1
-    return f"{math.ceil(p / 10.0**k * (1 - 1e-12)) * 10.0**k:.2g}"
-
-
-def certificates(rows: pd.DataFrame) -> str:
-    """The certificate kinds of a bound's rows (docs/bounds.md §2.4), strongest first; a
-    probabilistic one with the largest failure probability of its rows."""
-    seen = [k for k in KINDS if k in set(rows["certificate"])]
-    seen += sorted(set(rows["certificate"]) - set(KINDS))
-    out = []
-    for k in seen:
-        p = rows.loc[rows["certificate"] == k, "certificate_p"]
-        p = p[np.isfinite(p) & (p > 0)]
-        out.append(f"{k} (p ≤ {p_text(p.max())})" if k == "probabilistic" and len(p) else k)
-    return " / ".join(out) if out else "–"
 
 
 def findings(rows: pd.DataFrame) -> str:
@@ -205,7 +184,10 @@ def olsa_kim(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
                                 "own layer.")
 
 
-TABLES = {"summary": summary, "table3_lofast": table3, "cauchy": cauchy_study.table_blocks,
-          "olsa_vs_kim": olsa_kim, "taylor_eps": taylor.table, "table1_certified": certify.table1,
-          "cauchy_table1_models": cauchy_study.table_models, "pretrained": pretrained.table,
-          "cost": cost.table, "table2_cascade": certify.table2, "remainder": remainder.table}
+# a stem's function returns (table, caption), or Parts: several tables (``<stem><suffix>``) and the
+# long table they were chosen from (``<stem>_full.csv``)
+TABLES: dict[str, Callable[[pd.DataFrame], tuple[pd.DataFrame, str] | Parts]] = {
+    "summary": summary, "table3_lofast": table3, "cauchy": cauchy_study.table_blocks, "olsa_vs_kim": olsa_kim,
+    "taylor_eps": taylor.table, "table1_certified": certify.table1,
+    "cauchy_table1_models": cauchy_study.table_models, "pretrained": pretrained.table, "cost": cost.table,
+    "table2_cascade": certify.table2, "remainder": remainder.table}
