@@ -65,3 +65,23 @@ def test_remainder(benchmark, size, which):
     fn = {"taylor": taylor, "global": R.global_remainder, "local": R.local_remainder,
           "quadratic": R.quadratic_remainder, "remainder": R.remainder}[which]
     benchmark(lambda: fn(layer, X, 0.05))
+
+
+# PGD searching in float32 beside float64 on the same cell (docs/bounds.md §4, "The dtype"): both
+# report values measured in float64 (the float32 search's at its end), kept in extra_info["attained"]
+# so that a comparison sees the strength beside the time. Cells of the quick profile: the eps sweep
+# (h 8, ‖X‖ 1, ε 0.01), taylor_eps at its smallest ε (‖X‖_F 5, ε 1e-4) and the heads sweep (h 16)
+DTYPE_CELLS = {"eps-h8": Cell(n=16, d=64, h=8, w_vo=0.5, eps=0.01),
+               "taylor_eps-1e-4": Cell(n=16, d=32, h=4, x="fro", x_norm=5.0, eps=1e-4),
+               "heads-h16": Cell(n=16, d=64, h=16, eps=0.05)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("size", list(DTYPE_CELLS))
+@pytest.mark.parametrize("objective", ["output", "delta1", "delta2"])
+def test_pgd_dtype(benchmark, size, objective, dtype):
+    cell = DTYPE_CELLS[size]
+    layer, X = cell.build()
+    value = benchmark.pedantic(lambda: attack(layer, X, cell.eps, objective, steps=60, restarts=6,
+                                              dtype=dtype), rounds=3, iterations=1)
+    benchmark.extra_info["attained"] = float(value.max())

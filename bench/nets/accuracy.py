@@ -149,7 +149,8 @@ def _cat(parts: list[Tensor]) -> Tensor:
 def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], names: list[str] | None = None,
                 *, steps: int = 100, restarts: int = 8, seed: int = 0,
                 device: torch.device | str = "cpu", memo: dict | None = None,
-                progress: bool = False, cascade: bool = False) -> CertifyRun:
+                progress: bool = False, cascade: bool = False,
+                dtype: torch.dtype = torch.float64) -> CertifyRun:
     """Every bound (``names``, default those of :func:`bounds.network.network_bounds` that are not
     opt-in) and PGD on the margin at every ε, in chunks of :func:`chunk_size` samples. ``memo`` (a
     dict, filled by the first call) keeps each chunk's trace and certified norms for a later call on
@@ -160,7 +161,10 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     (:mod:`bounds.network.netcrown`): their δ_features is NaN, their verdict that of both tests. ``cascade``
     adds :data:`CASCADE`: naive on every image, CROWN on those it leaves uncertified (and
     :data:`CASCADE_TN`, the same with taylor_net first, where taylor_net runs)
-    (CROWN's verdicts and share of seconds reused where ``crown`` runs too)."""
+    (CROWN's verdicts and share of seconds reused where ``crown`` runs too).
+
+    The margin attack searches in ``dtype`` and judges an image broken by its float64 margin
+    (attacks.margin.attack_margin); the certified side is float64 whatever ``dtype``."""
     bounds_ = [network_bound(n) for n in names] if names else network_bounds()
     eps = [check_eps(e) for e in eps]
     net = net.to(device)
@@ -220,7 +224,7 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                 features = net.trace(x).features  # the clean features, the same for every ε
             for e in eps:
                 start = time.perf_counter()
-                a = attack_margin(net, x, y, e, steps=steps, restarts=restarts, seed=seed + i)
+                a = attack_margin(net, x, y, e, steps=steps, restarts=restarts, seed=seed + i, dtype=dtype)
                 with torch.no_grad():
                     moved = (net.trace(x + a.delta).features - features).norm(dim=-1)
                 attack[e]["margin"].append(a.margin)

@@ -159,9 +159,9 @@ def cost_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -
     for name in COST_BOUNDS:
         if bounds.applies(bounds.get(name), layer):
             add(f"cost_{name}", lambda name=name: _certified(name, layer, X, cell.eps))
-    Xr = X.to(dtype)
-    add("cost_pgd", lambda: (attack(layer.to(Xr), Xr, cell.eps, "output", steps=run["pgd_steps"],
-                                    restarts=run["pgd_restarts"], seed=run["seed"]), "attained"))
+    # PGD searches in the run's dtype and measures its value in float64 (attacks.attack)
+    add("cost_pgd", lambda: (attack(layer, X, cell.eps, "output", steps=run["pgd_steps"],
+                                    restarts=run["pgd_restarts"], seed=run["seed"], dtype=dtype), "attained"))
     return rows
 
 

@@ -51,8 +51,10 @@ def evaluate(layer, X: Tensor, eps: float, *, names: list[str] | None = None,
     A bound that refuses this instance (InputError, e.g. the dense Jacobian above its size limit)
     is recorded in ``skipped`` when it was not asked for by name; asked for by name, it raises.
     ``extra`` names opt-in bounds computed beside the applicable ones where ``names`` is empty.
-    Certified bounds compute in float64 from the float64 input whatever ``dtype`` says (estimates
-    and PGD use ``dtype``); a certified norm shared by several bounds is computed once, and its
+    Certified bounds compute in float64 from the float64 input whatever ``dtype`` says; estimates
+    use ``dtype``, and PGD searches in it but measures its values in float64 on the same layer and
+    input as the certified bounds (attacks.attack), so that they are attained whatever ``dtype``; a
+    certified norm shared by several bounds is computed once, and its
     time is counted in each bound's ``seconds``, so that a bound's time is its cost on its own.
     """
     eps = check_eps(eps)
@@ -85,11 +87,12 @@ def evaluate(layer, X: Tensor, eps: float, *, names: list[str] | None = None,
     objectives = ["output"] + ([] if isinstance(layer, Stack) else
                                sorted({b.objective for b in chosen if b.objective} - {"output"}))
     for obj in objectives:
-        v, s = timed(lambda obj=obj: attack(layer, X, eps, obj, steps=pgd_steps,
-                                            restarts=pgd_restarts, seed=seed), device)
+        v, s = timed(lambda obj=obj: attack(layer64, X64, eps, obj, steps=pgd_steps, restarts=pgd_restarts,
+                                            seed=seed, dtype=dtype), device)
         out.pgd[obj], out.pgd_seconds[obj] = v.detach().cpu().double(), s
         if not bool(torch.isfinite(out.pgd[obj]).all()):
-            raise _overflow(f"PGD ({obj})", X, eps, f"its value is {out.pgd[obj].max().item()} in {dtype}")
+            raise _overflow(f"PGD ({obj})", X, eps, f"its value is {out.pgd[obj].max().item()} "
+                                                         f"(searched in {dtype})")
     return out
 
 

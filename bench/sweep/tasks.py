@@ -144,7 +144,7 @@ def certify_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype
     """A zoo model's first test images at the cell's ε: every network bound with both certification
     tests, and PGD on the margin (docs/bounds.md §5); tasks ``certify_crown`` and
     ``certify_alpha_crown`` add whole-network CROWN (and α-CROWN) and the cascade. Certified values
-    are float64 whatever ``dtype``."""
+    are float64 whatever ``dtype``; the margin attack searches in ``dtype`` and measures in float64."""
     net, card, images, labels = cell.network()
     stat = os.stat(cell.model_path)
     key = (os.path.realpath(cell.model_path), stat.st_mtime_ns, stat.st_size, cell.dataset,
@@ -159,7 +159,7 @@ def certify_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype
         cascade = CASCADE in extra
     res = run_certify(net, images, labels, [cell.eps], names, steps=run["pgd_steps"],
                       restarts=run["pgd_restarts"], seed=run["seed"], device=device,
-                      memo=_CERTIFY_MEMO["memo"], cascade=cascade)
+                      memo=_CERTIFY_MEMO["memo"], cascade=cascade, dtype=dtype)
     return with_model(network_rows(res), card)
 
 
@@ -175,7 +175,7 @@ def cauchy_model_task(cell: Cell, run: dict, device: torch.device, dtype: torch.
         name = "block_sigma_exact" if kind == "exact" else "block_sigma"
         rows += measured("block", name, values, s, k, kind)
     attack = attack_margin(net, images, labels, cell.eps, steps=CAUCHY_PGD_STEPS,
-                           restarts=run["pgd_restarts"], seed=run["seed"])
+                           restarts=run["pgd_restarts"], seed=run["seed"], dtype=dtype)
     with torch.no_grad():
         correct = net(images).argmax(-1) == labels
     return with_model(rows + accuracy_rows(correct.cpu(), attack.broken.cpu(), CAUCHY_PGD_STEPS), card)
