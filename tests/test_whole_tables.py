@@ -224,7 +224,8 @@ def _strict(text: str):
 def test_certify_json_writes_non_finite_numbers_as_null(monkeypatch, capsys):
     real = certify_cmd.per_sample
     monkeypatch.setattr(certify_cmd, "per_sample",
-                        lambda res, index: real(res, index) | {"delta": {"x": [math.nan, math.inf, -math.inf, 1.0]}})
+                        lambda res, index: real(res, index)
+                        | {"delta": {"x": [math.nan, math.inf, -math.inf, 1.0]}})
     code, out, err = main_inprocess(capsys, "certify", "--model", TINY, "--limit", 2, "--eps", "0.01",
                                     "--bounds", "lofast_M", "--pgd-steps", 2, "--pgd-restarts", 1, "--json")
     assert code == 0, err
