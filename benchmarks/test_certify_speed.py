@@ -12,7 +12,7 @@ cross-entropy in float64, as the certifier computes: one PGD step), timed right 
 that both see the same load. At the end of the module a table lists every method's s/image and that
 ratio, one run for all. The Fashion-MNIST model needs Debian's dataset-fashion-mnist. α-CROWN beyond
 the 1-block model needs ``BENCH_HEAVY=1``: on the 3-block digits model one image ran out of 20 GB
-(CROWN alone takes ≈ 90 s an image on the Fashion-MNIST one). README "CROWN" has the numbers.
+(CROWN alone takes ≈ 90 s an image on the Fashion-MNIST one). docs/crown.md has the numbers.
 """
 
 from __future__ import annotations

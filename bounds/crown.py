@@ -13,7 +13,7 @@ f = F(X), and
     crown(X, ε) = √(Σ max(ub − f, f − lb)²) ≥ δ*(X, ε).
 
 Its certificate is ``relaxation``: sound in exact arithmetic, evaluated in float64 by auto_LiRPA
-without directed rounding. auto_LiRPA is an optional dependency (the ``crown`` extra, README).
+without directed rounding. auto_LiRPA is an optional dependency (the ``crown`` extra, docs/crown.md).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from .certificates import Certificate, record
 INSTALL = ("auto_LiRPA is not installed (needed by the crown and alpha_crown bounds): "
            "pip install 'attnbounds[crown]' --find-links ../shared/wheels here, elsewhere "
            "pip install --no-deps 'auto_LiRPA @ git+https://github.com/Verified-Intelligence/auto_LiRPA' "
-           "(README, \"CROWN\")")
+           "(docs/crown.md)")
 RELAXATION = Certificate("relaxation")
 
 

@@ -27,7 +27,7 @@ LOFAST = "Havens et al., LoFAST (seed 000)"
 CROWN = "Zhang et al. 2018 (CROWN), through auto_LiRPA (Xu et al. 2020)"
 # LoFAST Table 2's procedure (docs/bounds.md §5): the cheapest sound network bound on every image,
 # whole-network CROWN on the correctly classified ones it leaves uncertified. naive is the cheapest by
-# measurement (README, "Certified accuracy of a ViT")
+# measurement (docs/results.md, "Certified accuracy of the trained ViTs")
 CASCADE = "cascade_crown"
 CASCADE_FIRST = "naive"
 TAYLOR_NET = "taylor_net"

@@ -24,7 +24,7 @@ class InputError(ValueError):
 
 
 def check_float(name: str, t: Tensor) -> None:
-    """Refuses a tensor that is not floating point: the file format is float (README, "File format"),
+    """Refuses a tensor that is not floating point: the file format is float (docs/guide/file-format.md),
     and an integer tensor is more likely a wrong file than weights."""
     if not t.is_floating_point():
         raise InputError(f"{name} has dtype {str(t.dtype).removeprefix('torch.')}; expected a float dtype "

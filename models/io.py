@@ -1,4 +1,5 @@
-"""Layer, stack and input files in safetensors (no pickle); the format is documented in README.md.
+"""Layer, stack and input files in safetensors (no pickle); the format is in
+docs/guide/file-format.md.
 
 A layer file holds per-head tensors and string metadata (``kind`` and the layer's scalars). A stack
 file holds each block's tensors and metadata under the prefix ``blocks.{k}.``, plus ``kind=stack``,

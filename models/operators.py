@@ -26,11 +26,11 @@ if TYPE_CHECKING:
 
 DENSE_LIMIT = 2048  # n·d above which the (nd)×(nd) Jacobian is refused and bench skips dense solvers
 # the side of the structured Gram (models.structured) above which the certified ζ and ‖M_l‖ take
-# the probabilistic certificate instead of the exact one (measured: bench/scaling, README "Scale")
+# the probabilistic certificate instead of the exact one (measured: bench/scaling, docs/scale.md)
 # the side of the structured Gram (models.structured) or the dense Jacobian's Gram above which the
 # certified ζ, ‖M_l‖ and σ̄_J take the probabilistic certificate instead of the dense one: the largest
 # measured size where the dense path cost at most ~2× the probabilistic (one thread, B = 1, seconds
-# dense vs probabilistic; README "Scale"). Dense is kept up to there because it is tighter (within
+# dense vs probabilistic; docs/scale.md). Dense is kept up to there because it is tighter (within
 # 1e-9 of the truth instead of ~1e-3 above) and has p = 0. Its Gram is checked by Cholesky from
 # VERIFY_MIN on (bounds.certificates.verified_gram_norm), which is what moved these limits up
 ZETA_GRAM_LIMIT = 1536  # nd = 1024: 0.033 vs 0.054; 1536: 0.10 vs 0.072; 2048: 0.22 vs 0.076

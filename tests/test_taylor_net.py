@@ -279,8 +279,8 @@ def test_no_image_it_certifies_is_broken_by_an_independent_attack(which, eps):
 
 
 def test_it_certifies_more_than_the_norm_route_on_the_one_block_model():
-    """Measured (README): 0.76 / 0.40 at ε = 0.02 / 0.05 on the first 50 images, where every suite bound
-    through the norm route certifies 0.50 / 0.02; here on 20 images, the norm route's best."""
+    """Measured (docs/results.md): 0.76 / 0.40 at ε = 0.02 / 0.05 on the first 50 images, where every
+    suite bound through the norm route certifies 0.50 / 0.02; here on 20 images, the norm route's best."""
     net, _ = load_vit(ONE_BLOCK)
     x, y = first_test_images("digits", net, 20)
     res = run_certify(net, x, y, [0.02, 0.05], ["best", "taylor_net"], steps=20, restarts=2)

@@ -1,7 +1,7 @@
 """Installs auto_LiRPA (the ``crown`` extra) from ``../shared/wheels`` beside the checkout, where that
 folder exists; tox's ``commands_pre`` runs it (tox runs no shell). Without the folder it prints one
-note and succeeds: the CROWN tests then skip. No registry serves a working auto_LiRPA (README,
-"CROWN"), so there is nothing else to try.
+note and succeeds: the CROWN tests then skip. No registry serves a working auto_LiRPA
+(docs/crown.md), so there is nothing else to try.
 
     python tools/crown_wheels.py
 """
