@@ -1,4 +1,4 @@
-"""``python -m bench``: point, run, report, compare, baseline, history, train, certify.
+"""``python -m bench``: point, run, report, compare, baseline, history, train, certify, import.
 
 Bad input ends with one line on stderr and exit code 2: argparse's own errors, and every
 InputError raised by the library (shapes, values, files, kinds).
@@ -18,6 +18,7 @@ from ..core.env import ROOT, check_environment, keep_freed_memory, set_threads
 from ..sweep.profiles import OVERRIDES
 from . import failures
 from .certify_cmd import add_parser as add_certify_parser
+from .import_cmd import add_parser as add_import_parser
 from .train_cmd import add_parser as add_train_parser
 
 
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="directory of history.md and history.png (default results/history, git-ignored)")
     add_train_parser(sub)
     add_certify_parser(sub)
+    add_import_parser(sub)
     return p
 
 
@@ -227,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
             from .certify_cmd import run as certify
 
             return certify(args)
+        if args.command == "import":
+            from .import_cmd import run as import_model
+
+            return import_model(args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,172 @@
+"""An ONNX model as a models/imported/graph.py Graph, evaluated by onnxruntime.
+
+onnx and onnxruntime are the optional ``import`` extra, imported here only when a model is read. The
+runtime, never onnx's reference evaluator, computes every value: the reference evaluator's
+BatchNormalization uses batch statistics in inference (issue #30). Values are computed by a sub-model
+that takes the given values as its inputs and returns the wanted ones; a float64 copy of that sub-model
+(its float weights, constants and casts widened) gives the probes and the checks of
+models/imported/probe.py their float64 reference where the runtime has the kernels for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import InputError
+from .graph import Float64Unavailable, Graph, Op, einsum_product, needed
+
+INSTALL = "pip install 'attnbounds[import]' (onnx, onnxruntime, onnxscript)"
+
+KINDS = {
+    "Softmax": "softmax", "Attention": "sdpa", "MatMul": "matmul", "Gemm": "linear",
+    "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Where": "where",
+    **dict.fromkeys(["Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Gather",
+                     "Split", "Concat", "Expand"], "layout"),
+    **dict.fromkeys(["Identity", "Dropout", "Cast", "CastLike"], "pass"),
+    **dict.fromkeys(["LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
+                     "BatchNormalization", "InstanceNormalization", "GroupNormalization",
+                     "LpNormalization", "ReduceMean", "ReduceL2", "ReduceSumSquare", "Sqrt",
+                     "Reciprocal"], "norm"),
+    **dict.fromkeys(["Sin", "Cos", "Neg"], "rotary"),
+}
+SHAPE_OPS = {"Shape", "Size"}  # their value is the static shape: constant whatever the input
+FLOAT, DOUBLE = 1, 11  # onnx.TensorProto.FLOAT, DOUBLE
+
+
+def require() -> tuple:
+    """(onnx, onnxruntime), or InputError naming the install."""
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError as e:
+        raise InputError(f"reading ONNX needs optional packages ({e}): {INSTALL}") from None
+    return onnx, onnxruntime
+
+
+def _widen(model) -> None:
+    """float32 → float64 in place: initializers, Constant and ConstantOfShape values, Cast targets and
+    every declared value type."""
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    for i, t in enumerate(g.initializer):
+        if t.data_type == FLOAT:
+            g.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64),
+                                                              t.name))
+    for node in g.node:
+        for a in node.attribute:
+            if a.name == "value" and a.t.data_type == FLOAT:
+                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float64)))
+            if node.op_type == "Cast" and a.name == "to" and a.i == FLOAT:
+                a.i = DOUBLE
+        if node.op_type == "Constant" and any(a.name in ("value_float", "value_floats")
+                                              for a in node.attribute):
+            a = next(a for a in node.attribute if a.name in ("value_float", "value_floats"))
+            v = np.array(a.f if a.name == "value_float" else list(a.floats), dtype=np.float64)
+            del node.attribute[:]
+            node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(v)))
+    for vi in [*g.input, *g.output, *g.value_info]:
+        if vi.type.tensor_type.elem_type == FLOAT:
+            vi.type.tensor_type.elem_type = DOUBLE
+
+
+class OnnxRuntime:
+    """Evaluates values of one ONNX model by sub-models in onnxruntime, one session per question."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.sessions: dict = {}
+        self.graph: Graph | None = None
+
+    def session(self, given: dict[str, Tensor], wanted: list[str], float64: bool):
+        onnx, ort = require()
+        from onnx import helper
+
+        key = (tuple((k, str(v.dtype), tuple(v.shape)) for k, v in given.items()), tuple(wanted), float64)
+        if key in self.sessions:
+            return self.sessions[key]
+        g = self.model.graph
+        ops = needed(self.graph, wanted, given)
+        nodes = [n for n in g.node if n.name in ops]
+        used = {x for n in nodes for x in n.input}
+        inits = [t for t in g.initializer if t.name in used and t.name not in given]
+        inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(_np(v).dtype),
+                                                list(v.shape)) for k, v in given.items()]
+        outputs = [onnx.ValueInfoProto(name=w) for w in wanted]
+        sub = helper.make_model(helper.make_graph(nodes, "probe", inputs, outputs, inits),
+                                opset_imports=self.model.opset_import, ir_version=self.model.ir_version)
+        sub.functions.extend(self.model.functions)
+        if float64:
+            _widen(sub)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = torch.get_num_threads()
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        sess = ort.InferenceSession(sub.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        self.sessions[key] = sess
+        return sess
+
+    def __call__(self, given: dict[str, Tensor], wanted: list[str], float64: bool) -> dict[str, Tensor]:
+        if float64:
+            given = {k: v.double() if v.is_floating_point() else v for k, v in given.items()}
+        try:
+            sess = self.session(given, wanted, float64)
+            outs = sess.run(wanted, {k: _np(v) for k, v in given.items()})
+        except Exception as e:  # onnxruntime's errors share no base class but Exception
+            if float64:
+                raise Float64Unavailable(str(e)) from e
+            raise
+        return {w: torch.from_numpy(np.asarray(o)) for w, o in zip(wanted, outs, strict=True)}
+
+
+def _np(t: Tensor) -> np.ndarray:
+    return t.detach().cpu().contiguous().numpy()
+
+
+def load(path: str | Path) -> Graph:
+    """The model at ``path`` as a Graph (InputError when it is not an ONNX model)."""
+    onnx, _ = require()
+    from onnx import numpy_helper
+
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+    except Exception as e:  # onnx raises DecodeError, ValidationError, ... for a file that is not a model
+        raise InputError(f"{path}: not a readable ONNX model ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    g = model.graph
+    constant = {t.name for t in g.initializer} | {""}
+    ops = []
+    for k, n in enumerate(g.node):
+        name = n.name or f"{n.op_type}_{k}"
+        if not n.name:
+            n.name = name
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute
+                 if a.type in (onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT)}
+        kind = KINDS.get(n.op_type, "other")
+        if n.op_type == "Einsum" and len(n.input) == 2:
+            eq = next((a.s.decode() for a in n.attribute if a.name == "equation"), "")
+            attrs["b_transposed"] = einsum_product(eq)
+            kind = "matmul" if attrs["b_transposed"] is not None else kind
+        ops.append(Op(name, kind, n.op_type, tuple(x if x else None for x in n.input), tuple(n.output),
+                      attrs))
+        if n.op_type in SHAPE_OPS or all(x in constant for x in n.input):
+            constant.update(n.output)
+    inputs = {}
+    for vi in g.input:
+        if vi.name in constant:
+            continue
+        tt = vi.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+        np_dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        inputs[vi.name] = (dims, torch.from_numpy(np.zeros(0, dtype=np_dtype)).dtype)
+    runtime = OnnxRuntime(model)
+    weights = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in g.initializer}
+    graph = Graph(ops, constant, inputs, runtime, weights)
+    runtime.graph = graph
+    return graph
