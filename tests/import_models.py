@@ -180,3 +180,37 @@ def dense(attn: nn.Module, X: torch.Tensor, residual: bool) -> torch.Tensor:
     Wo, bo = lin(attn.proj)
     out = torch.cat(ctx, -1) @ Wo.T + bo
     return out + X if residual else out
+
+
+def write_import(out, layers: int = 1, inputs: int = 1, n: int = 4, d: int = 8, h: int = 2, seed: int = 0,
+                 residual: tuple[bool, ...] = (False, True)) -> dict:
+    """An import directory as ``python -m bench import`` writes one (layer files, input files and a
+    manifest), of random dot layers with biases instead of a model's: for the sweep and report tests,
+    which read directories and need no export. ``seed`` stands for the model: its sha256 and weights."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from models import random_input, random_layer, save_input, save_layer
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for k in range(layers):
+        res = residual[k % len(residual)]
+        layer = random_layer("dot", d, h, seed=seed * 100 + k, residual=res, n=n, bias_norm=0.5)
+        save_layer(out / f"layer{k}.safetensors", layer)
+        xs = random_input(n, d, norm=3.0, seed=seed * 100 + k + 50, batch=inputs)
+        names = []
+        for i in range(inputs):
+            names.append(f"layer{k}_input{i}.safetensors")
+            save_input(out / names[-1], xs[i])
+        entries.append({"node": f"softmax_{k}", "heads": h, "d": d, "d_h": d // h, "residual": res,
+                        "input": f"x_{k}", "output": f"out_{k}", "n": n, "dtype": "float64",
+                        "tolerance": 1e-6,
+                        "max_rel_err": 1e-16, "max_rel_err_model_dtype": 1e-7,
+                        "files": {"layer": f"layer{k}.safetensors", "inputs": names}})
+    manifest = {"source": "model.onnx", "format": "onnx",
+                "sha256": hashlib.sha256(f"model {seed}".encode()).hexdigest(), "layers": entries}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest

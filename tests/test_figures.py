@@ -50,7 +50,11 @@ def _visible(fig: plt.Figure) -> list:
 
 def test_no_panel_label_repeats_within_a_figure(base: pd.DataFrame):
     for stem, select in FIGURES.items():
-        plot = select(base)
+        try:
+            plot = select(base)
+        except Skip as e:  # the imported layers: a user's own data, never in the baseline
+            assert not e.listed, stem
+            continue
         labels = [m.group(1) for p in plot.panels if (m := re.match(r"\((\w)\)", p.title))]
         assert len(labels) == len(set(labels)), (stem, labels)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from import_models import write_import
 from matplotlib.transforms import Bbox
 from test_report_pretrained import stored_rows
 
@@ -194,7 +195,10 @@ eps = 0.1
 def run_dir(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("report")
     toml = tmp / "tiny.toml"
-    toml.write_text(TINY)
+    # an imported model's layers (task imported): a directory as `python -m bench import` writes one
+    write_import(tmp / "imported", layers=2)
+    toml.write_text(TINY + f'[[sweep]]\nname = "imported"\nimported = ["{tmp / "imported"}"]\n'
+                           f'eps = [0.01, 0.1]\n')
     run_profile(load_profile(str(toml)), tmp / "run", "cpu")
     # the pretrained study's rows, made up (its real cells need the extras and ~15 s each): stored
     # as one more finished cell, so every figure and table below has its data

@@ -15,6 +15,7 @@ from .panels import Panel, Plot, Skip, bound_trace, present, sweep
 from .studies import cauchy_study as cauchy
 from .studies import certify_study as certify
 from .studies import cost_study as cost
+from .studies import imported_study as imported
 from .studies import pretrained_study as pretrained
 from .studies import remainder_study as remainder
 from .studies import taylor_study as taylor
@@ -59,6 +60,7 @@ FIGURES: dict[str, Callable[[pd.DataFrame], Plot]] = {
     "tightness_taylor": taylor.figure,
     "scaling": fig_scaling,
     "pretrained": pretrained.figure,
+    "imported": imported.figure,
     "remainder": remainder.figure,
     "cost": cost.figure,
 }

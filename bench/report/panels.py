@@ -19,7 +19,13 @@ PGD_LABEL = "PGD (lower bd.)"
 
 
 class Skip(Exception):
-    """A figure or table whose data is not in this table."""
+    """A figure or table whose data is not in this table. ``listed=False``: a study of the user's own
+    data (the imported layers), which no profile of the suite makes: the report does not list it as
+    skipped, so a report of the suite's own runs says nothing of it."""
+
+    def __init__(self, message: str, listed: bool = True):
+        super().__init__(message)
+        self.listed = listed
 
 
 @dataclass(frozen=True, eq=False)

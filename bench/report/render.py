@@ -121,7 +121,7 @@ def _write(df: pd.DataFrame, outp: Path):
         try:
             plot = select(df)
         except Skip as e:
-            skipped.append(f"figure `{stem}`: {e}")
+            skipped += [f"figure `{stem}`: {e}"] if e.listed else []
             continue
         _save(draw.draw(plot), outp, stem)
         made_figs.append((stem, plot.caption))
@@ -129,7 +129,7 @@ def _write(df: pd.DataFrame, outp: Path):
         try:
             made = make(df)
         except Skip as e:
-            skipped.append(f"table `{stem}`: {e}")
+            skipped += [f"table `{stem}`: {e}"] if e.listed else []
             continue
         made_tabs += _write_table(made, outp, stem)
     return made_figs, made_tabs, skipped

@@ -18,6 +18,7 @@ from .panels import Parts, Skip, certificates, label, nearest, registry_order, s
 from .studies import cauchy_study
 from .studies import certify_tables as certify
 from .studies import cost_study as cost
+from .studies import imported_study as imported
 from .studies import pretrained_study as pretrained
 from .studies import remainder_study as remainder
 from .studies import taylor_study as taylor
@@ -189,5 +190,6 @@ def olsa_kim(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 TABLES: dict[str, Callable[[pd.DataFrame], tuple[pd.DataFrame, str] | Parts]] = {
     "summary": summary, "table3_lofast": table3, "cauchy": cauchy_study.table_blocks, "olsa_vs_kim": olsa_kim,
     "taylor_eps": taylor.table, "table1_certified": certify.table1,
-    "cauchy_table1_models": cauchy_study.table_models, "pretrained": pretrained.table, "cost": cost.table,
+    "cauchy_table1_models": cauchy_study.table_models, "pretrained": pretrained.table,
+    "imported": imported.table, "cost": cost.table,
     "table2_cascade": certify.table2, "remainder": remainder.table}

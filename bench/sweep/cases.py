@@ -16,6 +16,8 @@ from models import (
     Stack,
     check_eps,
     check_heads,
+    load_input,
+    load_layer,
     projected_input,
     random_input,
     random_layer,
@@ -27,12 +29,13 @@ from models.errors import MAX_MAGNITUDE
 from models.sentences import SENTENCES
 
 from ..core.env import ROOT
+from . import imported as import_dirs
 
 KINDS = ("dot", "l2", "olsa")
 INPUTS = ("gauss", "fro", "proj", "data")
 PERTURB = ("none", "W_q", "W_k", "W_v", "W_o", "X")
 TASKS = ("bounds", "lofast", "totals", "scaling", "cauchy", "certify", "cauchy_model", "pretrained",
-         "cost", "crown", "alpha_crown", "certify_crown", "certify_alpha_crown", "crown_cascade")
+         "imported", "cost", "crown", "alpha_crown", "certify_crown", "certify_alpha_crown", "crown_cascade")
 # the whole-network tasks: they need ``model`` and ``dataset``
 MODEL_TASKS = ("certify", "certify_crown", "certify_alpha_crown", "crown_cascade", "cauchy_model")
 # the layer tasks that also run on a trained model's first attention layer at real inputs (x = data)
@@ -46,6 +49,9 @@ PRETRAINED_SHAPE = {"d": 384, "h": 12}
 PRETRAINED_UNREAD = ("kind", "n", "d", "h", "residual", "w_qk", "w_vo", "x", "x_norm", "depth", "R",
                      "perturb", "noise", "samples", "model", "dataset")
 ZOO = ROOT / "zoo"
+# an imported cell (task ``imported``) reads its layer and input from an import directory
+# (bench/sweep/imported.py): these fields name them, and no other cell sets them
+IMPORTED_FIELDS = ("imported", "imported_layer", "imported_input", "imported_sha256", "imported_data")
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,12 @@ class Cell:
     ``layer_index`` (1..6) of all-MiniLM-L6-v2 at its real input for sentence ``sentence`` (an index
     into models/sentences.py) and ignores the layer and input fields; there ``eps`` is relative: the
     radius is ``eps`` × the median token norm ‖x_i‖ of that input.
+
+    An imported cell (``task = "imported"``, docs/guide/import.md) reads layer ``imported_layer`` of the
+    directory ``imported`` that ``python -m bench import`` wrote, at its input ``imported_input``;
+    ``imported_sha256`` (the manifest's hash of the model file) and ``imported_data`` (a digest of the
+    layer and input files) say which import it was. It ignores the layer and input fields, and its
+    ``eps`` is relative as a pretrained cell's: the radius is ``eps`` × the median token norm.
     """
 
     kind: str = "dot"
@@ -103,6 +115,11 @@ class Cell:
     dataset: str = "digits"
     layer_index: int = 0  # 0: not a pretrained cell
     sentence: int = 0
+    imported: str = ""  # an import directory: relative to the checkout root, or absolute
+    imported_layer: int = 0
+    imported_input: int = 0
+    imported_sha256: str = ""
+    imported_data: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -132,6 +149,26 @@ class Cell:
                                  f"bounds would overflow float64")
         self._check_model()
         self._check_pretrained()
+        self._check_imported()
+
+    def _check_imported(self) -> None:
+        """Only an imported cell names an import, and it must name one that is there as it was: its
+        manifest, layer, input, model hash and files' digest (bench/sweep/imported.py)."""
+        named = [f for f in IMPORTED_FIELDS if getattr(self, f) != Cell.__dataclass_fields__[f].default]
+        if self.task != "imported":
+            if named:
+                raise InputError(f"{', '.join(named)} are read only by task 'imported' (task {self.task!r})")
+            return
+        fixed = [f"{f.name} = {getattr(self, f.name)!r}" for f in fields(self)
+                 if f.name in PRETRAINED_UNREAD and getattr(self, f.name) != f.default]
+        if fixed:
+            raise InputError(f"task imported reads its layer and input from an import directory and does "
+                             f"not read {', '.join(fixed)}")
+        if not self.imported:
+            raise InputError('task imported needs imported = ["DIR", ...]: the --out of '
+                             '`python -m bench import`')
+        import_dirs.check(self.imported, self.imported_layer, self.imported_input, self.imported_sha256,
+                       self.imported_data)
 
     def _check_pretrained(self) -> None:
         """Only a pretrained cell names a layer and a sentence, and it must name valid ones; checked
@@ -205,6 +242,10 @@ class Cell:
         """``dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]``, plus the
         non-default extras (perturbation, samples, task, model, dataset). A pretrained cell's id
         names only what it reads: ``minilm[layer=1,sentence=0,eps=0.01,seed=0]``."""
+        if self.task == "imported":
+            return (f"imported[dir={self.imported},layer={self.imported_layer},input={self.imported_input},"
+                    f"sha256={self.imported_sha256},data={self.imported_data},eps={num(self.eps)},"
+                    f"seed={self.seed}]")
         if self.task == "pretrained":
             return (f"minilm[layer={self.layer_index},sentence={self.sentence},eps={num(self.eps)},"
                     f"seed={self.seed}]")
@@ -236,6 +277,10 @@ class Cell:
             if kind == "minilm":
                 kw.update(task="pretrained", layer_index=int(items.pop("layer")),
                           sentence=int(items.pop("sentence")))
+            elif kind == "imported":
+                kw.update(task="imported", imported=items.pop("dir"), imported_layer=int(items.pop("layer")),
+                          imported_input=int(items.pop("input")), imported_sha256=items.pop("sha256"),
+                          imported_data=items.pop("data"))
             else:
                 kw.update(_layer_fields(kind, items))
         except (ValueError, KeyError):
@@ -246,8 +291,13 @@ class Cell:
 
     def params(self) -> dict:
         """The cell's fields as row columns; a pretrained cell's unread layer fields are left empty,
-        but for the model's kind, d and h (its n varies by sentence: the ``tokens`` column)."""
+        but for the model's kind, d and h (its n varies by sentence: the ``tokens`` column); an
+        imported cell's are its manifest's (kind dot, n, d, h, residual)."""
         p = asdict(self)
+        if self.task == "imported":
+            e = import_dirs.entry(self.imported, self.imported_layer)
+            p.update(dict.fromkeys(("w_qk", "w_vo", "x", "x_norm", "R", "dataset")), kind="dot",
+                     n=int(e["n"]), d=int(e["d"]), h=int(e["heads"]), residual=bool(e["residual"]))
         if self.task == "pretrained":
             p.update(dict.fromkeys(("n", "w_qk", "w_vo", "x", "x_norm", "R", "dataset")),
                      **PRETRAINED_SHAPE)
@@ -262,7 +312,14 @@ class Cell:
 
     def build(self):
         """(layer or stack, X [samples, n, d]) in float64 on the CPU, the same bits on every call;
-        for a pretrained cell the model's layer and its input [1, n, d] (needs the extras)."""
+        for a pretrained cell the model's layer and its input [1, n, d] (needs the extras), for an
+        imported cell the imported layer and its input [1, n, d]."""
+        if self.task == "imported":
+            self._check_imported()  # the files are still the ones the cell names
+            layer_file, input_file = import_dirs.files(self.imported, self.imported_layer,
+                                                       self.imported_input)
+            X = load_input(input_file)
+            return load_layer(layer_file), (X if X.dim() == 3 else X[None])
         if self.task == "pretrained":
             from models import pretrained  # imports transformers: only pretrained cells need it
 

@@ -35,6 +35,9 @@ def _sizes(cell: Cell) -> tuple[int, int, int, int, int] | None:
     few dozen tokens through one MiniLM layer: small by construction, and its n needs the tokenizer)."""
     if cell.task == "pretrained":
         return None
+    if cell.task == "imported":  # its manifest's shape: one input of one layer
+        p = cell.params()
+        return 1, p["n"], p["d"], p["h"], 1
     if not cell.model:
         return cell.samples, cell.n, cell.d, cell.h, cell.depth
     arch = json.loads(cell.model_path.with_suffix(".json").read_text()).get("architecture", {})

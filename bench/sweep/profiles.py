@@ -7,6 +7,10 @@
     kind = "dot"
     h = [1, 8]                  # a list is an axis; the sweep is the product of its axes
     eps = [0.01, 0.05]
+    [[sweep]]
+    name = "mine"
+    imported = ["results/vit_layers"]   # import directories: every layer at every input, task imported
+    eps = [0.01, 0.1]                   # relative, as task pretrained's (docs/guide/import.md)
 
 ``quick``, ``paper`` and ``crown`` ship in bench/profiles/; any other TOML file is a user profile. CLI
 overrides (``--eps 0.01,0.05``) replace that axis in every sweep.
@@ -23,7 +27,8 @@ from models import InputError
 
 from ..core.arglists import split_list
 from ..core.env import DTYPES
-from .cases import Cell
+from . import imported as import_dirs
+from .cases import IMPORTED_FIELDS, Cell
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -91,6 +96,7 @@ def expand(name: str, spec: dict, where: str = "") -> list[Cell]:
     unknown = set(spec) - set(CELL_FIELDS)
     if unknown:
         raise InputError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(CELL_FIELDS)}")
+    spec, layers = _imported(spec, where)
     axes = {}
     for k, v in spec.items():
         vs = [_typed(k, x, where) for x in (v if isinstance(v, list) else [v])]
@@ -103,11 +109,37 @@ def expand(name: str, spec: dict, where: str = "") -> list[Cell]:
     keys = list(axes)
     cells = []
     for combo in itertools.product(*(axes[k] for k in keys)):
-        try:
-            cells.append(Cell(**dict(zip(keys, combo, strict=True))))
-        except InputError as e:
-            raise InputError(f"{where}: {e}") from None
+        for layer in layers:
+            try:
+                cells.append(Cell(**dict(zip(keys, combo, strict=True)), **layer))
+            except InputError as e:
+                raise InputError(f"{where}: {e}") from None
     return cells
+
+
+def _imported(spec: dict, where: str) -> tuple[dict, list[dict]]:
+    """(the other keys, the imported cells' fields) of a sweep: ``imported = ["DIR", …]`` is one axis
+    over every layer and input of each directory, in the manifests' order, and sets task
+    ``imported``; a sweep without it has one empty entry. The fields a manifest fills are not a
+    profile's to set."""
+    set_ = sorted(set(IMPORTED_FIELDS[1:]) & set(spec))
+    if set_:
+        raise InputError(f"{where}: {', '.join(set_)} come from an import's manifest; name its directory "
+                         f"with imported = [\"DIR\", ...]")
+    if "imported" not in spec:
+        return spec, [{}]
+    spec = dict(spec)
+    dirs = spec.pop("imported")
+    dirs = dirs if isinstance(dirs, list) else [dirs]
+    if not dirs or not all(isinstance(d, str) for d in dirs):
+        raise InputError(f"{where}: imported must be a list of directories (quoted strings), got {dirs!r}")
+    if len(set(dirs)) != len(dirs):
+        raise InputError(f"{where}: imported lists a directory twice: {dirs!r}")
+    spec.setdefault("task", "imported")
+    try:
+        return spec, [cell for d in dirs for cell in import_dirs.cells(d)]
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
 
 
 def parse_list(flag: str, text: str) -> list:

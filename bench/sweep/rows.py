@@ -14,7 +14,8 @@ Every row names its ``role``, so no module parses names to know what a row is:
 * ``block`` also holds the per-layer quantities of the pretrained study (docs/bounds.md §1.6), ``block``
   = layer index − 1: ``x_fro`` (‖X‖_F), ``median_token_norm`` and ``attention_entropy`` (the mean over
   heads and query tokens of −Σ_j p_ij ln p_ij, in nats); every row of that study (bound, pgd, block)
-  also carries the columns of :data:`PRETRAINED_COLUMNS`;
+  also carries the columns of :data:`PRETRAINED_COLUMNS`; the imported layers' rows (task
+  ``imported``) the same quantities at ``block`` = the layer's index k, with :data:`IMPORTED_COLUMNS`;
 * ``accuracy``: a network's clean (``bound`` = ``clean``) or PGD robust (``pgd_margin``) accuracy
   over the cell's test images, ``sample`` = −1.
 
@@ -72,7 +73,10 @@ CERTIFY_COLUMNS = {"label": "the image's class", "correct": "classified correctl
 PRETRAINED_COLUMNS = {"model_version": "version of the model package (models/pretrained.py)",
                       "tokens": "n, the sentence's tokens with [CLS] and [SEP]",
                       "radius": "the absolute ε: the cell's relative eps × the median token norm"}
-EXTRA_COLUMNS = CERTIFY_COLUMNS | PRETRAINED_COLUMNS
+# the extra columns of the imported layers' rows (task ``imported``, bench/sweep/tasks.py)
+IMPORTED_COLUMNS = {"radius": PRETRAINED_COLUMNS["radius"],
+                    "imported_node": "the attention's node in the imported graph (its manifest's 'node')"}
+EXTRA_COLUMNS = CERTIFY_COLUMNS | PRETRAINED_COLUMNS | IMPORTED_COLUMNS
 
 
 def _entries(values: Tensor) -> Iterator[tuple[int, int, float]]:
@@ -210,9 +214,19 @@ def pretrained_rows(ev: Evaluation, layer_index: int, quantities: dict[str, floa
     """The pretrained study's rows of one (layer, sentence, ε): every bound and PGD value of ``ev``,
     and one ``block`` row per exact per-layer quantity, each row with ``columns``
     (:data:`PRETRAINED_COLUMNS`)."""
-    unknown = set(columns) - set(PRETRAINED_COLUMNS)
+    return _layer_rows(ev, layer_index - 1, quantities, columns, PRETRAINED_COLUMNS)
+
+
+def imported_rows(ev: Evaluation, layer: int, quantities: dict[str, float], columns: dict) -> list[dict]:
+    """An imported cell's rows, as :func:`pretrained_rows` (``block`` = the imported layer's index k),
+    with ``columns`` of :data:`IMPORTED_COLUMNS`."""
+    return _layer_rows(ev, layer, quantities, columns, IMPORTED_COLUMNS)
+
+
+def _layer_rows(ev: Evaluation, block: int, quantities: dict[str, float], columns: dict,
+                known: dict) -> list[dict]:
+    unknown = set(columns) - set(known)
     if unknown:
-        raise ValueError(f"unknown pretrained columns {sorted(unknown)}")
-    block = [row("block", name, 0, v, block=layer_index - 1, certificate="exact")
-             for name, v in quantities.items()]
-    return [r | columns for r in unroll(ev) + block]
+        raise ValueError(f"unknown columns {sorted(unknown)}")
+    rows = [row("block", name, 0, v, block=block, certificate="exact") for name, v in quantities.items()]
+    return [r | columns for r in unroll(ev) + rows]

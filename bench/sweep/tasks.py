@@ -20,10 +20,11 @@ from models.spectral import spectral
 
 from ..core.env import timed
 from ..nets.accuracy import block_sigmas, run_certify
+from . import imported as import_dirs
 from .cases import Cell
 from .cost import cost_task
 from .evaluate import evaluate
-from .rows import accuracy_rows, measured, network_rows, pretrained_rows, unroll, with_model
+from .rows import accuracy_rows, imported_rows, measured, network_rows, pretrained_rows, unroll, with_model
 
 LOFAST_ONLY = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "naive"]
 CAUCHY_PGD_STEPS = 20  # the Cauchy paper's Table 1 reports PGD-20 robust accuracy
@@ -204,9 +205,27 @@ def pretrained_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dt
     return pretrained_rows(ev, cell.layer_index, quantities, columns)
 
 
+def imported_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """One attention layer of a user's model, as ``python -m bench import`` wrote it, at one of its
+    captured inputs (docs/guide/import.md): as :func:`pretrained_task`, every bound that applies to a
+    layer with biases and PGD at radius ε = ``cell.eps`` × the median token norm ‖x_i‖ (the model's
+    layers see inputs of unrelated scales: a LayerNorm's output, a residual stream), with ‖X‖_F, the
+    median token norm and the mean attention entropy of the layer at that input."""
+    layer, X = cell.build()
+    tokens = X[0].norm(dim=-1)
+    radius = cell.eps * float(tokens.median())
+    ev = evaluate(layer, X, radius, extra=REMAINDER, device=device, dtype=dtype, pgd_steps=run["pgd_steps"],
+                  pgd_restarts=run["pgd_restarts"], seed=run["seed"])
+    quantities = {"x_fro": float(X.norm()), "median_token_norm": float(tokens.median()),
+                  "attention_entropy": attention_entropy(layer.attention(X))}
+    node = import_dirs.entry(cell.imported, cell.imported_layer)["node"]
+    return imported_rows(ev, cell.imported_layer, quantities, {"radius": radius, "imported_node": node})
+
+
 TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "totals": totals_task,
                           "scaling": scaling_task, "cauchy": cauchy_task, "certify": certify_task,
                           "cauchy_model": cauchy_model_task, "pretrained": pretrained_task,
+                          "imported": imported_task,
                           "cost": cost_task, "crown": crown_task, "alpha_crown": crown_task,
                           "certify_crown": certify_task, "certify_alpha_crown": certify_task,
                           "crown_cascade": certify_task}

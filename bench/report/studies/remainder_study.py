@@ -21,6 +21,8 @@ COLUMNS = {GLOBAL: "global remainder (§2.3) ÷ attained", OURS: "Taylor's remai
 def _rows(df: pd.DataFrame) -> pd.DataFrame:
     """The bound rows of every (sweep, cell, sample) that holds a ``taylor_remainder`` row."""
     bound = df[df["role"] == "bound"] if "role" in df.columns else df.iloc[:0]
+    if "task" in bound.columns:  # the imported layers' remainders: their own rows, not yet a study here
+        bound = bound[bound["task"] != "imported"]
     keys = ["sweep", "cell_id", "sample"]
     have = bound.loc[bound["bound"] == OURS, keys].drop_duplicates()
     if have.empty:
