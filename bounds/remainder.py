@@ -255,11 +255,10 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     joint = joint + _assemble(rows, _g2(s) * value, beta, r, layer.d_h).sum(-1)
     joint = _nan_inf(joint)
     zform = _zform_rest(layer, rows, G, P, r)
-    if cache is None or "form" not in cache:
-        clean = {"form": _form_norm(layer, X, G, P), "spread": _weighted_spread(G, P).sqrt()}
-        if cache is not None:
-            cache.update(clean)
-    form, spread = (cache or clean)["form"], (cache or clean)["spread"]
+    cache = {} if cache is None else cache
+    if "form" not in cache:
+        cache.update(form=_form_norm(layer, X, G, P), spread=_weighted_spread(G, P).sqrt())
+    form, spread = cache["form"], cache["spread"]
     # the value term Σ_l dP_l[Γ] Γ C_l by Cauchy–Schwarz over (l, k): c = max_{i,k} Σ_l p_lik ‖C_l‖²
     cv = (P * rows["C"][None, :, :, None].square()).sum(1).amax((-1, -2))
     second = (form + cv.sqrt() * spread) * r1**2

@@ -25,7 +25,7 @@ from ..nets.accuracy import (
     load_model,
     parse_eps,
     run_certify,
-    test_images,
+    select_images,
 )
 from ..sweep.cases import num
 
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     net, card = load_model(args.model)
     check_certifiable(net)
-    images, labels, index = test_images(args.dataset, net, args.limit, offset=args.offset,
+    images, labels, index = select_images(args.dataset, net, args.limit, offset=args.offset,
                                         sample=args.sample, seed=args.seed)
     res = run_certify(net, images, labels, eps, names, steps=args.pgd_steps, restarts=args.pgd_restarts,
                       seed=args.seed, device=device, progress=True, cascade=cascade)

@@ -81,7 +81,7 @@ def parse_eps(text: str) -> list[float]:
 
 def first_test_images(dataset: str, net: ViT, limit: int | None) -> tuple[Tensor, Tensor]:
     """The first ``limit`` test images and labels of a bundled dataset, checked against the network."""
-    X, y, _ = test_images(dataset, net, limit)
+    X, y, _ = select_images(dataset, net, limit)
     return X, y
 
 
@@ -90,7 +90,7 @@ def _count(value: int | None, name: str, least: int) -> None:
         raise InputError(f"{name} must be at least {least}, got {value}")
 
 
-def test_images(dataset: str, net: ViT, limit: int | None = None, *, offset: int = 0,
+def select_images(dataset: str, net: ViT, limit: int | None = None, *, offset: int = 0,
                 sample: int | None = None, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     """Test images [B, H, W], labels [B] and their indices in the test set [B] of a bundled dataset,
     checked against the network: the ``limit`` images from index ``offset`` on (all of them without

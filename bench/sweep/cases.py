@@ -159,16 +159,21 @@ class Cell:
             if named:
                 raise InputError(f"{', '.join(named)} are read only by task 'imported' (task {self.task!r})")
             return
-        fixed = [f"{f.name} = {getattr(self, f.name)!r}" for f in fields(self)
-                 if f.name in PRETRAINED_UNREAD and getattr(self, f.name) != f.default]
-        if fixed:
-            raise InputError(f"task imported reads its layer and input from an import directory and does "
-                             f"not read {', '.join(fixed)}")
+        self._refuse_layer_fields("an import directory")
         if not self.imported:
             raise InputError('task imported needs imported = ["DIR", ...]: the --out of '
                              '`python -m bench import`')
         import_dirs.check(self.imported, self.imported_layer, self.imported_input, self.imported_sha256,
                        self.imported_data)
+
+    def _refuse_layer_fields(self, source: str) -> None:
+        """A task that reads its layer and input from ``source`` refuses, by name, every layer or
+        input field set away from its default (it would be ignored)."""
+        fixed = [f"{f.name} = {getattr(self, f.name)!r}" for f in fields(self)
+                 if f.name in PRETRAINED_UNREAD and getattr(self, f.name) != f.default]
+        if fixed:
+            raise InputError(f"task {self.task} reads its layer and input from {source} and does not read "
+                             f"{', '.join(fixed)}")
 
     def _check_pretrained(self) -> None:
         """Only a pretrained cell names a layer and a sentence, and it must name valid ones; checked
@@ -178,11 +183,7 @@ class Cell:
                 raise InputError(f"layer_index and sentence are read only by task 'pretrained' "
                                  f"(task {self.task!r})")
             return
-        fixed = [f"{f.name} = {getattr(self, f.name)!r}" for f in fields(self)
-                 if f.name in PRETRAINED_UNREAD and getattr(self, f.name) != f.default]
-        if fixed:
-            raise InputError(f"task pretrained reads its layer and input from all-MiniLM-L6-v2 and "
-                             f"does not read {', '.join(fixed)}")
+        self._refuse_layer_fields("all-MiniLM-L6-v2")
         if not 1 <= self.layer_index <= PRETRAINED_LAYERS:
             raise InputError(f"task pretrained needs layer_index in 1..{PRETRAINED_LAYERS}, "
                              f"got {self.layer_index}")

@@ -187,13 +187,10 @@ def attention_entropy(P: torch.Tensor) -> float:
     return float(-(P * torch.log(P.clamp_min(torch.finfo(P.dtype).tiny))).sum(-1).mean())
 
 
-def pretrained_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
-    """One attention sub-layer of all-MiniLM-L6-v2 at a real sentence (docs/bounds.md §1.6): every
-    bound that applies to a layer with biases and PGD at radius ε = ``cell.eps`` × the median token
-    norm ‖x_i‖ (so one relative ε means the same across layers, whose input norms differ), with
-    ‖X‖_F, the median token norm and the mean attention entropy of the layer at that input."""
-    from models.pretrained import model_version  # the extras: only this task needs them
-
+def _at_relative_radius(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype):
+    """A layer with its one input (a pretrained or imported cell): every bound and PGD at radius
+    ``cell.eps`` × the median token norm, with ‖X‖_F, that norm and the mean attention entropy;
+    returns (the evaluation, X, the radius, those quantities)."""
     layer, X = cell.build()
     tokens = X[0].norm(dim=-1)
     radius = cell.eps * float(tokens.median())
@@ -201,6 +198,17 @@ def pretrained_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dt
                   pgd_restarts=run["pgd_restarts"], seed=run["seed"])
     quantities = {"x_fro": float(X.norm()), "median_token_norm": float(tokens.median()),
                   "attention_entropy": attention_entropy(layer.attention(X))}
+    return ev, X, radius, quantities
+
+
+def pretrained_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """One attention sub-layer of all-MiniLM-L6-v2 at a real sentence (docs/bounds.md §1.6): every
+    bound that applies to a layer with biases and PGD at radius ε = ``cell.eps`` × the median token
+    norm ‖x_i‖ (so one relative ε means the same across layers, whose input norms differ), with
+    ‖X‖_F, the median token norm and the mean attention entropy of the layer at that input."""
+    from models.pretrained import model_version  # the extras: only this task needs them
+
+    ev, X, radius, quantities = _at_relative_radius(cell, run, device, dtype)
     columns = {"model_version": model_version(), "tokens": X.shape[1], "radius": radius}
     return pretrained_rows(ev, cell.layer_index, quantities, columns)
 
@@ -211,13 +219,7 @@ def imported_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtyp
     layer with biases and PGD at radius ε = ``cell.eps`` × the median token norm ‖x_i‖ (the model's
     layers see inputs of unrelated scales: a LayerNorm's output, a residual stream), with ‖X‖_F, the
     median token norm and the mean attention entropy of the layer at that input."""
-    layer, X = cell.build()
-    tokens = X[0].norm(dim=-1)
-    radius = cell.eps * float(tokens.median())
-    ev = evaluate(layer, X, radius, extra=REMAINDER, device=device, dtype=dtype, pgd_steps=run["pgd_steps"],
-                  pgd_restarts=run["pgd_restarts"], seed=run["seed"])
-    quantities = {"x_fro": float(X.norm()), "median_token_norm": float(tokens.median()),
-                  "attention_entropy": attention_entropy(layer.attention(X))}
+    ev, _, radius, quantities = _at_relative_radius(cell, run, device, dtype)
     node = import_dirs.entry(cell.imported, cell.imported_layer)["node"]
     return imported_rows(ev, cell.imported_layer, quantities, {"radius": radius, "imported_node": node})
 
