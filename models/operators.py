@@ -38,7 +38,7 @@ M_GRAM_LIMIT = 1024  # min(n², n·r) = 576: 0.045 vs 0.16 (h = 4); 1024: 0.25 v
 JACOBIAN_LIMIT = 1536  # nd = 1024: 0.084 vs 0.145; 1536: 0.26 vs 0.16; 2048: 0.60 vs 0.19
 # the side of a Gram from which (on the CPU) a Cholesky check of a Lanczos guess replaces its
 # eigendecomposition (bounds.certificates.verified_gram_norm): 4.4× faster at 1024 (21 vs 92 ms), and
-# the guess (ARPACK) adds 3–8 ms; on a GPU the eigendecomposition stays (not measured there)
+# the guess (a block Krylov space) adds a few ms; on a GPU the eigendecomposition stays (not measured there)
 VERIFY_MIN = 256
 
 

@@ -493,10 +493,14 @@ class TaylorNet:
         parts = []
         with torch.no_grad():
             for i in range(0, B, step):
+                # first without the remainder's quadratic form (its eigenproblems are 3–5× the rest
+                # of a pass on the Fashion-MNIST models, and it changed no verdict of this pass on
+                # the 3-block one; docs/bounds.md §5.1, "Refined ranges")
                 part = self._once(eps, slice(i, i + step), split, refine=False)
-                # images left uncertified (and classified right) again, with every unit's range refined
-                # by the backward pass: it costs two functionals per unstable unit through every
-                # stage before it, so only where the cheaper pass did not suffice
+                # images left uncertified (and classified right) again, with the quadratic form and
+                # every unit's range refined by the backward pass: it costs two functionals per
+                # unstable unit through every stage before it, so only where the cheap pass did not
+                # suffice
                 if not part[1][self.logits[i:i + step].argmax(-1) == self.labels[i:i + step]].all():
                     again = self._once(eps, slice(i, i + step), split, refine=True)
                     take = (~part[1])[:, None]
@@ -516,12 +520,15 @@ class TaylorNet:
         return self._margins(stages[-1][1], eps, unstable, straddling, images, log)
 
     def stages(self, eps: float, images: slice = slice(None), log: list | None = None,
-               refine: bool = False, split: str = "taylor") -> list[tuple[str, DeviationSet, Tensor | None]]:
+               refine: bool = False, split: str = "taylor",
+               quadratic: bool | None = None) -> list[tuple[str, DeviationSet, Tensor | None]]:
         """The deviation set after every stage (``project<k>``, ``attention<k>``, ``ffn<k>``) with the
         stage's count of relaxed units (straddling tokens, unstable neurons; None for attention), for
         the ``images`` of the batch; ``log`` (a list) receives what :func:`backward` needs, and with
         ``refine`` the ranges of the units that can cross a kink are intersected with the backward
-        pass's over the stages before them (docs/bounds.md §5.1)."""
+        pass's over the stages before them (docs/bounds.md §5.1). Attention's remainder takes its
+        quadratic form (``bounds.remainder.remainder``) as ``quadratic`` says, by default with
+        ``refine`` only."""
         B = len(self.labels[images])
         n, d, P = self.embed.shape
         like = self.logits[images]
@@ -531,9 +538,9 @@ class TaylorNet:
         for k, block in enumerate(self.net.blocks):
             S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log, refine if k else None)
             out.append((f"project{k}", S, s))
-            # the quadratic form of the remainder costs an h·n² eigenproblem: the second pass only
+            # the quadratic form of the remainder costs h·n²-wide eigenproblems: the second pass only
             S = attention(S, self.layers[k], self.inputs[k][images], k, log, split,
-                          quadratic=True if refine is not None else None,
+                          quadratic=quadratic if quadratic is not None else refine is not None,
                           cache=self.clean_parts.setdefault((k, images.start, images.stop), {}))
             out.append((f"attention{k}", S, None))
             S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine)
