@@ -197,15 +197,17 @@ def test_the_operator_forms_match_dense_independent_constructions(biases):
     jac = torch.autograd.functional.jacobian
     J = torch.stack([jac(layer.forward, X[b]).reshape(n * d, n * d) for b in range(B)])
     parts = attention_parts(layer, X)
-    assert torch.allclose(jacobian_apply(layer, parts, T), (T.flatten(2) @ J.mT).reshape(T.shape), atol=1e-12)
+    cols = lambda T: T.movedim(1, -1)  # jacobian_apply takes the directions as columns
+    assert torch.allclose(jacobian_apply(layer, parts, cols(T)), cols((T.flatten(2) @ J.mT).reshape(T.shape)),
+                          atol=1e-12)
     assert torch.allclose(transpose_apply(layer, X, None, Lam), (Lam.flatten(2) @ J).reshape(Lam.shape),
                           atol=1e-12)
     P, C = layer.attention(X), layer.C()
     D1 = torch.stack([torch.eye(n * d, dtype=torch.float64)
                       + sum(torch.kron(P[b, k].contiguous(), C[k].T.contiguous()) for k in range(h))
                       for b in range(B)])
-    assert torch.allclose(jacobian_apply(layer, parts, T, logits=False),
-                          (T.flatten(2) @ D1.mT).reshape(T.shape), atol=1e-12)
+    assert torch.allclose(jacobian_apply(layer, parts, cols(T), logits=False),
+                          cols((T.flatten(2) @ D1.mT).reshape(T.shape)), atol=1e-12)
     assert torch.allclose(delta1_transpose(layer, parts, Lam), (Lam.flatten(2) @ D1).reshape(Lam.shape),
                           atol=1e-12)
 

@@ -126,12 +126,12 @@ class DeviationSet:
                        c=c, gram=gram)
 
     def mixed(self, fn: Callable[[Tensor], Tensor]) -> DeviationSet:
-        """The image under a linear map ``fn`` of [B, K, n, d] (K sets of tokens: the columns of G, A
-        and Q, and c) that mixes tokens; E's radii are the caller's."""
+        """The image under a linear map ``fn`` of [B, n, d, K] (K sets of tokens as columns: those of
+        G, A and Q, and c) that mixes tokens; E's radii are the caller's."""
         B, n, d, k, g = self.Q.shape
         P, m = self.G.shape[-1], self.A.shape[-1]
         parts = torch.cat([self.G, self.A, self.Q.reshape(B, n, d, k * g), self.c[..., None]], -1)
-        out = fn(parts.movedim(-1, 1)).movedim(1, -1)  # one call for every column
+        out = fn(parts)  # one call for every column
         G, A, Q, c = out.split([P, m, k * g, 1], -1)
         return replace(self, G=G, A=A, Q=Q.reshape(B, n, d, k, g), c=c[..., 0], gram=None)
 
