@@ -140,6 +140,26 @@ def reusing() -> bool:
     return _REUSE.get() is not None
 
 
+def reused(key: tuple, tensors: tuple[Tensor, ...], compute: Callable[[], object]) -> object:
+    """``compute()`` once per ``key`` and tensors inside a :func:`reuse` block (every call outside
+    one): for the parts of a bound that do not depend on ε, as :func:`certified_norm` for norms. Its
+    seconds enter the ledger as a norm's do, so a value that takes it from the cache still counts
+    its cost (:attr:`Ledger.reused_seconds`); it adds no certificate of its own."""
+    cache = _REUSE.get()
+    full_key = (key, *(id(t) for t in tensors))
+    if cache is not None and full_key in cache:
+        value, seconds, _ = cache[full_key]
+        _record(Entry(Certificate(), seconds, reused=True, key=full_key))
+        return value
+    start = time.perf_counter()
+    value = compute()
+    seconds = time.perf_counter() - start
+    if cache is not None:
+        cache[full_key] = (value, seconds, tensors)  # holds the tensors: no id is recycled
+        _record(Entry(Certificate(), seconds, key=full_key))
+    return value
+
+
 def _record(entry: Entry) -> None:
     book = _LEDGER.get()
     if book is not None:

@@ -18,8 +18,8 @@ from torch import Tensor
 from models import DotMHA
 
 from .base import radius
-from .certificates import verified_gram_norm
-from .lofast import xi
+from .certificates import reused, verified_gram_norm
+from .lofast import layer_key, xi
 
 # relative slack for the float64 rounding of the local bound's sums, products and eigenvalues, and an
 # absolute one in units of the global bound (a scale of the magnitudes), docs/bounds.md §2.3.1
@@ -235,7 +235,8 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
 
     +inf where h·n² > QUAD_LIMIT. ``cache`` (a dict, empty at first) keeps ‖𝒜‖ and √Λ, which depend
     on the clean point alone, for calls at other radii on the same layer and X: two of the four
-    eigenproblems of a call."""
+    eigenproblems of a call; without it they are kept in the open ``bounds.certificates.reuse``
+    block, if any."""
     B, n, _ = X.shape
     r = radius(eps, X)[:, None, None]
     if layer.h * n * n > QUAD_LIMIT:
@@ -255,10 +256,14 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     joint = joint + _assemble(rows, _g2(s) * value, beta, r, layer.d_h).sum(-1)
     joint = _nan_inf(joint)
     zform = _zform_rest(layer, rows, G, P, r)
-    cache = {} if cache is None else cache
-    if "form" not in cache:
-        cache.update(form=_form_norm(layer, X, G, P), spread=_weighted_spread(G, P).sqrt())
-    form, spread = cache["form"], cache["spread"]
+    clean = lambda: (_form_norm(layer, X, G, P), _weighted_spread(G, P).sqrt())
+    if cache is not None:
+        if "form" not in cache:
+            cache["form"], cache["spread"] = clean()
+        form, spread = cache["form"], cache["spread"]
+    else:  # the certify runs ask every ε on one trace, inside a reuse block
+        names, tensors = layer_key(layer)
+        form, spread = reused(("quadratic_parts", names), (*tensors, X), clean)
     # the value term Σ_l dP_l[Γ] Γ C_l by Cauchy–Schwarz over (l, k): c = max_{i,k} Σ_l p_lik ‖C_l‖²
     cv = (P * rows["C"][None, :, :, None].square()).sum(1).amax((-1, -2))
     second = (form + cv.sqrt() * spread) * r1**2

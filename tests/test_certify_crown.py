@@ -237,7 +237,11 @@ def test_a_failed_alpha_crown_falls_back_to_crowns_bound_and_says_so(failed, mon
     assert torch.equal(got.certified, crown_only.certified)
     assert crown_only.certified.any()  # (so that a NaN carried into the maximum would show)
     notes = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("note: α-CROWN could not")]
-    assert len(notes) == 4  # one per batch of one image
+    with torch.no_grad():
+        correct = net(X.double()).argmax(-1) == y
+    assert 0 < int(correct.sum()) < len(y)  # (so that both kinds of image are seen)
+    assert len(notes) == int(correct.sum())  # one per batch of one image, misclassified ones not sent
+    assert (got.lower[~correct] == -math.inf).all() and not got.certified[~correct].any()
 
 
 def test_the_intersection_drops_nans_and_keeps_infinities():
