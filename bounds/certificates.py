@@ -339,13 +339,14 @@ def _top_estimate(G: Tensor) -> Tensor:
         new = torch.linalg.eigvalsh(0.5 * (T + T.mT))[..., -1]
         settled = (new - theta).abs() <= GUESS_RTOL * new.abs()
         theta = new
-        if bool(settled.all()) or V.shape[-1] + b > D:
+        room = D - V.shape[-1]  # the last block fills the space: θ is then exact
+        if bool(settled.all()) or room == 0:
             break
         for _ in range(2):  # twice is enough (Giraud et al. 2005), once is not in float64
             W = W - V @ (V.mT @ W)
         if bool((W.norm(dim=-2) <= 1e-12 * scale).all()):  # the space is invariant: θ is exact
             break
-        Q = torch.linalg.qr(W).Q
+        Q = torch.linalg.qr(W).Q[..., :room]
     return torch.where(finite, theta, math.nan).cpu()
 
 

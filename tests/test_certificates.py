@@ -227,3 +227,17 @@ def test_large_grams_are_checked_by_cholesky_and_say_deterministic():
     with ledger() as book:
         zeta(layer, X[:, :4])  # n·d = 128: the eigendecomposition, exact
     assert book.certificate.kind == "exact"
+
+
+@pytest.mark.parametrize("D", [1, 2, 3, 5, 7, 9, 40])
+def test_the_guess_fills_small_spaces_and_is_confirmed(D):
+    """The block Krylov guess on sides that are no multiple of its block (the remainder's forms
+    can be as small as h·n² = 1): the last block fills the space, so the guess is the top eigenvalue
+    and the Cholesky check confirms it instead of falling back."""
+    g = torch.Generator().manual_seed(D)
+    M = torch.randn(3, D + 2, D, generator=g, dtype=torch.float64)
+    G = M.mT @ M
+    value, all_exact = verified_gram_norm(G)
+    truth = torch.linalg.eigvalsh(G)[:, -1].sqrt()
+    assert not all_exact
+    assert (value >= truth).all() and (value <= truth * (1 + 2e-9)).all()
