@@ -291,3 +291,22 @@ def test_it_certifies_more_than_the_norm_route_on_the_one_block_model():
         assert ours > res.pairwise[("best", e)].double().mean()
         assert not (res.pairwise[("taylor_net", e)] & res.pgd_broken[e]).any()
     assert res.diagnostics[("taylor_net", 0.05)]["unstable_0"].max() > 0
+
+
+@pytest.mark.parametrize("eps", [0.02, 0.05])
+def test_the_diagnostics_split_the_bound_each_margin_took(eps):
+    """At the class closest to failing, first order + kinks + every remainder is what the bound lost
+    (−lower), whichever of the forward set and the backward pass gave it: the backward pass is the
+    better on most images of the sharp model, and its split is not the forward set's."""
+    net, _ = load_vit(SHARP)
+    x, y = first_test_images("digits", net, 12)
+    c = TaylorNet(net, x, y).certify(eps)
+    cols = c.diagnostics.columns()
+    loss = cols["first_order"] + cols["kinks"] + sum(v for k, v in cols.items() if k.startswith("remainder_"))
+    with torch.no_grad():
+        logits = net(x.double())
+    margins = logits.gather(-1, y[:, None]) - logits
+    at = (margins + c.lower).argmin(-1, keepdim=True)  # +inf at the label: never taken
+    torch.testing.assert_close(cols["margin"], margins.gather(-1, at)[:, 0], rtol=0, atol=0)
+    assert cols["backward"].bool().sum() >= 6
+    torch.testing.assert_close(loss, -c.lower.gather(-1, at)[:, 0], rtol=1e-9, atol=1e-12)

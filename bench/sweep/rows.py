@@ -56,7 +56,7 @@ DIAGNOSTICS = {"tn_first_order": "first-order loss ε‖Gᵀc‖ at the class cl
                "tn_unstable": "ReLU neurons whose range contains 0, every block",
                "tn_straddling": "tokens whose ball straddles LayerProject's sphere, every block",
                "tn_backward": "the backward pass's bound was the better one at that class (the split "
-                              "above is the forward set's)"}
+                              "above is then the backward pass's, else the forward set's)"}
 
 # the extra columns of network rows (certify, pgd_margin, accuracy); absent from other rows
 CERTIFY_COLUMNS = {"label": "the image's class", "correct": "classified correctly",

@@ -195,7 +195,8 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
         uu = u[..., :, None] * u[..., None, :]
         L = base[..., None, None] * (eye - torch.where(use_t, 1.0, 0.0)[..., None, None] * uu)
         L = torch.where(wild[..., None, None], 0.0, L)
-        log.append({"kind": "project", "L": L, "u": u, "sign": sign, "z0": sign * (nu - R),
+        log.append({"kind": "project", "name": f"project{k}", "L": L, "u": u, "sign": sign,
+                    "z0": sign * (nu - R),
                     "lo": lo, "hi": hi, "relu": ~off,
                     "second": torch.where(off, 0.0, err - first),
                     "first": first, "caps": torch.where(off, 1.0, r**2), "budget": whole**2,
@@ -237,8 +238,8 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     bound = jacobian_bound(layer, X, parts, J, logits=split == "taylor")
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest)
     if log is not None:
-        log.append({"kind": "attention", "layer": layer, "X": X, "J": J, "rho": rest, "parts": parts,
-                    "split": split})
+        log.append({"kind": "attention", "name": f"attention{k}", "layer": layer, "X": X, "J": J,
+                    "rho": rest, "parts": parts, "split": split})
     return out.add_ball(f"attention{k}", rest)
 
 
@@ -382,12 +383,15 @@ def relu_bounds(g: Tensor, z0: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, 
     return s.to(g.dtype), b
 
 
-def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float,
+             split: dict[str, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """Lower bounds of ⟨Λ_j, Δ_N⟩ for C functionals Λ [B, C, n, d] on the last tokens, by one pass
     back through the stages of ``log`` (docs/bounds.md §5.1, "the backward pass"): every smooth stage
     by its exact Jacobian (transposed) with its remainder charged at its own coefficients, every
     kink by :func:`relu_bounds` on the ranges of the forward set. Returns (bounds [B, C], the sum
-    of the magnitudes of their terms, for the rounding slack)."""
+    of the magnitudes of their terms, for the rounding slack); ``split`` (a dict) receives what the
+    bound loses where: ``first_order``, ``kinks`` (net of the relaxations' offsets) and each stage's
+    remainder by its source's name, each [B, C] (the diagnostics where this bound is the better)."""
     B, C = Lam.shape[:2]
     const = Lam.new_zeros(B, C)
     mag = Lam.new_zeros(B, C)
@@ -396,11 +400,15 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float) -> tuple[T
             g = Lam @ rec["W2"]  # [B, C, n, w]
             s, b = relu_bounds(g, *(rec[f][:, None] for f in ("z0", "lo", "hi")))
             const = const + (g * b).sum((-1, -2))
+            if split is not None:
+                split["kinks"] = split.get("kinks", 0) - (g * b).sum((-1, -2))
             mag = mag + (g * b).abs().sum((-1, -2))
             Lam = Lam + (g * s) @ rec["W1"]
         elif rec["kind"] == "attention":
             charge = Lam.flatten(2).norm(dim=-1) * rec["rho"][:, None]
             const, mag = const - charge, mag + charge
+            if split is not None:
+                split[rec["name"]] = charge
             if rec["split"] == "taylor":
                 Lam = transpose_apply(rec["layer"], rec["X"], rec["J"], Lam, rec["parts"])
             else:
@@ -418,10 +426,15 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float) -> tuple[T
                                    * (second / rec["caps"][:, None]).amax(-1))
             charge = shared + (norms * (rec["first"] + rec["wild"])[:, None]).sum(-1)
             const = const + (gam * b).sum(-1) - charge
+            if split is not None:
+                split["kinks"] = split.get("kinks", 0) - (gam * b).sum(-1)
+                split[rec["name"]] = charge
             mag = mag + (gam * b).abs().sum(-1) + charge
             radial = (gam * s * rec["sign"][:, None])[..., None] * u
             Lam = torch.einsum("bnde,bcne->bcnd", rec["L"], Lam) + radial
     first = eps * torch.einsum("bcnd,ndp->bcp", Lam, embed).norm(dim=-1)
+    if split is not None:
+        split["first_order"] = first
     return const - first, mag + first
 
 
@@ -582,7 +595,8 @@ class TaylorNet:
         slack = ROUND * (own.abs() + logits.abs() + first + kinks + shift.abs() + balls.sum(-1))
         # the backward pass over the same ranges: CROWN's slopes per sign, remainders at their own
         # coefficients; each margin takes the better of the two sound bounds
-        back, mag = backward(log, rows[:, :, None, :].expand(-1, -1, n, -1), self.embed, eps)
+        split: dict[str, Tensor] = {}
+        back, mag = backward(log, rows[:, :, None, :].expand(-1, -1, n, -1), self.embed, eps, split)
         back_slack = ROUND * (own.abs() + logits.abs() + mag)
         better = back - back_slack > lower - slack
         lower, slack = torch.where(better, back, lower), torch.where(better, back_slack, slack)
@@ -591,7 +605,13 @@ class TaylorNet:
         certified = ok.all(-1) & (logits.argmax(-1) == y)
         worst = (total - slack).scatter(-1, y[:, None], math.inf).argmin(-1, keepdim=True)
         pick = lambda T: T.gather(-1, worst)[:, 0]
-        diag = Diagnostics(pick(margins), pick(first), pick(kinks - shift),
-                           {s: pick(balls[..., i]) for i, s in enumerate(names)}, unstable, straddling,
-                           pick(better))
+        # the split of the bound each margin took: the forward set's or the backward pass's
+        take = lambda b, f: torch.where(better, torch.as_tensor(b).expand_as(better), f)
+        zero = torch.zeros_like(lower)
+        forward = {s: balls[..., i] for i, s in enumerate(names)}
+        sources = list(dict.fromkeys([*names, *(k for k in split if k not in ("first_order", "kinks"))]))
+        diag = Diagnostics(pick(margins), pick(take(split["first_order"], first)),
+                           pick(take(split.get("kinks", 0.0), kinks - shift)),
+                           {s: pick(take(split.get(s, 0.0), forward.get(s, zero))) for s in sources},
+                           unstable, straddling, pick(better))
         return lower.scatter(-1, y[:, None], math.inf), certified, diag
