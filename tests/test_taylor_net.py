@@ -62,8 +62,8 @@ def perturbations(x: torch.Tensor, eps: float, count: int, gen: torch.Generator)
 
 def check_stages(net: ViT, x: torch.Tensor, y: torch.Tensor, eps: float, samples: int = 24,
                  split: str = "taylor") -> int:
-    """Asserts ⟨c, Δ⟩ ≤ support(c) at every stage for sampled δ and c ∈ {±Δ/‖Δ‖, random}; returns the
-    number of checks made."""
+    """Asserts ⟨c, Δ⟩ ≤ support(c) at every stage for sampled δ and c ∈ {±Δ/‖Δ‖, random}, and every
+    token's ‖Δ_t‖ within its radius (E's per-token bounds included); returns the number of checks made."""
     tn = TaylorNet(net, x, y)
     with torch.no_grad():
         stages = tn.stages(eps, split=split)
@@ -74,6 +74,8 @@ def check_stages(net: ViT, x: torch.Tensor, y: torch.Tensor, eps: float, samples
             moved = true_stages(net, x + delta)
             for (name, S, _), a, b in zip(stages, clean, moved, strict=True):
                 dev = b - a
+                radii = S.token_radii(eps)
+                assert (dev.norm(dim=-1) <= radii * (1 + 1e-9) + 1e-12).all(), (name, "token radius")
                 unit = dev / dev.flatten(1).norm(dim=-1).clamp_min(1e-300)[:, None, None]
                 for c in (unit, -unit, torch.randn(dev.shape, generator=gen, dtype=dev.dtype)):
                     attained = (c * dev).sum((-1, -2))
@@ -310,3 +312,35 @@ def test_the_diagnostics_split_the_bound_each_margin_took(eps):
     torch.testing.assert_close(cols["margin"], margins.gather(-1, at)[:, 0], rtol=0, atol=0)
     assert cols["backward"].bool().sum() >= 6
     torch.testing.assert_close(loss, -c.lower.gather(-1, at)[:, 0], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("split", ["taylor", "lofast"])
+def test_the_per_token_error_bounds_hold_through_attention(split):
+    """E's per-token bounds after attention's linear part (``_mix_tokens``) against the worst E
+    that lives on one token: E_s of norm e_s along the top right singular vector of the block
+    M_ts, which attains e_s‖M_ts‖₂ at token t; M built densely (the Jacobian by autograd, Δ₁ as
+    I + Σ_l P_l ⊗ C_lᵀ), not by the code under test."""
+    from bounds.network.taylor_net import _mix_tokens, attention_parts
+    from models import DotMHA
+
+    gen = torch.Generator().manual_seed(7)
+    h, d, e, n = 2, 6, 3, 4
+    r = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+    layer = DotMHA(2 * r(h, d, e), 2 * r(h, d, e), r(h, d, e), r(h, e, d), residual=True)
+    X = r(1, n, d)
+    if split == "taylor":
+        M = torch.autograd.functional.jacobian(layer.forward, X[0]).reshape(n * d, n * d)
+    else:
+        P, C = layer.attention(X)[0], layer.C()
+        M = torch.eye(n * d, dtype=torch.float64) + sum(torch.kron(P[k].contiguous(), C[k].T.contiguous())
+                                                        for k in range(h))
+    tok = torch.rand(1, n, generator=gen, dtype=torch.float64) + 0.1
+    bound = _mix_tokens(layer, attention_parts(layer, X), M[None], tok, split)[0]
+    blocks = M.reshape(n, d, n, d)
+    for t in range(n):
+        for s in range(n):
+            top = torch.linalg.svd(blocks[t, :, s, :]).Vh[0]
+            E = torch.zeros(n, d, dtype=torch.float64)
+            E[s] = tok[0, s] * top
+            attained = (M @ E.reshape(-1)).reshape(n, d)[t].norm()
+            assert attained <= bound[t] * (1 + 1e-12)

@@ -135,7 +135,7 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     a_A = torch.einsum("bnd,bndm->bnm", u, S.A)
     a_Q = torch.einsum("bnd,bndkg->bnkg", u, S.Q)
     a_mid = (u * S.c).sum(-1)
-    a_half = eps * a_G.norm(dim=-1) + a_A.abs().sum(-1) + S.grouped(a_Q.norm(dim=-1)) + S.ball()[:, None]
+    a_half = eps * a_G.norm(dim=-1) + a_A.abs().sum(-1) + S.grouped(a_Q.norm(dim=-1)) + S.token_ball()
     a_lo, a_hi = a_mid - a_half, a_mid + a_half
     n, d = raw.shape[1:]
     if refine is not None:  # the backward pass over the stages before gives its own range of a
@@ -202,7 +202,10 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
                     "first": first, "caps": torch.where(off, 1.0, r**2), "budget": whole**2,
                     "wild": torch.where(wild, r, 0.0)})
     # LayerProject is 1-Lipschitz per token: the projected set's radius is at most the input's
-    return replace(out.add_ball(f"project{k}", smooth), route=whole), straddle.sum(-1)
+    # per token, a smooth token's error is its own err (straddling and wild tokens' are groups); E
+    # crosses the linear part at ‖L_t‖ ≤ 1 as it does in norm
+    own = torch.where(straddle | off, 0.0, err)
+    return replace(out.add_ball(f"project{k}", smooth, own), route=whole), straddle.sum(-1)
 
 
 # how attention is split into a linear part and a remainder (docs/bounds.md §5.1, "what the attention
@@ -236,11 +239,29 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             out = S.mixed(lambda T: jacobian_apply(layer, parts, T))
         rest = remainder(layer, X, r, quadratic=quadratic, cache=cache)
     bound = jacobian_bound(layer, X, parts, J, logits=split == "taylor")
-    out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest)
+    out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
+                  tok=_mix_tokens(layer, parts, J, S.tok, split))
     if log is not None:
         log.append({"kind": "attention", "name": f"attention{k}", "layer": layer, "X": X, "J": J,
                     "rho": rest, "parts": parts, "split": split})
     return out.add_ball(f"attention{k}", rest)
+
+
+def _mix_tokens(layer: DotMHA, parts: dict[str, Tensor], J: Tensor | None, tok: Tensor | None,
+                split: str) -> Tensor | None:
+    """E's per-token bounds after attention's linear part, [B, n]: ‖(ME)_t‖ ≤ Σ_s ‖M_ts‖ ‖E_s‖ with
+    M_ts the d×d block of the linear part from token s to token t, ‖M_ts‖₂ ≤ ‖M_ts‖_F for the dense
+    Jacobian, ≤ ‖H‖δ_ts + Σ_l p_lts‖C_l‖ for LoFAST's Δ₁; None where neither is at hand (attention's
+    Jacobian as an operator)."""
+    if tok is None or (split == "taylor" and J is None):
+        return None
+    B, n = tok.shape
+    if split == "taylor":
+        blocks = J.reshape(B, n, -1, n, J.shape[-1] // n).square().sum((2, 4)).sqrt()
+    else:
+        blocks = torch.einsum("bhts,h->bts", parts["P"], layer.C_norm())
+        blocks = blocks + layer.H_norm * torch.eye(n, dtype=tok.dtype, device=tok.device)
+    return torch.einsum("bts,bs->bt", blocks, tok) * (1 + 1e-12)  # the sums' own rounding
 
 
 def attention_parts(layer: DotMHA, X: Tensor) -> dict[str, Tensor]:
@@ -321,7 +342,7 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
     zQ = torch.einsum("wd,bndkg->bnwkg", W1, S.Q)
     zc = S.c @ W1.T
     half = (eps * first + zA.abs().sum(-1) + S.grouped(zQ.norm(dim=-1))
-            + W1.norm(dim=-1) * S.ball()[:, None, None])
+            + W1.norm(dim=-1) * S.token_ball()[..., None])
     # the Gram's square root carries its own rounding: widen each range by a relative 1e-12
     half = half * (1 + 1e-12)
     B, n, w = z0.shape
@@ -337,7 +358,9 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
     unstable = mu > 0
     idx, coef = symbols(unstable.reshape(B, -1), mu.reshape(B, -1))
     out = out.with_symbols(columns(idx // w, coef[..., None] * W2.T[idx % w], n, d))
-    return replace(out, rho=S.rho * lipschitz, route=S.route * lipschitz), unstable.reshape(B, -1).sum(-1)
+    tok = None if S.tok is None else S.tok * lipschitz  # the FFN acts per token
+    out = replace(out, rho=S.rho * lipschitz, route=S.route * lipschitz, tok=tok)
+    return out, unstable.reshape(B, -1).sum(-1)
 
 
 # a callable (functionals [B, C, n, d], their forward ranges lo, hi [B, C]) → tighter (lo, hi): the

@@ -25,6 +25,9 @@ class DeviationSet:
     token's own error ball, with the budget of :meth:`grouped`), c [B, n, d], and the Frobenius
     radii of E per source, ρ [B, S]. ``sources`` names E's radii, ``groups`` the source of each group.
 
+    ``tok`` [B, n] bounds ‖E_t‖ per token where known (None: E's Frobenius radius alone): a remainder
+    born per token (LayerProject's) has its own size there, and per-token maps keep it per token, so
+    that a token's radius is not charged the whole ball (docs/bounds.md §5.1).
     ``gram`` [B, n, d, d] holds G_t G_tᵀ per token where known (a per-token linear map L_t updates it
     as L_t·gram·L_tᵀ, at d³ instead of d²P), and ``route`` [B] an upper bound of ‖Δ‖_F propagated as
     the norm route does (docs/bounds.md §5): the smaller of it and (Σ_t r_t²)^½ is the set's radius.
@@ -43,13 +46,14 @@ class DeviationSet:
     caps: Tensor | None = None
     budgets: dict[str, Tensor] = field(default_factory=dict)
     gram: Tensor | None = None
+    tok: Tensor | None = None
 
     @classmethod
     def ball_of(cls, G: Tensor, radius: Tensor) -> DeviationSet:
         """The set {Gδ : ‖δ‖₂ ≤ ε}, G [B, n, d, P], whose Frobenius radius is ≤ ``radius`` [B]."""
         B, n, d, _ = G.shape
         return cls(G, G.new_zeros(B, n, d, 0), G.new_zeros(B, n, d, 0, d), G.new_zeros(B, n, d),
-                   G.new_zeros(B, 0), radius)
+                   G.new_zeros(B, 0), radius, tok=G.new_zeros(B, n))
 
     def grouped(self, v: Tensor) -> Tensor:
         """The largest Σ_j (s_j/caps_j)·v_j over the groups' radii, from their supports v [B, ..., k]
@@ -78,6 +82,11 @@ class DeviationSet:
         """Σ_s ρ_s ≥ ‖E‖_F, [B]."""
         return self.rho.sum(-1)
 
+    def token_ball(self) -> Tensor:
+        """An upper bound of ‖E_t‖ per token, [B, n]: the smaller of ``tok`` and ‖E‖_F."""
+        whole = self.ball()[:, None].expand(*self.c.shape[:2])
+        return whole if self.tok is None else torch.minimum(whole, self.tok)
+
     def token_grams(self) -> Tensor:
         """G_t G_tᵀ per token, [B, n, d, d] (formed once, then kept by per-token maps)."""
         if self.gram is None:
@@ -92,7 +101,7 @@ class DeviationSet:
         groups = gram_norm(self.Q.transpose(2, 3) @ self.Q.transpose(2, 3).mT) if self.Q.shape[-2] else \
             self.Q.new_zeros(*self.Q.shape[:2], 0)
         return (self.c.norm(dim=-1) + eps * gram_norm(self.token_grams()) + self.A.abs().sum(-1).norm(dim=-1)
-                + self.grouped(groups) + self.ball()[:, None])
+                + self.grouped(groups) + self.token_ball())
 
     def radius(self, eps: float, tokens: Tensor | None = None) -> Tensor:
         """An upper bound of ‖Δ‖_F, [B]: the smallest of the route, (Σ_t r_t²)^½ and, where its Gram
@@ -133,7 +142,8 @@ class DeviationSet:
         parts = torch.cat([self.G, self.A, self.Q.reshape(B, n, d, k * g), self.c[..., None]], -1)
         out = fn(parts)  # one call for every column
         G, A, Q, c = out.split([P, m, k * g, 1], -1)
-        return replace(self, G=G, A=A, Q=Q.reshape(B, n, d, k, g), c=c[..., 0], gram=None)
+        # E's per-token bounds do not survive a map that mixes tokens: the caller sets them anew
+        return replace(self, G=G, A=A, Q=Q.reshape(B, n, d, k, g), c=c[..., 0], gram=None, tok=None)
 
     def with_symbols(self, columns: Tensor) -> DeviationSet:
         """The set plus new symbol columns [B, n, d, k]."""
@@ -148,8 +158,12 @@ class DeviationSet:
         return replace(self, Q=torch.cat([self.Q, columns], -2), caps=torch.cat([old, caps], -1),
                        groups=[*self.groups, *[name] * columns.shape[-2]], budgets=budgets)
 
-    def add_ball(self, name: str, rho: Tensor) -> DeviationSet:
-        return replace(self, rho=torch.cat([self.rho, rho[:, None]], -1), sources=[*self.sources, name])
+    def add_ball(self, name: str, rho: Tensor, per_token: Tensor | None = None) -> DeviationSet:
+        """The set plus a remainder ball of source ``name``, Frobenius radius ``rho`` [B], and where
+        known its bound per token ``per_token`` [B, n] (else ``rho`` at every token)."""
+        tok = None if self.tok is None else self.tok + (rho[:, None] if per_token is None else per_token)
+        return replace(self, rho=torch.cat([self.rho, rho[:, None]], -1), sources=[*self.sources, name],
+                       tok=tok)
 
 
 def relu_relaxation(z0: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor, Tensor]:
