@@ -140,24 +140,36 @@ def reusing() -> bool:
     return _REUSE.get() is not None
 
 
-def reused(key: tuple, tensors: tuple[Tensor, ...], compute: Callable[[], object]) -> object:
-    """``compute()`` once per ``key`` and tensors inside a :func:`reuse` block (every call outside
-    one): for the parts of a bound that do not depend on ε, as :func:`certified_norm` for norms. Its
-    seconds enter the ledger as a norm's do, so a value that takes it from the cache still counts
-    its cost (:attr:`Ledger.reused_seconds`); it adds no certificate of its own."""
+def _once(key: tuple, tensors: tuple[Tensor, ...], compute: Callable[[], tuple[object, Certificate]],
+          like: Tensor | None = None) -> object:
+    """The value of ``compute()`` (a value and its certificate), computed once per ``key`` and
+    tensors inside a :func:`reuse` block (every call outside one), its certificate and seconds in the
+    ledger either way: a value that takes it from the cache still counts its cost
+    (:attr:`Ledger.reused_seconds`). ``like`` names the device to synchronise for the timing."""
     cache = _REUSE.get()
     full_key = (key, *(id(t) for t in tensors))
     if cache is not None and full_key in cache:
-        value, seconds, _ = cache[full_key]
-        _record(Entry(Certificate(), seconds, reused=True, key=full_key))
+        value, cert, seconds, _ = cache[full_key]
+        _record(Entry(cert, seconds, reused=True, key=full_key))
         return value
+    if like is not None:
+        _sync(like)
     start = time.perf_counter()
-    value = compute()
+    value, cert = compute()
+    if like is not None:
+        _sync(like)
     seconds = time.perf_counter() - start
     if cache is not None:
-        cache[full_key] = (value, seconds, tensors)  # holds the tensors: no id is recycled
-        _record(Entry(Certificate(), seconds, key=full_key))
+        cache[full_key] = (value, cert, seconds, tensors)  # holds the tensors: no id is recycled
+    _record(Entry(cert, seconds, key=full_key))
     return value
+
+
+def reused(key: tuple, tensors: tuple[Tensor, ...], compute: Callable[[], object]) -> object:
+    """``compute()`` once per ``key`` and tensors inside a :func:`reuse` block, as
+    :func:`certified_norm` for norms: for the parts of a bound that do not depend on ε. It adds no
+    certificate of its own (an ``exact`` entry in the ledger, for its seconds)."""
+    return _once(key, tensors, lambda: (compute(), Certificate()))
 
 
 def _record(entry: Entry) -> None:
@@ -347,7 +359,7 @@ def _top_estimate(G: Tensor) -> Tensor:
         if bool((W.norm(dim=-2) <= 1e-12 * scale).all()):  # the space is invariant: θ is exact
             break
         Q = torch.linalg.qr(W).Q[..., :room]
-    return torch.where(finite, theta, math.nan).cpu()
+    return torch.where(finite, theta, math.nan)
 
 
 def _gamma(m: int) -> float:
@@ -386,7 +398,7 @@ def verified_gram_norm(G: Tensor) -> tuple[Tensor, bool]:
     G = G.to(torch.float64)
     batch, D = G.shape[:-2], G.shape[-1]
     Gf = G.reshape(-1, D, D)
-    theta = _top_estimate(Gf.cpu()).to(G.device)
+    theta = _top_estimate(Gf).to(G.device)
     top_diag = Gf.diagonal(dim1=-2, dim2=-1).abs().amax(-1)
     mu = theta.clamp_min(0) * (1 + VERIFY_TAU) + VERIFY_TAU * top_diag
     guessed = torch.isfinite(mu) & (mu > 0)
@@ -423,23 +435,12 @@ def certified_norm(key: tuple, tensors: tuple[Tensor, ...], dense: Callable[[], 
     the operator for reuse within a :func:`reuse` block. ``probabilistic`` takes the Lanczos
     certificate even where the dense one fits (to measure and test it).
     """
-    cache = _REUSE.get()
-    full_key = (key, probabilistic, *(id(t) for t in tensors))
-    if cache is not None and full_key in cache:
-        value, cert, seconds, _ = cache[full_key]
-        _record(Entry(cert, seconds, reused=True, key=full_key))
-        return value
-    _sync(like)
-    start = time.perf_counter()
     N = math.prod(shape)
-    if (N if dense_dim is None else dense_dim) <= limit and not probabilistic:
-        value, cert = dense_certified_norm(dense() if gram else _gram_of(dense()))
-    else:
+
+    def compute() -> tuple[Tensor, Certificate]:
+        if (N if dense_dim is None else dense_dim) <= limit and not probabilistic:
+            return dense_certified_norm(dense() if gram else _gram_of(dense()))
         nb = lanczos_upper(_gram(operator(), batch, shape), batch, N, like)
-        value, cert = nb.value, nb.certificate
-    _sync(like)
-    seconds = time.perf_counter() - start
-    if cache is not None:
-        cache[full_key] = (value, cert, seconds, tensors)
-    _record(Entry(cert, seconds, key=full_key))
-    return value
+        return nb.value, nb.certificate
+
+    return _once((key, probabilistic), tensors, compute, like)

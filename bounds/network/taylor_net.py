@@ -418,13 +418,15 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float,
     B, C = Lam.shape[:2]
     const = Lam.new_zeros(B, C)
     mag = Lam.new_zeros(B, C)
+    if split is not None:
+        split["kinks"] = Lam.new_zeros(B, C)
     for rec in reversed(log):
         if rec["kind"] == "ffn":
             g = Lam @ rec["W2"]  # [B, C, n, w]
             s, b = relu_bounds(g, *(rec[f][:, None] for f in ("z0", "lo", "hi")))
             const = const + (g * b).sum((-1, -2))
             if split is not None:
-                split["kinks"] = split.get("kinks", 0) - (g * b).sum((-1, -2))
+                split["kinks"] = split["kinks"] - (g * b).sum((-1, -2))
             mag = mag + (g * b).abs().sum((-1, -2))
             Lam = Lam + (g * s) @ rec["W1"]
         elif rec["kind"] == "attention":
@@ -450,7 +452,7 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float,
             charge = shared + (norms * (rec["first"] + rec["wild"])[:, None]).sum(-1)
             const = const + (gam * b).sum(-1) - charge
             if split is not None:
-                split["kinks"] = split.get("kinks", 0) - (gam * b).sum(-1)
+                split["kinks"] = split["kinks"] - (gam * b).sum(-1)
                 split[rec["name"]] = charge
             mag = mag + (gam * b).abs().sum(-1) + charge
             radial = (gam * s * rec["sign"][:, None])[..., None] * u
@@ -558,15 +560,13 @@ class TaylorNet:
         return self._margins(stages[-1][1], eps, unstable, straddling, images, log)
 
     def stages(self, eps: float, images: slice = slice(None), log: list | None = None,
-               refine: bool = False, split: str = "taylor",
-               quadratic: bool | None = None) -> list[tuple[str, DeviationSet, Tensor | None]]:
+               refine: bool = False, split: str = "taylor") -> list[tuple[str, DeviationSet, Tensor | None]]:
         """The deviation set after every stage (``project<k>``, ``attention<k>``, ``ffn<k>``) with the
         stage's count of relaxed units (straddling tokens, unstable neurons; None for attention), for
         the ``images`` of the batch; ``log`` (a list) receives what :func:`backward` needs, and with
         ``refine`` the ranges of the units that can cross a kink are intersected with the backward
-        pass's over the stages before them (docs/bounds.md §5.1). Attention's remainder takes its
-        quadratic form (``bounds.remainder.remainder``) as ``quadratic`` says, by default with
-        ``refine`` only."""
+        pass's over the stages before them (docs/bounds.md §5.1); attention's remainder takes its
+        quadratic form (``bounds.remainder.remainder``) with ``refine`` only."""
         B = len(self.labels[images])
         n, d, P = self.embed.shape
         like = self.logits[images]
@@ -578,7 +578,7 @@ class TaylorNet:
             out.append((f"project{k}", S, s))
             # the quadratic form of the remainder costs h·n²-wide eigenproblems: the second pass only
             S = attention(S, self.layers[k], self.inputs[k][images], k, log, split,
-                          quadratic=quadratic if quadratic is not None else refine is not None,
+                          quadratic=refine is not None,
                           cache=self.clean_parts.setdefault((k, images.start, images.stop), {}))
             out.append((f"attention{k}", S, None))
             S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine)
@@ -629,12 +629,12 @@ class TaylorNet:
         worst = (total - slack).scatter(-1, y[:, None], math.inf).argmin(-1, keepdim=True)
         pick = lambda T: T.gather(-1, worst)[:, 0]
         # the split of the bound each margin took: the forward set's or the backward pass's
-        take = lambda b, f: torch.where(better, torch.as_tensor(b).expand_as(better), f)
+        take = lambda b, f: pick(torch.where(better, b, f))
         zero = torch.zeros_like(lower)
         forward = {s: balls[..., i] for i, s in enumerate(names)}
-        sources = list(dict.fromkeys([*names, *(k for k in split if k not in ("first_order", "kinks"))]))
-        diag = Diagnostics(pick(margins), pick(take(split["first_order"], first)),
-                           pick(take(split.get("kinks", 0.0), kinks - shift)),
-                           {s: pick(take(split.get(s, 0.0), forward.get(s, zero))) for s in sources},
+        sources = dict.fromkeys([*names, *(k for k in split if k not in ("first_order", "kinks"))])
+        diag = Diagnostics(pick(margins), take(split["first_order"], first),
+                           take(split["kinks"], kinks - shift),
+                           {s: take(split.get(s, zero), forward.get(s, zero)) for s in sources},
                            unstable, straddling, pick(better))
         return lower.scatter(-1, y[:, None], math.inf), certified, diag
