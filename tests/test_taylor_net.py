@@ -314,6 +314,22 @@ def test_the_diagnostics_split_the_bound_each_margin_took(eps):
     torch.testing.assert_close(loss, -c.lower.gather(-1, at)[:, 0], rtol=1e-9, atol=1e-12)
 
 
+def test_the_diagnostics_of_chunks_join_where_a_source_is_missing_from_one(monkeypatch):
+    """A wild token's group exists in a chunk only where some image has one (the paper run's Fashion
+    cell at ε 0.1 raised KeyError on it): a run in chunks of one image gives every source of the whole
+    batch, each image's value that of the batch certified at once (a missing source counts 0)."""
+    net, _ = load_vit(ONE_BLOCK)
+    x, y = first_test_images("digits", net, 4)  # at ε 0.3 images 0 and 2 have a wild token, 1 and 3 not
+    whole = TaylorNet(net, x, y).certify(0.3).diagnostics.columns()
+    monkeypatch.setattr("bench.nets.accuracy.CHUNK", 1)
+    res = run_certify(net, x, y, [0.3], ["taylor_net"], steps=2, restarts=1)
+    got = res.diagnostics[("taylor_net", 0.3)]
+    assert any("wild" in k for k in whole)  # the case tested: a source not every chunk has
+    assert set(got) == set(whole)
+    for k, v in whole.items():
+        torch.testing.assert_close(got[k].to(v.dtype), v, rtol=1e-9, atol=1e-12, msg=k)
+
+
 @pytest.mark.parametrize("split", ["taylor", "lofast"])
 def test_the_per_token_error_bounds_hold_through_attention(split):
     """E's per-token bounds after attention's linear part (``_mix_tokens``) against the worst E

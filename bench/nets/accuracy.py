@@ -19,7 +19,7 @@ from attacks.margin import attack_margin, margin
 from bounds.certificates import Certificate, exact_norm, reuse
 from bounds.network import Certifier, network_bound, network_bounds
 from bounds.network.netcrown import METHODS, RELAXATION, TracedViT, verify
-from bounds.network.taylor_net import TaylorNet
+from bounds.network.taylor_net import Diagnostics, TaylorNet
 from bounds.registry import CASCADE, CASCADE_TN, CASCADES, TAYLOR_NET, TAYLOR_NETS
 from models import InputError, check_eps
 from models.data import SHAPES, load_dataset
@@ -245,7 +245,8 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
         if p["sent"]:
             out.sent[k] = _cat(p["sent"]).cpu()
         if p["diag"]:
-            out.diagnostics[k] = {f: _cat([d[f] for d in p["diag"]]).cpu() for f in p["diag"][0]}
+            # joined as Diagnostics: a source (a wild token's group) may be missing from a chunk
+            out.diagnostics[k] = {f: v.cpu() for f, v in Diagnostics.cat(p["diag"]).columns().items()}
     for e, a in attack.items():
         out.pgd_margin[e], out.pgd_broken[e], out.pgd_features[e] = (
             _cat(a[f]).cpu() for f in ("margin", "broken", "features"))
@@ -268,7 +269,7 @@ def _taylor_net(p: dict, net: ViT, x: Tensor, y: Tensor, eps: float, memo: dict,
     p["prop1"].append(c.certified)
     p["pairwise"].append(c.certified)
     p["cert"].append(Certificate("deterministic"))
-    p["diag"].append(c.diagnostics.columns())
+    p["diag"].append(c.diagnostics)
     p["s_last"] = time.perf_counter() - start  # this chunk's, for its cascade
     p["s"] += p["s_last"]
 
