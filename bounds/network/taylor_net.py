@@ -110,7 +110,8 @@ class NetCertificate:
 
 
 def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
-            log: list | None = None, refine: Refine | None = None) -> tuple[DeviationSet, Tensor]:
+            log: list | None = None, refine: Refine | None = None,
+            every: bool = False) -> tuple[DeviationSet, Tensor]:
     """LayerProject p(x) = x·min(1, R/‖x‖) on the set (docs/bounds.md §5.1), per token with clean
     input x₀ = ν·u, radial change a = uᵀΔ and radius r ≥ ‖Δ‖:
 
@@ -123,8 +124,9 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     each token taking the form with the smaller error; w and v are ReLUs of a, relaxed as any ReLU
     (:func:`relu_relaxation`: no symbol where the ball stays on one side of the sphere). A token with
     r ≥ ν is bounded by LayerProject's 1-Lipschitz property alone (Δp = e, ‖e‖ ≤ r). Straddling
-    tokens' errors are groups of their own sharing the ball's budget (:meth:`DeviationSet.grouped`),
-    the other tokens' one Frobenius ball. Returns the set and the straddling tokens per image."""
+    tokens' errors (with ``every``, every token's outside the sphere) are groups of their own sharing
+    the ball's budget (:meth:`DeviationSet.grouped`), the other tokens' one Frobenius ball. Returns the
+    set and the straddling tokens per image."""
     r = S.token_radii(eps)  # [B, n]
     whole = S.radius(eps, r)
     nu = raw.norm(dim=-1)  # [B, n]
@@ -177,15 +179,16 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     # the budget is shared by the second-order part only: the first-order (ν − R)⁺ r/R' is ≤ 1e-3 of it
     # on the zoo's tokens, and is kept apart from it in the smooth ball below
     first = torch.where(use_t | off, 0.0, (nu - R).clamp_min(0) * r / Rp)
-    idx, radius = symbols(straddle, err - first)
-    _, caps = symbols(straddle, r**2)
+    grouped = ~off if every else straddle
+    idx, radius = symbols(grouped, err - first)
+    _, caps = symbols(grouped, r**2)
     out = out.with_groups(f"project{k}", columns(idx, radius[..., None, None] * eye, n, d),
                           torch.where(caps > 0, caps, 1.0), whole**2)
     idx, radius = symbols(wild, r)
     out = out.with_groups(f"project{k}_wild", columns(idx, radius[..., None, None] * eye, n, d),
                           torch.ones_like(radius))
     # the other tokens: ‖e‖_F ≤ (Σ_t K_t² ‖Δ_t‖⁴)^½ ≤ max_t K_t · ‖Δ‖_F² (they share the ball's budget)
-    K = torch.where(straddle | off, 0.0, (err - first) / r.clamp_min(torch.finfo(raw.dtype).tiny) ** 2)
+    K = torch.where(grouped | off, 0.0, (err - first) / r.clamp_min(torch.finfo(raw.dtype).tiny) ** 2)
     smooth = torch.minimum((K * r**2).norm(dim=-1), K.amax(-1) * whole**2) + first.norm(dim=-1)
     if log is not None:  # what the backward pass needs (:func:`backward`)
         sign = torch.where(use_t, -1.0, 1.0).to(raw.dtype)
@@ -204,7 +207,7 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     # LayerProject is 1-Lipschitz per token: the projected set's radius is at most the input's
     # per token, a smooth token's error is its own err (straddling and wild tokens' are groups); E
     # crosses the linear part at ‖L_t‖ ≤ 1 as it does in norm
-    own = torch.where(straddle | off, 0.0, err)
+    own = torch.where(grouped | off, first, err)
     return replace(out.add_ball(f"project{k}", smooth, own), route=whole), straddle.sum(-1)
 
 
@@ -574,7 +577,8 @@ class TaylorNet:
         out = []
         refine = self._refiner(log, eps) if log is not None and refine else None
         for k, block in enumerate(self.net.blocks):
-            S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log, refine if k else None)
+            S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log, refine if k else None,
+                           every=refine is not None)
             out.append((f"project{k}", S, s))
             # the quadratic form of the remainder costs h·n²-wide eigenproblems: the second pass only
             S = attention(S, self.layers[k], self.inputs[k][images], k, log, split,
