@@ -207,8 +207,9 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
                     "first": first, "caps": torch.where(off, 1.0, r**2), "budget": whole**2,
                     "wild": torch.where(wild, r, 0.0)})
     # LayerProject is 1-Lipschitz per token: the projected set's radius is at most the input's
-    # per token, a smooth token's error is its own err (straddling and wild tokens' are groups); E
-    # crosses the linear part at ‖L_t‖ ≤ 1 as it does in norm
+    # per token, a smooth token's error is its own err (a grouped token's second-order part and a wild
+    # token's are groups; a grouped token's first-order part stays here, at its token); E crosses the
+    # linear part at ‖L_t‖ ≤ 1 as it does in norm
     own = torch.where(grouped | off, first, err)
     return replace(out.add_ball(f"project{k}", smooth, own), route=whole), straddle.sum(-1)
 
