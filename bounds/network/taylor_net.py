@@ -68,10 +68,10 @@ DENSE_J = 256
 
 @dataclass
 class Diagnostics:
-    """Per image, at the class j whose test is closest to failing: the clean margin, and what the
-    forward set charges against it (first order, kinks, and each source's remainder; the split of
-    the loss), whether the backward pass's bound was the better one there (its loss is ``lower``'s),
-    and per block the number of unstable neurons and of straddling tokens."""
+    """Per image, at the class j whose test is closest to failing: the clean margin, the split of the
+    bound that margin took (first order, kinks, and each source's remainder: the backward pass's where
+    ``backward`` says its bound was the better one, else the forward set's; they add up to what
+    ``lower`` lost), and per block the number of unstable neurons and of straddling tokens."""
 
     margin: Tensor
     first_order: Tensor
