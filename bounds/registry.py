@@ -33,7 +33,8 @@ CASCADE_FIRST = "naive"
 TAYLOR_NET = "taylor_net"
 # taylor_net with each attention bound that can serve as its remainder (docs/bounds.md §5.1, "what
 # the attention bound buys"): the name → bounds.network.taylor_net's split
-TAYLOR_NETS = {TAYLOR_NET: "taylor", "taylor_net_lofast": "lofast", "taylor_net_lofast_half": "lofast_half"}
+TAYLOR_NETS = {TAYLOR_NET: "taylor", "taylor_net_lofast": "lofast", "taylor_net_lofast_half": "lofast_half",
+               "taylor_net_best": "best"}
 # the same cascade with taylor_net first: CROWN gets only what taylor_net leaves (docs/bounds.md §5.1)
 CASCADE_TN = "cascade_taylor_net_crown"
 CASCADES = {CASCADE: CASCADE_FIRST, CASCADE_TN: TAYLOR_NET}
@@ -134,6 +135,11 @@ BOUNDS: tuple[Bound, ...] = (
           "§5.1 with attention as LoFAST's Δ₁ and ½δ₂ (softmax ½-Lipschitz)", True, frozenset(), ours=True,
           display="taylor_net, LoFAST ½δ₂ (ξ)",
           description="taylor_net with attention's remainder the halved δ₂ of docs/bounds.md §2.2"),
+    Bound("taylor_net_best", _taylor_net_only, "this suite, docs/bounds.md §5.1, the best split",
+          "§5.1, every margin the better of the Taylor and ½δ₂ splits' bounds", True, frozenset(),
+          ours=True, display="taylor_net, best split",
+          description="per margin the larger of taylor_net's and taylor_net_lofast_half's lower bounds "
+                      "(the second only on images the first leaves)"),
     Bound(CASCADE_TN, _network_only, "this suite, docs/bounds.md §5.1, with LoFAST Table 2's cascade",
           f"{TAYLOR_NET}, then whole-network CROWN on the rest (docs/bounds.md §5.1)", True, frozenset(),
           ours=True, opt_in=True, check=crown_.check, display=f"{TAYLOR_NET} → CROWN (cascade)"),

@@ -33,7 +33,7 @@ D32 = ZOO / "digits-d32-b2-h2-c0.5.safetensors"
 FASHION = ZOO / "fashion-mnist-d128-b3-h4-p7-c0.5-q1-m0.01.safetensors"
 VANILLA = ZOO / "digits-d16-b2-h1-vanilla.safetensors"
 NETWORK = ["naive", "lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "specformer", "taylor",
-           "best", "taylor_net", "taylor_net_lofast", "taylor_net_lofast_half"]
+           "best", "taylor_net", "taylor_net_lofast", "taylor_net_lofast_half", "taylor_net_best"]
 
 
 def test_the_network_bounds_are_the_certified_end_to_end_dot_bounds_and_taylor_net():

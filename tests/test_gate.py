@@ -125,6 +125,27 @@ def test_the_tolerance_is_rows_py_s(below, code, marked, small, base, tmp_path, 
     assert got == code and f"`x` soundness violation: {marked}" in out, out + err
 
 
+def test_an_image_a_network_bound_no_longer_certifies_fails_compare(small, base, tmp_path, capsys):
+    """A network certify row is judged by its verdicts: taylor_net losing one image of the
+    baseline's (its two tests both False, nothing else changed) is ``+`` and fails; the norm route's
+    taylor gaining one that PGD does not break is ``-`` and passes."""
+    df = small.copy()
+    cert = df[(df["role"] == "certify") & (df["bound"] == "taylor_net")
+              & df["certified_pairwise"].eq(True)]
+    i = int(cert.index[0])
+    df.loc[i, ["certified_pairwise", "certified_prop1"]] = False
+    code, out, err = main_inprocess(capsys, "compare", base, _new(df, tmp_path))
+    assert code == 1 and "`+` worse: 1" in out and "FAILED: worse" in out, out + err
+    assert f"| + | taylor_net | `{df.loc[i, 'cell_id']}` | {df.loc[i, 'sample']} |" in out
+    assert "| pairwise, prop1 | not certified |" in out
+    df = small.copy()
+    gain = df[(df["role"] == "certify") & (df["bound"] == "taylor")
+              & df["certified_pairwise"].eq(False) & df["pgd_broken"].eq(False)]
+    df.loc[int(gain.index[0]), "certified_pairwise"] = True
+    code, out, err = main_inprocess(capsys, "compare", base, _new(df, tmp_path / "gain"))
+    assert code == 0 and "`-` better: 1" in out and out.rstrip().endswith("OK"), out + err
+
+
 @pytest.mark.parametrize("value,words", [(np.nan, "1 row(s) hold a NaN value"),
                                          (np.inf, "1 row(s) hold an infinite value"),
                                          (-np.inf, "1 row(s) hold an infinite value")])

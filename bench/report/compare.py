@@ -16,8 +16,10 @@ certified are recomputed by :func:`bench.core.gate.derive` from value, pgd, the 
 bound's name in the registry; a table whose stored flags contradict that recomputation (or that
 holds NaN or infinite values, or a key twice) is refused by the loader (bench/core/gate.py says why
 refused, not judged). Network ``certify`` rows are judged for soundness (``x``: an image certified
-by a finding-free bound that PGD breaks, or a δ_features below the attained feature change) and
-for presence (``!``), not for tightness.
+by a finding-free bound that PGD breaks, or a δ_features below the attained feature change), for
+presence (``!``) and by their verdicts: an image certified in BASE (by either test) that NEW no
+longer certifies is ``+``, one NEW certifies anew ``-``. A verdict is what the row measured, as a
+bound's value is; a NEW that claims one it did not earn is refused where PGD breaks the image.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from ..core.store import KEY, atomic_write, load
 MARKERS = {"x": "soundness violation", "+": "worse", "-": "better", "~": "estimate moved",
            "c": "certificate weaker", "!": "missing in NEW",
            "s": "skipped here (the bound's optional package is not installed)"}
+# a network certify row's verdicts, one per test (docs/bounds.md §5): judged image by image
+VERDICTS = ("certified_pairwise", "certified_prop1")
 STRENGTH = ("exact", "deterministic", "relaxation", "probabilistic", "estimate", "attained")
 
 
@@ -53,8 +57,10 @@ def _judge(r, tol: float, skipped: set[str]) -> tuple[str, float]:
         return ("s" if r.role != "pgd" and r.bound in skipped else "!"), math.nan
     if r.violation_new:
         return "x", r.ratio_new / r.ratio_base if r.ratio_base else math.nan
-    if r.role == "certify":
-        return " ", math.nan
+    if r.role == "certify":  # an image's verdict, per test: lost is worse, gained better
+        lost = any(getattr(r, f"{c}_base") and not getattr(r, f"{c}_new") for c in VERDICTS)
+        gained = any(getattr(r, f"{c}_new") and not getattr(r, f"{c}_base") for c in VERDICTS)
+        return ("+" if lost else "-" if gained else " "), math.nan
     is_pgd = r.role == "pgd"
     base, new = (r.value_base, r.value_new) if is_pgd else (r.ratio_base, r.ratio_new)
     if not (isinstance(base, float) and math.isfinite(base) and base > 0 and math.isfinite(new)):
@@ -76,12 +82,15 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, tol: float = 0.02) -> pd.Data
     ``violation`` are :func:`bench.core.gate.derive`'s, whatever the tables store."""
     if not (0 <= tol < 1):
         raise InputError(f"--tol must be in [0, 1), got {tol}")
-    cols = [*KEY, "certified", "certificate", "value", "pgd", "ratio", "violation"]
+    cols = [*KEY, "certified", "certificate", "value", "pgd", "ratio", "violation", *VERDICTS]
 
     def keep(df: pd.DataFrame) -> pd.DataFrame:
         df = df[df["role"].isin(["bound", "pgd", "certify"])]
         d = derive(df)
-        return df.assign(certified=d["certified"], ratio=d["ratio"], violation=d["violation"])[cols]
+        verdicts = {c: (df[c].astype("boolean").fillna(False).astype(bool) if c in df.columns else False)
+                    for c in VERDICTS}
+        return df.assign(certified=d["certified"], ratio=d["ratio"], violation=d["violation"],
+                         **verdicts)[cols]
 
     kb, kn = keep(base), keep(new)
     j = kb.merge(kn, on=KEY, how="outer", suffixes=("_base", "_new"), indicator="present")
@@ -116,10 +125,15 @@ def summary(j: pd.DataFrame, tol: float, base_name: str, new_name: str,
         lines += ["| | bound | cell | sample | head | base | new | factor | certificate |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in flagged.head(40).itertuples():
-            is_pgd = r.role == "pgd"
-            b, n = (r.value_base, r.value_new) if is_pgd else (r.ratio_base, r.ratio_new)
+            if r.role == "certify":  # verdicts, not numbers
+                b, n = (", ".join(c.removeprefix("certified_") for c in VERDICTS if getattr(r, f"{c}_{s}"))
+                        or "not certified" for s in ("base", "new"))
+            else:
+                is_pgd = r.role == "pgd"
+                b, n = (f"{v:.4g}" for v in ((r.value_base, r.value_new) if is_pgd else
+                                             (r.ratio_base, r.ratio_new)))
             lines.append(f"| {r.marker} | {r.bound} | `{r.cell_id}` | {r.sample} | {r.head} | "
-                         f"{b:.4g} | {n:.4g} | {r.factor:.4f} | {r.certificate_new} |")
+                         f"{b} | {n} | {r.factor:.4f} | {r.certificate_new} |")
         if len(flagged) > 40:
             lines.append(f"| … | {len(flagged) - 40} more | | | | | | | |")
         lines.append("")

@@ -35,8 +35,8 @@ PGD_REF = "PGD robust (upper ref.)"
 # alone does not tell them apart there (the minimum "best" is a band and has none)
 MARKERS = {"naive": "o", "lofast_M": "v", "lofast_xi": "^", "lofast_M_half": "<", "lofast_xi_half": ">",
            "specformer": "D", "taylor": "s", "taylor_net": "P", "taylor_net_lofast": "X",
-           "taylor_net_lofast_half": "p", "crown": "h", "alpha_crown": "H", "cascade": "*",
-           "cascade_crown": "*", "cascade_taylor_net_crown": "d", "cascade_alpha_crown": "8"}
+           "taylor_net_lofast_half": "p", "taylor_net_best": "x", "crown": "h", "alpha_crown": "H",
+           "cascade": "*", "cascade_crown": "*", "cascade_taylor_net_crown": "d", "cascade_alpha_crown": "8"}
 
 
 def name_of(bound: str) -> str:
