@@ -627,7 +627,7 @@ class TaylorNet:
         lower = torch.where(rest[:, None], torch.maximum(first.lower, second.lower), first.lower)
         verified = first.verified | (second.verified & rest[:, None])
         certified = first.certified | (verified.all(-1) & rest)
-        per = first.image_seconds + torch.where(rest, second.image_seconds, 0.0)
+        per = first.image_seconds + torch.where(rest.cpu(), second.image_seconds, 0.0)  # seconds: on the CPU
         diag = second.diagnostics.where(certified & ~first.certified, first.diagnostics)
         return NetCertificate(lower, certified, diag, float(per.sum()), verified, per)
 
