@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -158,6 +159,20 @@ def test_rerun_with_other_options_is_refused(tmp_path, capsys):
     code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "p.toml", "--out",
                                   tmp_path / "r", "--eps", "0.3")
     assert code == 2 and "holds a run with other options" in err
+
+
+def test_resuming_a_run_made_at_another_commit_is_refused(tmp_path, capsys):
+    """Cell ids name parameters, not code: a run resumed after a commit would mix two commits' cells
+    under one manifest (the paper run at ee84ba1 understated taylor_net at 0baaea3's)."""
+    (tmp_path / "p.toml").write_text(TINY)
+    out = tmp_path / "r"
+    run_profile(load_profile(str(tmp_path / "p.toml")), out, "cpu")
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["git_commit"] != "unknown"  # the test needs a checkout
+    manifest["git_commit"] = "0" * 40
+    (out / "run.json").write_text(json.dumps(manifest))
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "p.toml", "--out", out)
+    assert code == 2 and "holds a run made at commit 000000000000" in err and "--fresh" in err
 
 
 @pytest.fixture(scope="module")

@@ -99,6 +99,13 @@ def _check_resume(out: Path, want: dict) -> None:
         if have.get(key) != json.loads(json.dumps(want[key])):
             raise InputError(f"{out} holds a run with other {what}; rerun with --fresh to discard "
                              f"it, or use another --out")
+    # a cell's id names its parameters, not the code that computed it: resuming at another commit
+    # would store cells of two commits under the one the manifest names
+    was, now = have.get("git_commit"), want["git_commit"]
+    if "unknown" not in (was, now) and was != now:
+        raise InputError(f"{out} holds a run made at commit {str(was)[:12]}, and this checkout is at "
+                         f"{now[:12]}: resuming would mix cells of two commits; rerun with --fresh, "
+                         f"or resume from a checkout at {str(was)[:12]}")
 
 
 def _discard(out: Path) -> None:
