@@ -81,7 +81,7 @@ def _registry(df: pd.DataFrame, roles: tuple[str, ...], field, default) -> pd.Se
                       for r, n in zip(df["role"], df["bound"], strict=True)], index=df.index, dtype=object)
 
 
-def _flag(df: pd.DataFrame, col: str) -> np.ndarray:
+def flag(df: pd.DataFrame, col: str) -> np.ndarray:
     """A nullable boolean column as bools, missing (or absent) as False."""
     if col not in df.columns:
         return np.zeros(len(df), dtype=bool)
@@ -100,8 +100,8 @@ def derive(df: pd.DataFrame) -> pd.DataFrame:
                   else np.full(len(df), np.nan))
     broken = pgd_margin <= 0
     network = (df["role"] == "certify").to_numpy()
-    sound = ~below_pgd(value, pgd) & ~(network & refuted(_flag(df, "certified_pairwise"),
-                                                         _flag(df, "certified_prop1"), broken))
+    sound = ~below_pgd(value, pgd) & ~(network & refuted(flag(df, "certified_pairwise"),
+                                                         flag(df, "certified_prop1"), broken))
     return pd.DataFrame({"certified": certified, "finding": finding, "objective": objective,
                          "broken": broken, "ratio": ratio(value, pgd), "sound": sound,
                          "violation": violation(certified, sound, finding)}, index=df.index)

@@ -32,7 +32,7 @@ import pandas as pd
 from bounds.registry import unavailable
 from models import InputError
 
-from ..core.gate import derive
+from ..core.gate import derive, flag
 from ..core.store import KEY, atomic_write, load
 
 MARKERS = {"x": "soundness violation", "+": "worse", "-": "better", "~": "estimate moved",
@@ -87,10 +87,8 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, tol: float = 0.02) -> pd.Data
     def keep(df: pd.DataFrame) -> pd.DataFrame:
         df = df[df["role"].isin(["bound", "pgd", "certify"])]
         d = derive(df)
-        verdicts = {c: (df[c].astype("boolean").fillna(False).astype(bool) if c in df.columns else False)
-                    for c in VERDICTS}
         return df.assign(certified=d["certified"], ratio=d["ratio"], violation=d["violation"],
-                         **verdicts)[cols]
+                         **{c: flag(df, c) for c in VERDICTS})[cols]
 
     kb, kn = keep(base), keep(new)
     j = kb.merge(kn, on=KEY, how="outer", suffixes=("_base", "_new"), indicator="present")

@@ -103,7 +103,6 @@ class Diagnostics:
         out |= {f"unstable_{k}": u for k, u in enumerate(self.unstable)}
         return out | {f"straddling_{k}": s for k, s in enumerate(self.straddling)}
 
-
     def where(self, mask: Tensor, other: Diagnostics) -> Diagnostics:
         """Per image, these diagnostics where ``mask`` [B] holds, ``other``'s elsewhere (a source
         missing from one counts 0)."""
