@@ -201,3 +201,43 @@ def test_local_workers_say_nothing_but_the_bar_and_the_result(tmp_path):
     output = done.stdout + done.stderr
     assert "INFO" not in output and "Scheduler" not in output, output
     assert "results:" in done.stdout
+
+
+CERTIFY = """
+[run]
+pgd_steps = 3
+pgd_restarts = 1
+[[sweep]]
+name = "certify"
+task = "certify"
+dataset = "digits"
+model = ["digits-d32-b1-h2-c0.5-q1-m0.003", "digits-d32-b2-h1-c0.5-q1-m0.003"]
+eps = [0.01, 0.02, 0.05]
+samples = 2
+"""
+
+
+def test_certify_cells_of_a_model_run_in_order_on_one_worker(tmp_path, capsys, monkeypatch):
+    """The cells that share a model's certified norms (tasks.memo_group) run one after another on
+    one worker, in the profile's order, so that its memo serves the later ε; the other model's
+    cells run beside them on the other worker."""
+    ran: list[tuple[str, str, float]] = []
+    certify = tasks.TASKS["certify"]
+
+    def recording(cell, *args):
+        ran.append((cell.model, distributed.get_worker().address, cell.eps))
+        return certify(cell, *args)
+
+    _threads(monkeypatch)
+    monkeypatch.setitem(tasks.TASKS, "certify", recording)
+    (tmp_path / "c.toml").write_text(CERTIFY)
+    code, _, err = main_inprocess(capsys, "run", "--profile", str(tmp_path / "c.toml"), "--out",
+                                  tmp_path / "r", "--workers", "2")
+    assert code == 0, err
+    assert len(ran) == 6
+    for model in {m for m, _, _ in ran}:
+        assert len({w for m, w, _ in ran if m == model}) == 1, ran
+        assert [e for m, _, e in ran if m == model] == [0.01, 0.02, 0.05], ran
+    assert load(tmp_path / "r")["cell_id"].nunique() == 6
+    assert [tasks.memo_group(c) is not None for _, c in load_profile(str(tmp_path / "c.toml")).cells()] \
+        == [True] * 6

@@ -141,6 +141,15 @@ def cauchy_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype)
 _CERTIFY_MEMO: dict = {"key": None, "memo": {}}
 
 
+def memo_group(cell: Cell) -> tuple | None:
+    """What the cells that can share :data:`_CERTIFY_MEMO` have in common (the model, its images and
+    the dataset; None for a cell of another task): on Dask they run one after another on one worker
+    (bench/sweep/distributed.py), as they do in a serial run."""
+    if cell.task not in MEMO_TASKS:
+        return None
+    return cell.model, cell.dataset, cell.samples
+
+
 def certify_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """A zoo model's first test images at the cell's ε: every network bound with both certification
     tests, and PGD on the margin (docs/bounds.md §5); tasks ``certify_crown`` and
@@ -224,6 +233,7 @@ def imported_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtyp
     return imported_rows(ev, cell.imported_layer, quantities, {"radius": radius, "imported_node": node})
 
 
+MEMO_TASKS = ("certify", "certify_crown", "certify_alpha_crown", "crown_cascade")  # certify_task's
 TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "totals": totals_task,
                           "scaling": scaling_task, "cauchy": cauchy_task, "certify": certify_task,
                           "cauchy_model": cauchy_model_task, "pretrained": pretrained_task,
