@@ -364,7 +364,9 @@ def test_sweep_tasks_write_certify_pgd_accuracy_and_block_rows(tmp_path):
     assert not (rows["certified_prop1"] & ~rows["certified_pairwise"]).any()
     assert not (rows["certified_pairwise"] & ~rows["correct"]).any()
     direct = rows["bound"].str.startswith("taylor_net")  # a verdict of its own, no δ_features (NaN)
-    assert rows["value"][direct].isna().all() and rows["tn_first_order"][direct].ge(0).all()
+    assert rows["value"][direct].isna().all() and rows["tn_first_order"][direct & rows["correct"]].ge(0).all()
+    # a misclassified image gets no pass (bounds.network.taylor_net.TaylorNet._split): no losses
+    assert (direct & rows["correct"]).any() and rows["tn_first_order"][direct & ~rows["correct"]].isna().all()
     assert (rows["value"][~direct] >= rows["pgd"][~direct] * (1 - 1e-9)).all()
     assert rows["label"].between(0, 9).all()
     pgd = cert[cert["role"] == "pgd"]

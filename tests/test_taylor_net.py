@@ -429,3 +429,40 @@ def test_the_per_token_error_bounds_hold_through_attention(split):
             E[s] = tok[0, s] * top
             attained = (M @ E.reshape(-1)).reshape(n, d)[t].norm()
             assert attained <= bound[t] * (1 + 1e-12)
+
+
+def test_a_misclassified_image_gets_no_pass():
+    """A misclassified image is certified by nothing (its margin is negative at the image itself), so
+    no split spends a pass on it: it gets no bound, no seconds, NaN losses and its clean margin in the
+    diagnostics (rows: every tn_ loss and count NaN), while the images classified right get exactly the
+    certificate they get without it in the batch."""
+    net, _ = load_vit(ONE_BLOCK)
+    x, y = first_test_images("digits", net, 200)
+    x = x.double()
+    with torch.no_grad():
+        wrong = (net(x).argmax(-1) != y).nonzero()[:, 0]
+    assert len(wrong) >= 2
+    pick = torch.cat([wrong[:2], torch.tensor([0, 1])])
+    x, y = x[pick], y[pick]
+    right = TaylorNet(net, x[2:], y[2:]).certify(0.05)
+    tn = TaylorNet(net, x, y)
+    ran = []
+    real = tn._once
+    tn._once = lambda eps, images, split, refine: (ran.append(images.start), real(eps, images, split, refine))[1]
+    for split in ("taylor", "best"):
+        c = tn.certify(0.05, split)
+        assert not c.certified[:2].any() and not c.verified[:2].all(-1).any()
+        assert (c.image_seconds[:2] == 0).all() and (c.image_seconds[2:] > 0).all()
+        assert c.diagnostics.first_order[:2].isnan().all() and not c.diagnostics.first_order[2:].isnan().any()
+        clean = net(x[:2]).detach()
+        own = clean.gather(-1, y[:2, None])
+        assert torch.allclose(c.diagnostics.margin[:2], (own - clean).scatter(-1, y[:2, None], math.inf).amin(-1))
+        assert (c.diagnostics.margin[:2] < 0).all()
+    assert set(ran) <= {2, 3} and ran
+    c = tn.certify(0.05)
+    assert torch.equal(c.certified[2:], right.certified) and torch.equal(c.lower[2:], right.lower)
+    from bench.sweep.rows import summed_diagnostics
+
+    row = summed_diagnostics(c.diagnostics.columns(), 0)
+    assert all(math.isnan(row[k]) for k in ("tn_first_order", "tn_unstable", "tn_straddling"))
+    assert not math.isnan(summed_diagnostics(c.diagnostics.columns(), 2)["tn_unstable"])

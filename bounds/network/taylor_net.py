@@ -565,16 +565,20 @@ class TaylorNet:
         return self.done[key]
 
     def _split(self, eps: float, split: str, which: Tensor | None = None) -> NetCertificate:
-        """One split's certificate on the images ``which`` [B] bool (all by default); an image left
-        out gets no bound (−∞, not certified) and counts no seconds."""
+        """One split's certificate on the images ``which`` [B] bool (all by default) that the network
+        classifies right; an image left out gets no bound (−∞, not certified), no diagnostics but its
+        clean margin (:meth:`_nothing`) and no seconds. A misclassified image is certified by nothing
+        (its margin is negative at the image itself), so no pass is spent on it: on the Fashion-MNIST
+        one-epoch models, 39–43 % of the test images, each a first pass of up to 10 s at ε = 0.1."""
         B = len(self.labels)
         step = B if self.logits.is_cuda else 1
         correct = self.logits.argmax(-1) == self.labels
+        which = correct if which is None else which & correct
         parts, seconds = [], []
         with torch.no_grad():
             for i in range(0, B, step):
                 start = time.perf_counter()
-                if which is not None and not which[i:i + step].any():
+                if not which[i:i + step].any():
                     parts.append(self._nothing(slice(i, i + step)))
                     seconds.append(0.0)
                     continue
@@ -595,22 +599,25 @@ class TaylorNet:
                 seconds.append(time.perf_counter() - start)
         lower, verified, certified = (torch.cat([p[f] for p in parts]) for f in range(3))
         per = torch.tensor(seconds, dtype=torch.float64).repeat_interleave(step)[:B] / step
-        if which is not None:  # on a GPU the whole batch ran: the left-out images' bounds are dropped
-            lower = lower.masked_fill(~which[:, None], -math.inf).scatter(-1, self.labels[:, None], math.inf)
-            verified = verified & which[:, None] | F.one_hot(self.labels, lower.shape[-1]).bool()
-            certified = certified & which
-        return NetCertificate(lower, certified, Diagnostics.cat([p[3] for p in parts]), sum(seconds),
-                              verified, per)
+        # on a GPU the whole batch ran: the left-out images' bounds and diagnostics are dropped
+        lower = lower.masked_fill(~which[:, None], -math.inf).scatter(-1, self.labels[:, None], math.inf)
+        verified = verified & which[:, None] | F.one_hot(self.labels, lower.shape[-1]).bool()
+        certified = certified & which
+        diag = Diagnostics.cat([p[3] for p in parts]).where(which, self._nothing(slice(None))[3])
+        return NetCertificate(lower, certified, diag, sum(seconds), verified, per)
 
     def _nothing(self, images: slice):
-        """What :meth:`_once` returns for images that were not certified: no bound, no verdict."""
+        """What :meth:`_once` returns for images that were not certified: no bound, no verdict, and
+        of the diagnostics the clean margin to the closest class alone (the losses NaN: not computed;
+        no unit counted)."""
         logits, y = self.logits[images], self.labels[images]
         lower = torch.full_like(logits, -math.inf).scatter(-1, y[:, None], math.inf)
         verified = F.one_hot(y, logits.shape[-1]).bool()
-        zero = torch.zeros(len(y), dtype=logits.dtype, device=logits.device)
+        closest = (logits.gather(-1, y[:, None]) - logits).scatter(-1, y[:, None], math.inf).amin(-1)
+        unknown = torch.full((len(y),), math.nan, dtype=logits.dtype, device=logits.device)
         none = torch.zeros(len(y), dtype=torch.long, device=logits.device)
-        diag = Diagnostics(zero, zero, zero, {}, [none] * len(self.layers), [none] * len(self.layers),
-                           torch.zeros(len(y), dtype=torch.bool, device=logits.device))
+        diag = Diagnostics(closest, unknown, unknown, {}, [none] * len(self.layers),
+                           [none] * len(self.layers), torch.zeros(len(y), dtype=torch.bool, device=logits.device))
         return lower, verified, torch.zeros_like(y, dtype=torch.bool), diag
 
     def _best(self, eps: float) -> NetCertificate:
