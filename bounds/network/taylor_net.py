@@ -616,8 +616,8 @@ class TaylorNet:
         closest = (logits.gather(-1, y[:, None]) - logits).scatter(-1, y[:, None], math.inf).amin(-1)
         unknown = torch.full((len(y),), math.nan, dtype=logits.dtype, device=logits.device)
         none = torch.zeros(len(y), dtype=torch.long, device=logits.device)
-        diag = Diagnostics(closest, unknown, unknown, {}, [none] * len(self.layers),
-                           [none] * len(self.layers), torch.zeros(len(y), dtype=torch.bool, device=logits.device))
+        no = torch.zeros(len(y), dtype=torch.bool, device=logits.device)
+        diag = Diagnostics(closest, unknown, unknown, {}, [none] * len(self.layers), [none] * len(self.layers), no)
         return lower, verified, torch.zeros_like(y, dtype=torch.bool), diag
 
     def _best(self, eps: float) -> NetCertificate:
