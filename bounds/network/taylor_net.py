@@ -617,7 +617,8 @@ class TaylorNet:
         unknown = torch.full((len(y),), math.nan, dtype=logits.dtype, device=logits.device)
         none = torch.zeros(len(y), dtype=torch.long, device=logits.device)
         no = torch.zeros(len(y), dtype=torch.bool, device=logits.device)
-        diag = Diagnostics(closest, unknown, unknown, {}, [none] * len(self.layers), [none] * len(self.layers), no)
+        counts = [none] * len(self.layers)
+        diag = Diagnostics(closest, unknown, unknown, {}, counts, counts, no)
         return lower, verified, torch.zeros_like(y, dtype=torch.bool), diag
 
     def _best(self, eps: float) -> NetCertificate:
