@@ -150,13 +150,12 @@ def measured(role: str, name: str, values: Tensor, seconds: float, block: int = 
 def summed_diagnostics(columns: dict[str, Tensor], i: int) -> dict[str, float]:
     """Sample i's :data:`DIAGNOSTICS` from ``bounds.network.taylor_net.Diagnostics.columns``."""
     total = lambda prefix: float(sum(float(v[i]) for f, v in columns.items() if f.startswith(prefix)))
-    if math.isnan(float(columns["first_order"][i])):  # not computed (a misclassified image): no counts
-        return dict.fromkeys(["tn_first_order", "tn_kinks", "tn_attention", "tn_project", "tn_unstable",
-                              "tn_straddling"], math.nan) | {"tn_backward": False}
-    return {"tn_first_order": float(columns["first_order"][i]), "tn_kinks": float(columns["kinks"][i]),
-            "tn_attention": total("remainder_attention"), "tn_project": total("remainder_project"),
-            "tn_unstable": total("unstable_"), "tn_straddling": total("straddling_"),
-            "tn_backward": bool(columns["backward"][i])}
+    out = {"tn_first_order": float(columns["first_order"][i]), "tn_kinks": float(columns["kinks"][i]),
+           "tn_attention": total("remainder_attention"), "tn_project": total("remainder_project"),
+           "tn_unstable": total("unstable_"), "tn_straddling": total("straddling_")}
+    if math.isnan(out["tn_first_order"]):  # not computed (a misclassified image): no losses, no counts
+        return dict.fromkeys(out, math.nan) | {"tn_backward": False}
+    return out | {"tn_backward": bool(columns["backward"][i])}
 
 
 def network_rows(res: CertifyRun) -> list[dict]:

@@ -233,7 +233,6 @@ def imported_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtyp
     return imported_rows(ev, cell.imported_layer, quantities, {"radius": radius, "imported_node": node})
 
 
-MEMO_TASKS = ("certify", "certify_crown", "certify_alpha_crown", "crown_cascade")  # certify_task's
 TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "totals": totals_task,
                           "scaling": scaling_task, "cauchy": cauchy_task, "certify": certify_task,
                           "cauchy_model": cauchy_model_task, "pretrained": pretrained_task,
@@ -241,3 +240,5 @@ TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "totals"
                           "cost": cost_task, "crown": crown_task, "alpha_crown": crown_task,
                           "certify_crown": certify_task, "certify_alpha_crown": certify_task,
                           "crown_cascade": certify_task}
+# the tasks certify_task serves, whose cells share _CERTIFY_MEMO (memo_group)
+MEMO_TASKS = tuple(name for name, task in TASKS.items() if task is certify_task)
