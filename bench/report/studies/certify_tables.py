@@ -24,7 +24,9 @@ MOST = 14  # columns of one table at most: what a Markdown page or a LaTeX page 
 FIXED = ("method", "certificate")
 PER_PART = (MOST - len(FIXED)) // 2  # models of one table: each takes two columns
 DISAGREE = 0.05  # a difference in certified accuracy that ranks two bounds (LoFAST Table 1's models)
-BASE, RIVALS = "lofast_M", ("best", "crown", "alpha_crown")
+# the caption ranks these against LoFAST (‖M‖): the norm route's best and the network certificates
+BASE, RIVALS = "lofast_M", ("best", "crown", "alpha_crown", "taylor_net")
+NORM_ROUTE = {"best"}  # rivals that, like BASE, propagate a norm: margin training makes them tie
 # the reference rows: code name in the rows, the method's name and what it is instead of a certificate
 REFERENCES = {"clean": ("clean accuracy", "reference: unperturbed images"),
               "pgd_margin": ("PGD robust accuracy", "attack: an upper bound")}
@@ -307,10 +309,17 @@ def full(df: pd.DataFrame) -> pd.DataFrame:
                                             n=lambda t: t["n"].astype(str)).reset_index(drop=True)
 
 
+def _listed(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def disagreements(c: pd.DataFrame, margin: pd.Series, gap: float = DISAGREE) -> str:
     """The caption's word on where the bounds rank: per model, the largest difference in certified
-    accuracy between LoFAST (‖M‖) and best or CROWN at one ε where either certifies something, the
-    models where it reaches ``gap`` named with it, the others said to tie (docs/bounds.md §5).
+    accuracy between LoFAST (‖M‖) and each of :data:`RIVALS` present at one ε where either certifies
+    something, the models where it reaches ``gap`` named with it, the others said to tie, naming the
+    methods compared (docs/bounds.md §5). Margin training explains a tie of norm-route bounds only: a
+    network certificate tying LoFAST is said to be measured so.
     ``c``: :func:`~bench.report.studies.trained_study.counts`; ``margin``: each model's training
     radius ε_t."""
     present = set(c.index.get_level_values("bound"))
@@ -330,17 +339,24 @@ def disagreements(c: pd.DataFrame, margin: pd.Series, gap: float = DISAGREE) -> 
         if best_gap >= gap - 1e-12:
             found.append(f"`{model}` ({where})")
         else:
-            none = not (at[[BASE, *rivals]].fillna(0) > 0).to_numpy().any()
-            tie.append((model, "none" if none else "margin" if margin.get(model, 0) > 0 else "other"))
+            ran = [b for b in rivals if at[b].notna().any()]  # the rivals run on this model
+            if not ran:
+                continue
+            none = not (at[[BASE, *ran]].fillna(0) > 0).to_numpy().any()
+            reason = ("none" if none else "margin" if set(ran) <= NORM_ROUTE and margin.get(model, 0) > 0
+                      else "other")
+            tie.append((model, reason, _listed([name_of(b) for b in (BASE, *ran)])))
     out = ""
     if found:
-        out += f" The bounds disagree by ≥ {gap:.0%} of the images on " + "; ".join(found) + "."
+        compared = _listed([name_of(b) for b in (BASE, *rivals)])
+        out += (f" Of {compared}, the certified accuracies differ by ≥ {gap:.0%} of the images on "
+                + "; ".join(found) + ".")
     why = {"margin": "margin training (ε_t > 0) drives the attention logits toward 0, so attention is "
                      "nearly linear on the data and the bounds reduce to about the same Lipschitz "
                      "product (docs/bounds.md §5)",
            "none": "none of them certifies an image at these ε", "other": "measured so"}
     for reason, text in why.items():
-        models = [f"`{m}`" for m, r in tie if r == reason]
-        if models:
-            out += f" They agree within {gap:.0%} on {', '.join(models)}: {text}."
+        for compared in dict.fromkeys(names for _, r, names in tie if r == reason):
+            models = [f"`{m}`" for m, r, names in tie if r == reason and names == compared]
+            out += f" {compared} agree within {gap:.0%} on {', '.join(models)}: {text}."
     return out
