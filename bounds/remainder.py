@@ -58,6 +58,14 @@ def _g2(s: Tensor) -> Tensor:
     return torch.where(s < 1e-4, small, big)
 
 
+def _h2(s: Tensor) -> Tensor:
+    """∫₀¹ (1 − t) e^{ts} dt = (e^s − 1 − s)/s² (½ at s = 0), which bounds (e^x − 1 − x)/x² for every
+    x ≤ s (it increases with x); below 1e-4, its upper bound ½e^s (each term s^k/(k+2)! of the series is
+    ≤ ½ s^k/k!), which the difference would lose to cancellation."""
+    big = (torch.expm1(s) - s) / s.clamp_min(1e-4).square()
+    return torch.where(s < 1e-4, 0.5 * torch.exp(s), big)
+
+
 def _g3(s: Tensor) -> Tensor:
     """∫₀¹ ½(1 − t)² e^{ts} dt = (e^s − 1 − s − s²/2)/s³ (1/6 at s = 0); below 1e-2, its upper bound
     e^s/6, which the difference would lose to cancellation."""
@@ -264,8 +272,11 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     else:  # the certify runs ask every ε on one trace, inside a reuse block
         names, tensors = layer_key(layer)
         form, spread = reused(("quadratic_parts", names), (*tensors, X), clean)
-    # the value term Σ_l dP_l[Γ] Γ C_l by Cauchy–Schwarz over (l, k): c = max_{i,k} Σ_l p_lik ‖C_l‖²
+    # the value term Σ_l dP_l[Γ] Γ C_l by Cauchy–Schwarz over (l, k): c = max_{i,k} Σ_l p_lik ‖C_l‖², or,
+    # as the rows of dP_l sum to 0 and so Γ_k may be centred at γ̄_li = Σ_k p_lik Γ_k (fact iv),
+    # c = max_i Σ_l λ_li ‖C_l‖²: a peaked row's λ ≈ 2p(1 − p) is far below its max_k p
     cv = (P * rows["C"][None, :, :, None].square()).sum(1).amax((-1, -2))
+    cv = torch.minimum(cv, (lam * rows["C"][None].square()).sum(1).amax(-1))
     second = (form + cv.sqrt() * spread) * r1**2
     # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
     # that the smaller of the remainders (:func:`remainder`) never takes a NaN
@@ -282,23 +293,24 @@ def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
     the clean p (docs/bounds.md §2.3.2, "under the clean row"): every moment is the clean p's, the
     values enter by their own distances ‖Y_k − ȳ‖ (no diameter, no e^{ts}), X = s bounds |x|.
 
-    Jointly over heads, rows and keys: Σ_α (k_li + w_α) p_α x_α² with w_α = (e^X X/6)‖Ỹ_α‖ (the cubic
-    remainder of e^x) and k_li = (½ + Xe^X/6)·std(x)(σ + v)(1 + X/2 + X²e^X/6) (1/Z − 1 times the
-    rest); per head, assembled by :func:`_assemble`, the terms of q (x² − δ̃², Cov(q, Z)) and of the
-    perturbed values Z = ΓC (½E[x²Z̃], E[ρZ̃])."""
+    Jointly over heads, rows and keys: Σ_α (k_li + w_α) p_α x_α² with w_α = X g₃(X)‖Ỹ_α‖ (the cubic
+    remainder of e^x, |ρ(x)| ≤ x²·X g₃(X)) and k_li = h₂(X) g₁(X)·std(x)(σ + v) (1/Z − 1 ≤ h₂(X) m₂
+    times ‖T‖ = ‖E[(e^x − 1)W̃]‖ ≤ g₁(X) std(x) std(W)), with g₁ = :func:`_g1`, h₂ = :func:`_h2`,
+    g₃ = :func:`_g3`, each the largest over |x| ≤ X of its function of x (they increase with x); per
+    head, assembled by :func:`_assemble`, the terms of q (x² − δ̃², Cov(q, Z)) and of the perturbed
+    values Z = ΓC (E[(e^x − 1 − x)Z̃] ≤ X h₂(X) std(x) v)."""
     s, sigma, lam = rows["s"], rows["sigma"], rows["lam"]
     r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
     v = rows["v"]
     A = rows["A"][None, :, None]  # ‖A_l‖, broadcast [1, h, 1]
-    ex = torch.exp(s)
     # std(x) over the ball: the linear part's spread and q's, and never above X
     sx = torch.minimum(r * (rows["a"] + lam.sqrt() * rows["Vn"]) / rd + lam.sqrt() * A * r**2 / rd, s)
-    k = (0.5 + s * ex / 6) * sx * (sigma + v) * (1 + s / 2 + s.square() * ex / 6)  # [B, h, n]
-    w = k[..., None] + (ex * s / 6)[..., None] * rows["Yc"]  # [B, h, i, k]
+    k = _h2(s) * _g1(s) * sx * (sigma + v)  # [B, h, n]
+    w = k[..., None] + (s * _g3(s))[..., None] * rows["Yc"]  # [B, h, i, k]
     var_q = (w.amax(-1) * lam * A.square()).sum(1).amax(-1) / layer.d_h  # × r⁴: Σ w p q̃²
     joint = (_weighted_spread(G, P, w).sqrt() * r1 + var_q.sqrt() * r1**2).square()
     qm = 2 * A * r**2 / rd  # ≥ max_k |q̃_k|
-    alpha = qm * sigma + (0.5 * s + ex * s.square() / 6) * v
+    alpha = qm * sigma + _g2(s) * v  # X h₂(X) = g₂(X)
     beta = 0.5 * qm * sigma + v + alpha
     return _nan_inf(joint + _assemble(rows, alpha, beta, r, layer.d_h).sum(-1))
 
