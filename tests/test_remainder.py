@@ -6,11 +6,16 @@ that ViT, where the global one is 60–75×."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from attacks.pgd import attack_remainder
 from bounds.remainder import (
+    _g1,
+    _g3,
+    _h2,
     global_remainder,
     local_remainder,
     logit_form_norm,
@@ -55,10 +60,6 @@ def test_the_clean_rows_constants_bound_their_functions_on_the_whole_interval(X)
     and |e^x − 1 − x − x²/2|/x² for every |x| ≤ X, each checked on a dense grid against math.expm1 (an
     independent float64 evaluation, with the series where it cancels), and tend to their limits 1, ½,
     0 as X → 0."""
-    import math
-
-    from bounds.remainder import _g1, _g3, _h2
-
     t = torch.tensor([X], dtype=torch.float64)
     g1, h2, g3 = float(_g1(t)), float(_h2(t)), float(_g3(t))
     for x in torch.linspace(-X, X, 4001, dtype=torch.float64).tolist():
