@@ -5,7 +5,11 @@ head (docs/bounds.md §2.3 and §2.3.1). ``taylor`` and ``taylor_net`` pay the s
   directions of ‖M_l‖ and ‖X C_l‖ (docs/bounds.md §2.3);
 * :func:`local_remainder`, the clean point's own row probabilities (docs/bounds.md §2.3.1): every
   spread is centred at the attention-weighted mean, so a saturated row or a row whose values agree
-  pays almost nothing, and only factors that tend to 1 as r → 0 are taken over the ball.
+  pays almost nothing, and only factors that tend to 1 as r → 0 are taken over the ball;
+* :func:`first_order_remainder`, of order r, not r² (docs/bounds.md §2.3.3): the attention change and
+  its linear part bounded apart, each row's change capped by its values' diameter; it is the
+  smallest where the logits move by more than about 2 over the ball;
+* :func:`quadratic_remainder`, the second-order term as the quadratic form it is (§2.3.2).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from torch import Tensor
 
 from models import DotMHA
+from models.spectral import product_norm
 
 from .base import radius
 from .certificates import reused, verified_gram_norm
@@ -37,6 +42,32 @@ def global_remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None) 
     a = layer.A_norm()  # [h]
     m = e * (core + e * a) / rd  # [B, h]
     return (0.5 * m**2 + 0.5 * e**2 * a / rd) * layer.XC_norm(X) + 0.5 * m * e * layer.C_norm()
+
+
+def first_order_remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None) -> Tensor:
+    """A bound of each head's share of ‖R(Γ)‖_F over ‖Γ‖_F ≤ r that is of order r, [B, h]
+    (docs/bounds.md §2.3.3): R_l = (P_l' − P_l)(X + Γ)C_l − dP_l[Γ] X C_l, each part on its own,
+
+    * ‖(P' − P)XC‖ ≤ min(e_l ‖X̃C_l‖, diam(XC_l)·(Σ_i min(s_i/(2√2), √2)²)^½),
+    * ‖dP[Γ]XC‖ ≤ min(½ r core_l ‖X̃C_l‖/√d_h, the local spread of §2.3.1 with α = σ, β = 0),
+    * ‖(P' − P)ΓC‖ ≤ e_l r ‖C_l‖,
+
+    with X̃ = X less its mean row (the rows of P' − P and dP sum to 0), e_l = min(½m_l, √(2n)) ≥
+    ‖P' − P‖_F, m_l = r(core_l + r a_l)/√d_h as in :func:`global_remainder`, and s_i ≥ the span of row
+    i's logit change (:func:`_rows`). ``core`` as in :func:`global_remainder`."""
+    B, n, _ = X.shape
+    e = radius(eps, X)[:, None]  # [B, 1]
+    core = xi(layer, X) if core is None else core
+    rd = math.sqrt(layer.d_h)
+    m = e * (core + e * layer.A_norm()) / rd
+    change = torch.minimum(0.5 * m, torch.full_like(m, math.sqrt(2 * n)))  # ≥ ‖P' − P‖_F
+    centred = product_norm(torch.einsum("bnd,hde->bhne", X - X.mean(-2, keepdim=True), layer.W_v), layer.W_o)
+    rows = _rows(layer, X, e[..., None])
+    cap = torch.minimum(rows["s"] / (2 * math.sqrt(2)), torch.full_like(rows["s"], math.sqrt(2)))
+    moved = torch.minimum(change * centred, rows["diamY"] * cap.square().sum(-1).sqrt())
+    linear = torch.minimum(0.5 * e * core * centred / rd,
+                           _assemble(rows, rows["sigma"], torch.zeros_like(rows["sigma"]), e[..., None], layer.d_h))
+    return (moved + linear + change * e * layer.C_norm()) * (1 + ROUND_REL)
 
 
 def _pair_sq(Z: Tensor) -> Tensor:
@@ -318,8 +349,9 @@ def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
               quadratic: bool | None = None, cache: dict | None = None) -> Tensor:
     """A certified bound of ‖F(X+Γ) − F(X) − J_F(X)[Γ]‖_F over ‖Γ‖_F ≤ r, [B]: each head's share by
-    the smaller of :func:`global_remainder` and :func:`local_remainder` (both bound the same head's
-    term, docs/bounds.md §2.3.1), summed over heads, and the smaller of that and
+    the smallest of :func:`global_remainder`, :func:`local_remainder` and
+    :func:`first_order_remainder` (each bounds the same head's term, docs/bounds.md §2.3.1–2.3.3),
+    summed over heads, and the smaller of that and
     :func:`quadratic_remainder`. ``quadratic`` None takes the quadratic form where its eigenproblem
     (h·n²) is no larger than the Jacobian's (n·d), which ``taylor`` pays anyway; False never, True
     up to QUAD_LIMIT. ``core`` as in :func:`global_remainder`, ``cache`` as in
@@ -327,7 +359,8 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
     glob = global_remainder(layer, X, eps, core)
     local = local_remainder(layer, X, eps) + ROUND_ABS * glob
     local = _nan_inf(local)
-    out = torch.minimum(glob, local).sum(-1)
+    first = first_order_remainder(layer, X, eps, core) + ROUND_ABS * glob
+    out = torch.minimum(torch.minimum(glob, local), _nan_inf(first)).sum(-1)
     n, d = X.shape[-2:]
     if quadratic or (quadratic is None and layer.h * n * n <= n * d):
         out = torch.minimum(out, quadratic_remainder(layer, X, eps, cache) + ROUND_ABS * glob.sum(-1))
