@@ -55,18 +55,20 @@ def first_order_remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = N
     with X̃ = X less its mean row (the rows of P' − P and dP sum to 0), e_l = min(½m_l, √(2n)) ≥
     ‖P' − P‖_F, m_l = r(core_l + r a_l)/√d_h as in :func:`global_remainder`, and s_i ≥ the span of row
     i's logit change (:func:`_rows`). ``core`` as in :func:`global_remainder`."""
-    B, n, _ = X.shape
+    n = X.shape[-2]
     e = radius(eps, X)[:, None]  # [B, 1]
     core = xi(layer, X) if core is None else core
     rd = math.sqrt(layer.d_h)
     m = e * (core + e * layer.A_norm()) / rd
     change = torch.minimum(0.5 * m, torch.full_like(m, math.sqrt(2 * n)))  # ≥ ‖P' − P‖_F
-    centred = product_norm(torch.einsum("bnd,hde->bhne", X - X.mean(-2, keepdim=True), layer.W_v), layer.W_o)
+    Xc = X - X.mean(-2, keepdim=True)  # the rows of P' − P and dP sum to 0
+    centred = product_norm(torch.einsum("bnd,hde->bhne", Xc, layer.W_v), layer.W_o)
     rows = _rows(layer, X, e[..., None])
     cap = torch.minimum(rows["s"] / (2 * math.sqrt(2)), torch.full_like(rows["s"], math.sqrt(2)))
     moved = torch.minimum(change * centred, rows["diamY"] * cap.square().sum(-1).sqrt())
+    sigma = rows["sigma"]  # ‖Cov_p(δ_i, Y)‖ ≤ std_p(δ_i)·σ_i, summed over rows as §2.3.1 does
     linear = torch.minimum(0.5 * e * core * centred / rd,
-                           _assemble(rows, rows["sigma"], torch.zeros_like(rows["sigma"]), e[..., None], layer.d_h))
+                           _assemble(rows, sigma, torch.zeros_like(sigma), e[..., None], layer.d_h))
     return (moved + linear + change * e * layer.C_norm()) * (1 + ROUND_REL)
 
 
