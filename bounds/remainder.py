@@ -296,7 +296,14 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     joint = (_weighted_spread(G, P, c).sqrt() * r1 + var_q.sqrt() * r1**2).square()
     joint = joint + _assemble(rows, _g2(s) * value, beta, r, layer.d_h).sum(-1)
     joint = _nan_inf(joint)
-    zform = _zform_rest(layer, rows, G, P, r)
+    # the value term Σ_l dP_l[Γ] Γ C_l by Cauchy–Schwarz over (l, k): c = max_{i,k} Σ_l p_lik ‖C_l‖², or,
+    # as the rows of dP_l sum to 0 and so Γ_k may be centred at γ̄_li = Σ_k p_lik Γ_k (fact iv),
+    # c = max_i Σ_l λ_li ‖C_l‖²: a peaked row's λ ≈ 2p(1 − p) is far below its max_k p; or with the
+    # heads sharing Γ, max_i λ_max(Σ_l λ_li C_l C_lᵀ) (:func:`_value_gram`)
+    cv = (P * rows["C"][None, :, :, None].square()).sum(1).amax((-1, -2))
+    cv = torch.minimum(cv, (lam * rows["C"][None].square()).sum(1).amax(-1))
+    cv = torch.minimum(cv, _value_gram(layer, lam))
+    zform = _zform_rest(layer, rows, G, P, r, cv)
     clean = lambda: (_form_norm(layer, X, G, P), _weighted_spread(G, P).sqrt())
     if cache is not None:
         if "form" not in cache:
@@ -305,15 +312,26 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     else:  # the certify runs ask every ε on one trace, inside a reuse block
         names, tensors = layer_key(layer)
         form, spread = reused(("quadratic_parts", names), (*tensors, X), clean)
-    # the value term Σ_l dP_l[Γ] Γ C_l by Cauchy–Schwarz over (l, k): c = max_{i,k} Σ_l p_lik ‖C_l‖², or,
-    # as the rows of dP_l sum to 0 and so Γ_k may be centred at γ̄_li = Σ_k p_lik Γ_k (fact iv),
-    # c = max_i Σ_l λ_li ‖C_l‖²: a peaked row's λ ≈ 2p(1 − p) is far below its max_k p
-    cv = (P * rows["C"][None, :, :, None].square()).sum(1).amax((-1, -2))
-    cv = torch.minimum(cv, (lam * rows["C"][None].square()).sum(1).amax(-1))
     second = (form + cv.sqrt() * spread) * r1**2
     # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
     # that the smaller of the remainders (:func:`remainder`) never takes a NaN
     return _nan_inf((second + torch.minimum(torch.minimum(per_head, joint), zform)) * (1 + ROUND_REL))
+
+
+def _value_gram(layer: DotMHA, lam: Tensor) -> Tensor:
+    """max_i λ_max(Σ_l λ_li C_l C_lᵀ), rounded up, [B] (docs/bounds.md §2.3.2, the value term): it
+    bounds Σ_l λ_li ‖Γ C_l‖_F² for ‖Γ‖_F = 1 with the heads sharing Γ, where Σ_l λ_li ‖C_l‖² lets each
+    head take all of it. Through the d_h-wide factors F_l = W^V_l R_lᵀ (W^O_lᵀ = Q_l R_l, so
+    C_l C_lᵀ = F_l F_lᵀ): the top eigenvalue of D_i^½ F̄ᵀF̄ D_i^½ with F̄ = [F_1 … F_h] and
+    D_i = diag(λ_li) per head's d_h columns. ``lam`` [B, h, n]."""
+    Ro = torch.linalg.qr(layer.W_o.mT, mode="r").R  # [h, d_h, d_h]
+    F = (layer.W_v @ Ro.mT).permute(1, 0, 2).reshape(layer.W_v.shape[1], -1)  # [d, h·d_h]
+    K = F.mT @ F
+    root = lam.clamp_min(0).sqrt().repeat_interleave(layer.d_h, 1).mT  # [B, n, h·d_h]
+    S = root[..., :, None] * K * root[..., None, :]
+    top = _top(S.flatten(0, 1)).reshape(S.shape[:2])
+    # rounding: far below 1e-10 of ‖S‖_F ≥ λ_max (sums of h·d_h products, each exact to 1e-16)
+    return (top * (1 + ROUND_REL) + 1e-10 * S.flatten(-2).norm(dim=-1)).amax(-1)
 
 
 def _nan_inf(t: Tensor) -> Tensor:
@@ -321,7 +339,8 @@ def _nan_inf(t: Tensor) -> Tensor:
     return torch.where(torch.isnan(t), torch.full_like(t, torch.inf), t)
 
 
-def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r: Tensor) -> Tensor:
+def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r: Tensor,
+                cv: Tensor | None = None) -> Tensor:
     """R − Q₂ less Cov_p(q, Y), [B], from p' = p e^x/Z with x the row's logit change centred under
     the clean p (docs/bounds.md §2.3.2, "under the clean row"): every moment is the clean p's, the
     values enter by their own distances ‖Y_k − ȳ‖ (no diameter, no e^{ts}), X = s bounds |x|.
@@ -331,7 +350,9 @@ def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
     times ‖T‖ = ‖E[(e^x − 1)W̃]‖ ≤ g₁(X) std(x) std(W)), with g₁ = :func:`_g1`, h₂ = :func:`_h2`,
     g₃ = :func:`_g3`, each the largest over |x| ≤ X of its function of x (they increase with x); per
     head, assembled by :func:`_assemble`, the terms of q (x² − δ̃², Cov(q, Z)) and of the perturbed
-    values Z = ΓC (E[(e^x − 1 − x)Z̃] ≤ X h₂(X) std(x) v)."""
+    values Z = ΓC (E[(e^x − 1 − x)Z̃] ≤ X h₂(X) std(x) v). Given ``cv`` [B] (≥ Σ_l Var_{p_li}(Z_l)/‖Γ‖²
+    for every row i, :func:`quadratic_remainder`), the last also jointly over heads by Cauchy–Schwarz,
+    √cv·r·(Σ_{l,i} g₂(X)² Var(x_li))^½, and the smaller of the two serves."""
     s, sigma, lam = rows["s"], rows["sigma"], rows["lam"]
     r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
     v = rows["v"]
@@ -345,7 +366,15 @@ def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
     qm = 2 * A * r**2 / rd  # ≥ max_k |q̃_k|
     alpha = qm * sigma + _g2(s) * v  # X h₂(X) = g₂(X)
     beta = 0.5 * qm * sigma + v + alpha
-    return _nan_inf(joint + _assemble(rows, alpha, beta, r, layer.d_h).sum(-1))
+    out = joint + _assemble(rows, alpha, beta, r, layer.d_h).sum(-1)
+    if cv is not None:  # E[(e^x − 1 − x)Z̃] with the heads sharing Γ (docs/bounds.md §2.3.2)
+        g2 = _g2(s).square()
+        var_q = (g2 * lam * A.square()).sum(1).amax(-1) / layer.d_h  # × r⁴: Σ g₂² Var(q)
+        value = cv.sqrt() * r1 * (_weighted_spread(G, P, g2).sqrt() * r1 + var_q.sqrt() * r1**2)
+        alpha = qm * sigma
+        rest = joint + value + _assemble(rows, alpha, 0.5 * qm * sigma + v + alpha, r, layer.d_h).sum(-1)
+        out = torch.minimum(_nan_inf(out), _nan_inf(rest))
+    return _nan_inf(out)
 
 
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,

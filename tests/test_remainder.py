@@ -208,10 +208,10 @@ def minilm():
     return [pretrained.case(k, 0) for k in (1, 2, 6)]
 
 
-# measured 8.4 / 18.0 / 11.5× on layers 1 / 2 / 6 with this attack (150 steps × 6 restarts; 9.5 / 26.3
-# / 14.7× before the clean row's constants g₁, h₂, g₃ and the λ-centred value term); §2.3's global
-# remainder 250–700×
-def test_remainder_on_minilm_is_sound_and_within_20x(minilm):
+# measured 6.7 / 15.1 / 8.1× on layers 1 / 2 / 6 with this attack (150 steps × 6 restarts; 8.4 / 18.0 /
+# 11.5× before the heads shared Γ in the value term, 9.5 / 26.3 / 14.7× before the clean row's
+# constants g₁, h₂, g₃ and the λ-centred value term); §2.3's global remainder 250–700×
+def test_remainder_on_minilm_is_sound_and_within_16x(minilm):
     for layer, X in minilm:
         X = X.double()[None]
         layer = layer.to(X)
@@ -219,5 +219,5 @@ def test_remainder_on_minilm_is_sound_and_within_20x(minilm):
         attained = attack_remainder(layer, X, r, steps=150, restarts=6)
         ours = remainder(layer, X, r)
         assert (ours >= attained).all()
-        assert (ours <= 20 * attained).all(), ours / attained
+        assert (ours <= 16 * attained).all(), ours / attained
         assert (global_remainder(layer, X, r).sum(-1) >= 100 * attained).all()
