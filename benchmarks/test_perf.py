@@ -57,13 +57,14 @@ REMAINDER_CELLS = {"n16-d32-h4": Cell(n=16, d=32, h=4), "n17-d32-h2": Cell(n=17,
 
 
 @pytest.mark.parametrize("size", list(REMAINDER_CELLS))
-@pytest.mark.parametrize("which", ["taylor", "global", "local", "quadratic", "remainder"])
+@pytest.mark.parametrize("which", ["taylor", "global", "local", "first_order", "quadratic", "remainder"])
 def test_remainder(benchmark, size, which):
     from bounds import remainder as R
     from bounds.taylor import taylor
     layer, X = REMAINDER_CELLS[size].build()
     fn = {"taylor": taylor, "global": R.global_remainder, "local": R.local_remainder,
-          "quadratic": R.quadratic_remainder, "remainder": R.remainder}[which]
+          "first_order": R.first_order_remainder, "quadratic": R.quadratic_remainder,
+          "remainder": R.remainder}[which]
     benchmark(lambda: fn(layer, X, 0.05))
 
 

@@ -44,7 +44,8 @@ def global_remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None) 
     return (0.5 * m**2 + 0.5 * e**2 * a / rd) * layer.XC_norm(X) + 0.5 * m * e * layer.C_norm()
 
 
-def first_order_remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None) -> Tensor:
+def first_order_remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
+                          rows: dict[str, Tensor] | None = None) -> Tensor:
     """A bound of each head's share of ‖R(Γ)‖_F over ‖Γ‖_F ≤ r that is of order r, [B, h]
     (docs/bounds.md §2.3.3): R_l = (P_l' − P_l)(X + Γ)C_l − dP_l[Γ] X C_l, each part on its own,
 
@@ -54,7 +55,8 @@ def first_order_remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = N
 
     with X̃ = X less its mean row (the rows of P' − P and dP sum to 0), e_l = min(½m_l, √(2n)) ≥
     ‖P' − P‖_F, m_l = r(core_l + r a_l)/√d_h as in :func:`global_remainder`, and s_i ≥ the span of row
-    i's logit change (:func:`_rows`). ``core`` as in :func:`global_remainder`."""
+    i's logit change (:func:`_rows`). ``core`` as in :func:`global_remainder`; ``rows`` as in
+    :func:`local_remainder`."""
     n = X.shape[-2]
     e = radius(eps, X)[:, None]  # [B, 1]
     core = xi(layer, X) if core is None else core
@@ -63,7 +65,7 @@ def first_order_remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = N
     change = torch.minimum(0.5 * m, torch.full_like(m, math.sqrt(2 * n)))  # ≥ ‖P' − P‖_F
     Xc = X - X.mean(-2, keepdim=True)  # the rows of P' − P and dP sum to 0
     centred = product_norm(torch.einsum("bnd,hde->bhne", Xc, layer.W_v), layer.W_o)
-    rows = _rows(layer, X, e[..., None])
+    rows = _rows(layer, X, e[..., None]) if rows is None else rows
     cap = torch.minimum(rows["s"] / (2 * math.sqrt(2)), torch.full_like(rows["s"], math.sqrt(2)))
     moved = torch.minimum(change * centred, rows["diamY"] * cap.square().sum(-1).sqrt())
     sigma = rows["sigma"]  # ‖Cov_p(δ_i, Y)‖ ≤ std_p(δ_i)·σ_i, summed over rows as §2.3.1 does
@@ -145,16 +147,16 @@ def _assemble(rows: dict[str, Tensor], alpha: Tensor, beta: Tensor, r: Tensor, d
                                    + r * rows["A"] * (beta * lam.sqrt()).amax(-1))
 
 
-def local_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
+def local_remainder(layer: DotMHA, X: Tensor, eps, rows: dict[str, Tensor] | None = None) -> Tensor:
     """A bound on each head's share of ‖R(Γ)‖_F over ‖Γ‖_F ≤ r from the clean row probabilities,
     [B, h] (docs/bounds.md §2.3.1): with the row quantities of :func:`_rows`,
 
         α_i = σ_i g₂(s_i) + √λ_i‖C_l‖ r g₁(s_i),  β_i = σ_i + α_i,
 
-    assembled over rows by :func:`_assemble`.
+    assembled over rows by :func:`_assemble`. ``rows``: :func:`_rows` at this radius, if at hand.
     """
     r = radius(eps, X)[:, None, None]  # [B, 1, 1]: broadcasts over heads and rows
-    rows = _rows(layer, X, r)
+    rows = _rows(layer, X, r) if rows is None else rows
     s, sigma = rows["s"], rows["sigma"]
     alpha = sigma * _g2(s) + rows["v"] * _g1(s)
     return _assemble(rows, alpha, sigma + alpha, r, layer.d_h) * (1 + ROUND_REL)
@@ -259,7 +261,8 @@ QUAD_LIMIT = 1536  # h·n² above which the quadratic form's eigenproblem is ski
 CUMULANT4 = 1 + 3 / (2 * math.sqrt(2))
 
 
-def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None) -> Tensor:
+def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None,
+                        rows: dict[str, Tensor] | None = None) -> Tensor:
     """``‖𝒜‖r² + √(cΛ)r² + the rest`` ≥ ‖R(Γ)‖_F over ‖Γ‖_F ≤ r, [B] (docs/bounds.md §2.3.2): the
     pure-logit second-order term bounded jointly over heads and rows as the quadratic form it is
     (‖𝒜‖r², :func:`logit_form_norm`), the value term Σ_l dP_l[Γ]ΓC_l by Cauchy–Schwarz (√(cΛ) r²),
@@ -277,12 +280,12 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     +inf where h·n² > QUAD_LIMIT. ``cache`` (a dict, empty at first) keeps ‖𝒜‖ and √Λ, which depend
     on the clean point alone, for calls at other radii on the same layer and X: two of the four
     eigenproblems of a call; without it they are kept in the open ``bounds.certificates.reuse``
-    block, if any."""
+    block, if any. ``rows`` as in :func:`local_remainder`."""
     B, n, _ = X.shape
     r = radius(eps, X)[:, None, None]
     if layer.h * n * n > QUAD_LIMIT:
         return torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
-    rows = _rows(layer, X, r)
+    rows = _rows(layer, X, r) if rows is None else rows
     s, sigma, lam = rows["s"], rows["sigma"], rows["lam"]
     value = rows["v"]
     third = 1.75 * s.square() * _g3(s) * sigma  # × std(u): the pure-logit third order, per row
@@ -387,12 +390,14 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
     (h·n²) is no larger than the Jacobian's (n·d), which ``taylor`` pays anyway; False never, True
     up to QUAD_LIMIT. ``core`` as in :func:`global_remainder`, ``cache`` as in
     :func:`quadratic_remainder`."""
+    core = xi(layer, X) if core is None else core
+    rows = _rows(layer, X, radius(eps, X)[:, None, None])  # what the three bounds share
     glob = global_remainder(layer, X, eps, core)
-    local = local_remainder(layer, X, eps) + ROUND_ABS * glob
-    local = _nan_inf(local)
-    first = first_order_remainder(layer, X, eps, core) + ROUND_ABS * glob
-    out = torch.minimum(torch.minimum(glob, local), _nan_inf(first)).sum(-1)
+    local = _nan_inf(local_remainder(layer, X, eps, rows) + ROUND_ABS * glob)
+    first = _nan_inf(first_order_remainder(layer, X, eps, core, rows) + ROUND_ABS * glob)
+    out = torch.minimum(torch.minimum(glob, local), first).sum(-1)
     n, d = X.shape[-2:]
     if quadratic or (quadratic is None and layer.h * n * n <= n * d):
-        out = torch.minimum(out, quadratic_remainder(layer, X, eps, cache) + ROUND_ABS * glob.sum(-1))
+        quad = quadratic_remainder(layer, X, eps, cache, rows)
+        out = torch.minimum(out, quad + ROUND_ABS * glob.sum(-1))
     return out
