@@ -344,17 +344,20 @@ def _nan_inf(t: Tensor) -> Tensor:
 
 def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r: Tensor,
                 cv: Tensor | None = None) -> Tensor:
-    """R − Q₂ less Cov_p(q, Y), [B], from p' = p e^x/Z with x the row's logit change centred under
-    the clean p (docs/bounds.md §2.3.2, "under the clean row"): every moment is the clean p's, the
-    values enter by their own distances ‖Y_k − ȳ‖ (no diameter, no e^{ts}), X = s bounds |x|.
+    """R − L − V, [B] (Cov_p(q, Y) and the third order: all of R but the pure-logit and value
+    terms of Q₂, which :func:`quadratic_remainder` bounds jointly), from p' = p e^x/Z with x the
+    row's logit change centred under the clean p (docs/bounds.md §2.3.2, "under the clean row"):
+    every moment is the clean p's, the values enter by their own distances ‖Y_k − ȳ‖ (no diameter,
+    no e^{ts}), X = s bounds |x|.
 
     Jointly over heads, rows and keys: Σ_α (k_li + w_α) p_α x_α² with w_α = X g₃(X)‖Ỹ_α‖ (the cubic
     remainder of e^x, |ρ(x)| ≤ x²·X g₃(X)) and k_li = h₂(X) g₁(X)·std(x)(σ + v) (1/Z − 1 ≤ h₂(X) m₂
     times ‖T‖ = ‖E[(e^x − 1)W̃]‖ ≤ g₁(X) std(x) std(W)), with g₁ = :func:`_g1`, h₂ = :func:`_h2`,
     g₃ = :func:`_g3`, each the largest over |x| ≤ X of its function of x (they increase with x); per
-    head, assembled by :func:`_assemble`, the terms of q (x² − δ̃², Cov(q, Z)) and of the perturbed
-    values Z = ΓC (E[(e^x − 1 − x)Z̃] ≤ X h₂(X) std(x) v). Given ``cv`` [B] (≥ Σ_l Var_{p_li}(Z_l)/‖Γ‖²
-    for every row i, :func:`quadratic_remainder`), the last also jointly over heads by Cauchy–Schwarz,
+    head, assembled by :func:`_assemble`, the terms of q (Cov_p(q, Y), x² − δ̃², Cov(q, Z)) and of
+    the perturbed values Z = ΓC (E[(e^x − 1 − x)Z̃] ≤ X h₂(X) std(x) v). Given ``cv`` [B]
+    (≥ Σ_l Var_{p_li}(Z_l)/‖Γ‖² for every row i, :func:`quadratic_remainder`), the last also jointly
+    over heads by Cauchy–Schwarz,
     √cv·r·(Σ_{l,i} g₂(X)² Var(x_li))^½, and the smaller of the two serves."""
     s, sigma, lam = rows["s"], rows["sigma"], rows["lam"]
     r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
@@ -368,14 +371,16 @@ def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
     joint = (_weighted_spread(G, P, w).sqrt() * r1 + var_q.sqrt() * r1**2).square()
     qm = 2 * A * r**2 / rd  # ≥ max_k |q̃_k|
     alpha = qm * sigma + _g2(s) * v  # X h₂(X) = g₂(X)
-    beta = 0.5 * qm * sigma + v + alpha
+    # Cov_p(q, Y) ≤ std(q)·σ: the second order's q term, which the caller's (‖𝒜‖ + √(cΛ))r² leaves
+    beta = sigma + 0.5 * qm * sigma + v + alpha
     out = joint + _assemble(rows, alpha, beta, r, layer.d_h).sum(-1)
     if cv is not None:  # E[(e^x − 1 − x)Z̃] with the heads sharing Γ (docs/bounds.md §2.3.2)
         g2 = _g2(s).square()
         var_q = (g2 * lam * A.square()).sum(1).amax(-1) / layer.d_h  # × r⁴: Σ g₂² Var(q)
         value = cv.sqrt() * r1 * (_weighted_spread(G, P, g2).sqrt() * r1 + var_q.sqrt() * r1**2)
         alpha = qm * sigma
-        rest = joint + value + _assemble(rows, alpha, 0.5 * qm * sigma + v + alpha, r, layer.d_h).sum(-1)
+        beta = sigma + 0.5 * qm * sigma + v + alpha
+        rest = joint + value + _assemble(rows, alpha, beta, r, layer.d_h).sum(-1)
         out = torch.minimum(_nan_inf(out), _nan_inf(rest))
     return _nan_inf(out)
 

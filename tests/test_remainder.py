@@ -138,6 +138,26 @@ def test_remainder_on_a_sharp_trained_vit_is_sound_and_tight(sharp_vit, r, facto
         assert (global_remainder(layer, X, r).sum(-1) >= 40 * attained).all()  # what it replaces
 
 
+def test_the_quadratic_bound_pays_the_logits_own_quadratic_term():
+    """A witness (docs/bounds.md §2.3.2, "under the clean row"): the margin-trained 1-block digits ViT,
+    whose attention is all but uniform (the logits move by ~1e-5 over the ball), so that the third
+    order vanishes and the second order is the value term and Cov_p(q, Y) with q the logits' own
+    quadratic part. The assembly under the clean row once left Cov_p(q, Y) out and gave 1.198e-8
+    where the attack attains 1.284e-8 (r = 0.05, second test image)."""
+    from models.data import load_dataset
+    from models.vit_io import load_vit
+    net, _ = load_vit("zoo/digits-d32-b1-h2-c0.5-q1-m0.003.safetensors")
+    net = net.double()
+    images = torch.as_tensor(load_dataset("digits")[2][:3], dtype=torch.float64)
+    with torch.no_grad():
+        X = net.trace(images).inputs[0]
+    layer = net.attention_layers()[0]
+    for r in (0.025, 0.05, 0.1):
+        attained = attack_remainder(layer, X, r, steps=150, restarts=6)
+        assert (quadratic_remainder(layer, X, r) >= attained).all(), (r, attained)
+        assert (remainder(layer, X, r, quadratic=True) >= attained).all()
+
+
 def test_the_first_order_remainder_at_a_large_radius():
     """The published-recipe digits ViT (logits uncapped), its first layer at two test images' tokens
     ×2 and r = 0.1, where the logits move by up to ~30 over the ball: the second-order bounds are
@@ -208,10 +228,9 @@ def minilm():
     return [pretrained.case(k, 0) for k in (1, 2, 6)]
 
 
-# measured 6.7 / 15.1 / 8.1× on layers 1 / 2 / 6 with this attack (150 steps × 6 restarts; 8.4 / 18.0 /
-# 11.5× before the heads shared Γ in the value term, 9.5 / 26.3 / 14.7× before the clean row's
-# constants g₁, h₂, g₃ and the λ-centred value term); §2.3's global remainder 250–700×
-def test_remainder_on_minilm_is_sound_and_within_16x(minilm):
+# measured 9.3 / 17.1 / 10.9× on layers 1 / 2 / 6 with this attack (150 steps × 6 restarts); §2.3's global
+# remainder 250–700×
+def test_remainder_on_minilm_is_sound_and_within_20x(minilm):
     for layer, X in minilm:
         X = X.double()[None]
         layer = layer.to(X)
@@ -219,5 +238,5 @@ def test_remainder_on_minilm_is_sound_and_within_16x(minilm):
         attained = attack_remainder(layer, X, r, steps=150, restarts=6)
         ours = remainder(layer, X, r)
         assert (ours >= attained).all()
-        assert (ours <= 16 * attained).all(), ours / attained
+        assert (ours <= 20 * attained).all(), ours / attained
         assert (global_remainder(layer, X, r).sum(-1) >= 100 * attained).all()
