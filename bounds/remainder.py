@@ -134,7 +134,7 @@ def _rows(layer: DotMHA, X: Tensor, r: Tensor) -> dict[str, Tensor]:
     C = layer.C_norm()[:, None]
     return {"sigma": sigma, "a": a, "lam": lam, "Vn": Vn, "s": s, "A": A[:, 0], "C": C, "P": P,
             "v": lam.sqrt() * C * r,  # ≥ std_{p_i}(Γ C_l) over the ball (fact iv)
-            "diamY": Ysq.amax((-1, -2)).sqrt(), "Yc": Yc}
+            "diamY": Ysq.amax((-1, -2)).sqrt(), "Yc": Yc, "Ro": Ro}
 
 
 def _assemble(rows: dict[str, Tensor], alpha: Tensor, beta: Tensor, r: Tensor, d_h: int) -> Tensor:
@@ -305,7 +305,7 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     # heads sharing Γ, max_i λ_max(Σ_l λ_li C_l C_lᵀ) (:func:`_value_gram`)
     cv = (P * rows["C"][None, :, :, None].square()).sum(1).amax((-1, -2))
     cv = torch.minimum(cv, (lam * rows["C"][None].square()).sum(1).amax(-1))
-    cv = torch.minimum(cv, _value_gram(layer, lam))
+    cv = torch.minimum(cv, _value_gram(layer, rows))
     zform = _zform_rest(layer, rows, G, P, r, cv)
     clean = lambda: (_form_norm(layer, X, G, P), _weighted_spread(G, P).sqrt())
     if cache is not None:
@@ -321,14 +321,14 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     return _nan_inf((second + torch.minimum(torch.minimum(per_head, joint), zform)) * (1 + ROUND_REL))
 
 
-def _value_gram(layer: DotMHA, lam: Tensor) -> Tensor:
+def _value_gram(layer: DotMHA, rows: dict[str, Tensor]) -> Tensor:
     """max_i λ_max(Σ_l λ_li C_l C_lᵀ), rounded up, [B] (docs/bounds.md §2.3.2, the value term): it
     bounds Σ_l λ_li ‖Γ C_l‖_F² for ‖Γ‖_F = 1 with the heads sharing Γ, where Σ_l λ_li ‖C_l‖² lets each
     head take all of it. Through the d_h-wide factors F_l = W^V_l R_lᵀ (W^O_lᵀ = Q_l R_l, so
     C_l C_lᵀ = F_l F_lᵀ): the top eigenvalue of D_i^½ F̄ᵀF̄ D_i^½ with F̄ = [F_1 … F_h] and
-    D_i = diag(λ_li) per head's d_h columns. ``lam`` [B, h, n]."""
-    Ro = torch.linalg.qr(layer.W_o.mT, mode="r").R  # [h, d_h, d_h]
-    F = (layer.W_v @ Ro.mT).permute(1, 0, 2).reshape(layer.W_v.shape[1], -1)  # [d, h·d_h]
+    D_i = diag(λ_li) per head's d_h columns; λ and R from :func:`_rows`."""
+    lam = rows["lam"]  # [B, h, n]
+    F = (layer.W_v @ rows["Ro"].mT).permute(1, 0, 2).reshape(layer.W_v.shape[1], -1)  # [d, h·d_h]
     K = F.mT @ F
     root = lam.clamp_min(0).sqrt().repeat_interleave(layer.d_h, 1).mT  # [B, n, h·d_h]
     S = root[..., :, None] * K * root[..., None, :]
@@ -343,7 +343,7 @@ def _nan_inf(t: Tensor) -> Tensor:
 
 
 def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r: Tensor,
-                cv: Tensor | None = None) -> Tensor:
+                cv: Tensor) -> Tensor:
     """R − L − V, [B] (Cov_p(q, Y) and the third order: all of R but the pure-logit and value
     terms of Q₂, which :func:`quadratic_remainder` bounds jointly), from p' = p e^x/Z with x the
     row's logit change centred under the clean p (docs/bounds.md §2.3.2, "under the clean row"):
@@ -355,10 +355,10 @@ def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
     times ‖T‖ = ‖E[(e^x − 1)W̃]‖ ≤ g₁(X) std(x) std(W)), with g₁ = :func:`_g1`, h₂ = :func:`_h2`,
     g₃ = :func:`_g3`, each the largest over |x| ≤ X of its function of x (they increase with x); per
     head, assembled by :func:`_assemble`, the terms of q (Cov_p(q, Y), x² − δ̃², Cov(q, Z)) and of
-    the perturbed values Z = ΓC (E[(e^x − 1 − x)Z̃] ≤ X h₂(X) std(x) v). Given ``cv`` [B]
-    (≥ Σ_l Var_{p_li}(Z_l)/‖Γ‖² for every row i, :func:`quadratic_remainder`), the last also jointly
-    over heads by Cauchy–Schwarz,
-    √cv·r·(Σ_{l,i} g₂(X)² Var(x_li))^½, and the smaller of the two serves."""
+    the perturbed values Z = ΓC (E[(e^x − 1 − x)Z̃] ≤ X h₂(X) std(x) v). With ``cv`` [B]
+    (≥ Σ_l Var_{p_li}(Z_l)/‖Γ‖² for every row i, :func:`quadratic_remainder`) the last is also taken
+    jointly over heads by Cauchy–Schwarz, √cv·r·(Σ_{l,i} g₂(X)² Var(x_li))^½, and the smaller of the
+    two assemblies serves."""
     s, sigma, lam = rows["s"], rows["sigma"], rows["lam"]
     r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
     v = rows["v"]
@@ -370,19 +370,19 @@ def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
     var_q = (w.amax(-1) * lam * A.square()).sum(1).amax(-1) / layer.d_h  # × r⁴: Σ w p q̃²
     joint = (_weighted_spread(G, P, w).sqrt() * r1 + var_q.sqrt() * r1**2).square()
     qm = 2 * A * r**2 / rd  # ≥ max_k |q̃_k|
-    alpha = qm * sigma + _g2(s) * v  # X h₂(X) = g₂(X)
-    # Cov_p(q, Y) ≤ std(q)·σ: the second order's q term, which the caller's (‖𝒜‖ + √(cΛ))r² leaves
-    beta = sigma + 0.5 * qm * sigma + v + alpha
-    out = joint + _assemble(rows, alpha, beta, r, layer.d_h).sum(-1)
-    if cv is not None:  # E[(e^x − 1 − x)Z̃] with the heads sharing Γ (docs/bounds.md §2.3.2)
-        g2 = _g2(s).square()
-        var_q = (g2 * lam * A.square()).sum(1).amax(-1) / layer.d_h  # × r⁴: Σ g₂² Var(q)
-        value = cv.sqrt() * r1 * (_weighted_spread(G, P, g2).sqrt() * r1 + var_q.sqrt() * r1**2)
-        alpha = qm * sigma
-        beta = sigma + 0.5 * qm * sigma + v + alpha
-        rest = joint + value + _assemble(rows, alpha, beta, r, layer.d_h).sum(-1)
-        out = torch.minimum(_nan_inf(out), _nan_inf(rest))
-    return _nan_inf(out)
+
+    def per_head(alpha: Tensor) -> Tensor:
+        # × std(δ): alpha; × std(q): alpha again (x = δ + q), Cov_p(q, Y) ≤ std(q)·σ (the second
+        # order's q term, which the caller's (‖𝒜‖ + √(cΛ))r² leaves), x² − δ̃² and Cov(q, Z)
+        return _assemble(rows, alpha, sigma + 0.5 * qm * sigma + v + alpha, r, layer.d_h).sum(-1)
+
+    apart = joint + per_head(qm * sigma + _g2(s) * v)  # X h₂(X) = g₂(X)
+    # E[(e^x − 1 − x)Z̃] with the heads sharing Γ (docs/bounds.md §2.3.2)
+    g2 = _g2(s).square()
+    var_q = (g2 * lam * A.square()).sum(1).amax(-1) / layer.d_h  # × r⁴: Σ g₂² Var(q)
+    value = cv.sqrt() * r1 * (_weighted_spread(G, P, g2).sqrt() * r1 + var_q.sqrt() * r1**2)
+    shared = joint + value + per_head(qm * sigma)
+    return torch.minimum(_nan_inf(apart), _nan_inf(shared))
 
 
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
