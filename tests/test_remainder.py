@@ -115,16 +115,22 @@ def test_logit_form_norm_against_the_dense_hessian(seed, bias):
     assert float(form[0]) >= float(dense)
 
 
+def _block_inputs(stem: str, images: int) -> list:
+    """(attention layer, its clean input for the first ``images`` digits test images) per block of the
+    zoo's ViT ``stem``, in float64."""
+    from models.data import load_dataset
+    from models.vit_io import load_vit
+    net, _ = load_vit(f"zoo/{stem}.safetensors")
+    net = net.double()
+    x = torch.as_tensor(load_dataset("digits")[2][:images], dtype=torch.float64)
+    with torch.no_grad():
+        return list(zip(net.attention_layers(), net.trace(x).inputs, strict=True))
+
+
 @pytest.fixture(scope="module")
 def sharp_vit():
     """The zoo's 2-block digits ViT trained without margin (sharp attention): block inputs of 2 images."""
-    from models.data import load_dataset
-    from models.vit_io import load_vit
-    net, _ = load_vit("zoo/digits-d32-b2-h2-c0.5-q2.safetensors")
-    net = net.double()
-    images = torch.as_tensor(load_dataset("digits")[2][:2], dtype=torch.float64)
-    with torch.no_grad():
-        return list(zip(net.attention_layers(), net.trace(images).inputs, strict=True))
+    return _block_inputs("digits-d32-b2-h2-c0.5-q2", 2)
 
 
 # measured 2.9–3.7× at r 0.05 and 4.3–6.0× at 0.15 (the third order's ball-wide constants, §2.3.2)
@@ -144,14 +150,7 @@ def test_the_quadratic_bound_pays_the_logits_own_quadratic_term():
     order vanishes and the second order is the value term and Cov_p(q, Y) with q the logits' own
     quadratic part. The assembly under the clean row once left Cov_p(q, Y) out and gave 1.198e-8
     where the attack attains 1.284e-8 (r = 0.05, second test image)."""
-    from models.data import load_dataset
-    from models.vit_io import load_vit
-    net, _ = load_vit("zoo/digits-d32-b1-h2-c0.5-q1-m0.003.safetensors")
-    net = net.double()
-    images = torch.as_tensor(load_dataset("digits")[2][:3], dtype=torch.float64)
-    with torch.no_grad():
-        X = net.trace(images).inputs[0]
-    layer = net.attention_layers()[0]
+    [(layer, X)] = _block_inputs("digits-d32-b1-h2-c0.5-q1-m0.003", 3)
     for r in (0.025, 0.05, 0.1):
         attained = attack_remainder(layer, X, r, steps=150, restarts=6)
         assert (quadratic_remainder(layer, X, r) >= attained).all(), (r, attained)
@@ -163,14 +162,8 @@ def test_the_first_order_remainder_at_a_large_radius():
     ×2 and r = 0.1, where the logits move by up to ~30 over the ball: the second-order bounds are
     700–750× the attained remainder there (e^s and m_l²), the first-order one (docs/bounds.md §2.3.3)
     14–18×; what Taylor pays is sound and within 30×."""
-    from models.data import load_dataset
-    from models.vit_io import load_vit
-    net, _ = load_vit("zoo/digits-d32-b2-h2-c0.5.safetensors")
-    net = net.double()
-    images = torch.as_tensor(load_dataset("digits")[2][:2], dtype=torch.float64)
-    with torch.no_grad():
-        X = 2 * net.trace(images).inputs[0]
-    layer, r = net.attention_layers()[0], 0.1
+    layer, X = _block_inputs("digits-d32-b2-h2-c0.5", 2)[0]
+    X, r = 2 * X, 0.1
     attained = attack_remainder(layer, X, r, steps=150, restarts=4)
     ours = remainder(layer, X, r)
     assert (ours >= attained).all() and (ours <= 30 * attained).all(), ours / attained
