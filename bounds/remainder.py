@@ -9,7 +9,9 @@ head (docs/bounds.md §2.3 and §2.3.1). ``taylor`` and ``taylor_net`` pay the s
 * :func:`first_order_remainder`, of order r, not r² (docs/bounds.md §2.3.3): the attention change and
   its linear part bounded apart, each row's change capped by its values' diameter; it is the
   smallest where the logits move by more than about 2 over the ball;
-* :func:`quadratic_remainder`, the second-order term as the quadratic form it is (§2.3.2).
+* :func:`quadratic_remainder`, the second-order term as the quadratic form it is (§2.3.2), and the
+  third as the cubic form it is, every other term jointly over heads and rows (§2.3.4); the forms'
+  certified norms are in :mod:`bounds.forms`.
 """
 
 from __future__ import annotations
@@ -23,12 +25,32 @@ from models import DotMHA
 from models.spectral import product_norm
 
 from .base import radius
-from .certificates import reused, verified_gram_norm
+from .certificates import reused
+from .forms import (
+    ROUND_REL,
+    cubic_form_norm,
+    form_norm,
+    heads_top,
+    logit_form_norm,
+    logit_gram,
+    spectral_spread,
+    value_cubic_norm,
+    value_form_norm,
+    weighted_spread,
+)
 from .lofast import layer_key, xi
 
-# relative slack for the float64 rounding of the local bound's sums, products and eigenvalues, and an
-# absolute one in units of the global bound (a scale of the magnitudes), docs/bounds.md §2.3.1
-ROUND_REL = 1e-9
+__all__ = [
+    "first_order_remainder",
+    "global_remainder",
+    "local_remainder",
+    "logit_form_norm",
+    "quadratic_remainder",
+    "remainder",
+]
+
+# an absolute slack for float64 rounding in units of the global bound (a scale of the magnitudes),
+# beside forms.ROUND_REL's relative one (docs/bounds.md §2.3.1)
 ROUND_ABS = 1e-12
 
 
@@ -101,6 +123,15 @@ def _h2(s: Tensor) -> Tensor:
     return torch.where(s < 1e-4, 0.5 * torch.exp(s), big)
 
 
+def _g4(s: Tensor) -> Tensor:
+    """∫₀¹ (1 − t)³/6 e^{ts} dt = (e^s − 1 − s − s²/2 − s³/6)/s⁴ (1/24 at s = 0), which bounds
+    (e^x − 1 − x − x²/2 − x³/6)/x⁴ for every x ≤ s (it increases with x); below 0.1, its upper bound
+    e^s/24 (each term s^k/(k+4)! of the series is ≤ s^k/(24·k!)), which the difference would lose to
+    cancellation."""
+    big = (torch.expm1(s) - s - 0.5 * s.square() - s**3 / 6) / s.clamp_min(0.1) ** 4
+    return torch.where(s < 0.1, torch.exp(s) / 24, big)
+
+
 def _g3(s: Tensor) -> Tensor:
     """∫₀¹ ½(1 − t)² e^{ts} dt = (e^s − 1 − s − s²/2)/s³ (1/6 at s = 0); below 1e-2, its upper bound
     e^s/6, which the difference would lose to cancellation."""
@@ -134,7 +165,7 @@ def _rows(layer: DotMHA, X: Tensor, r: Tensor) -> dict[str, Tensor]:
     C = layer.C_norm()[:, None]
     return {"sigma": sigma, "a": a, "lam": lam, "Vn": Vn, "s": s, "A": A[:, 0], "C": C, "P": P,
             "v": lam.sqrt() * C * r,  # ≥ std_{p_i}(Γ C_l) over the ball (fact iv)
-            "diamY": Ysq.amax((-1, -2)).sqrt(), "Yc": Yc, "Ro": Ro}
+            "diamY": Ysq.amax((-1, -2)).sqrt(), "Yc": Yc, "Ro": Ro, "d_h": layer.d_h}
 
 
 def _assemble(rows: dict[str, Tensor], alpha: Tensor, beta: Tensor, r: Tensor, d_h: int) -> Tensor:
@@ -162,97 +193,6 @@ def local_remainder(layer: DotMHA, X: Tensor, eps, rows: dict[str, Tensor] | Non
     return _assemble(rows, alpha, sigma + alpha, r, layer.d_h) * (1 + ROUND_REL)
 
 
-def _logit_gram(layer: DotMHA, X: Tensor, P: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(G, P): G [B, n·h·n, n·h·n] the Gram of the centred logit functionals f̂_α, α = (i, l, k) in
-    this order (δ_lik − δ̄_li = f̂_αᵀ vec Γ), in closed form from the Grams of U_l = K_l W^Q_lᵀ,
-    V_l = Q_l W^K_lᵀ and the e_k − p_li (docs/bounds.md §2.3.2); P [B, h, n, n] the attention."""
-    B, n, _ = X.shape
-    h = layer.h
-    P = layer.attention(X) if P is None else P  # [B, h, n, n]
-    Q, K = layer.queries_keys(X)
-    U = K @ layer.W_q.mT  # [B, h, n, d]: U_l = K_l W^Q_lᵀ
-    V = Q @ layer.W_k.mT  # V_l = Q_l W^K_lᵀ
-    Ut = U[:, :, None] - (P @ U)[:, :, :, None]  # [B, h, i, k, d]: U_lk − ū_li
-    eye = torch.eye(n, dtype=X.dtype, device=X.device)
-    E = eye[None, None, None] - P[..., None, :]  # [B, h, i, k, n]: e_k − p_li
-    # α = (i, l, k) in this order, so that N below is block-diagonal over rows i
-    Ut = Ut.permute(0, 2, 1, 3, 4)  # [B, i, h, k, d]
-    E = E.permute(0, 2, 1, 3, 4)  # [B, i, h, k, n]
-    Vi = V.permute(0, 2, 1, 3)  # [B, i, h, d]: V_li
-    m = h * n
-    # ⟨f̂_α, f̂_β⟩·d_h = δ_ii'⟨Ũ_α, Ũ_β⟩ + (e_k' − p_l'i')_i ⟨Ũ_α, V_l'i'⟩ + (its transpose)
-    #                   + ⟨e_k − p_li, e_k' − p_l'i'⟩⟨V_li, V_l'i'⟩
-    G = torch.zeros(B, n, m, n, m, dtype=X.dtype, device=X.device)
-    UU = torch.einsum("bihkd,bigjd->bihkgj", Ut, Ut).reshape(B, n, m, m)
-    G[:, torch.arange(n), :, torch.arange(n), :] = UU.permute(1, 0, 2, 3)
-    UV = torch.einsum("bihkd,bjgd->bihkjg", Ut, Vi)  # [B, i, h, k, i', l']
-    T2 = torch.einsum("bihkjg,bjgqi->bihkjgq", UV, E)  # × (e_k' − p_l'i')_i
-    G = G + T2.reshape(B, n, m, n, m)
-    G = G + T2.reshape(B, n, m, n, m).permute(0, 3, 4, 1, 2)
-    EE = torch.einsum("bihkx,bjgqx->bihkjgq", E, E)
-    VV = torch.einsum("bihd,bjgd->bihjg", Vi, Vi)
-    G = G + (EE * VV[:, :, :, None, :, :, None]).reshape(B, n, m, n, m)
-    return G.reshape(B, n * m, n * m) / layer.d_h, P
-
-
-def _top(S: Tensor) -> Tensor:
-    """λ_max of each [B, D, D] PSD matrix from above: a Cholesky factorisation of μI − S confirms
-    a guess μ (bounds.certificates.verified_gram_norm, docs/bounds.md §2.4: D³/3 flops where an
-    eigendecomposition costs ≈ 4D³/3 and more), an eigendecomposition where it does not."""
-    return verified_gram_norm(0.5 * (S + S.mT))[0].square()
-
-
-def _weighted_spread(G: Tensor, P: Tensor, w: Tensor | None = None) -> Tensor:
-    """λ_max(Σ_α w_α p_α f̂_α f̂_αᵀ) = λ_max(D^½ G D^½), D = diag(w_α p_α), rounded up, [B]: for
-    every ‖Γ‖_F = 1 it bounds Σ_{l,i} w_li Var_{p_li}(δ_li), the (weighted) energy of every head's
-    and row's linear logit spread at once (docs/bounds.md §2.3.2). ``w`` [B, h, n] per (head, row)
-    or [B, h, n, n] per (head, row, key), default 1; P [B, h, n, n]."""
-    B = P.shape[0]
-    wp = P if w is None else P * (w if w.dim() == 4 else w[..., None])
-    wp = wp.permute(0, 2, 1, 3)  # [B, i, h, k]
-    root = wp.reshape(B, -1).clamp_min(0).sqrt()
-    D = root[:, :, None] * G * root[:, None, :]
-    # weights that overflowed (e^s at a saturating scale) bound nothing: +inf, never an eigensolver
-    # failure; the other bounds of the remainder serve there
-    finite = torch.isfinite(D).flatten(1).all(-1)
-    D = torch.where(finite[:, None, None], D, torch.zeros_like(D))
-    top = _top(D)
-    # rounding: far below 1e-10 of ‖D‖_F ≥ λ_max
-    top = top * (1 + ROUND_REL) + 1e-10 * D.flatten(1).norm(dim=-1)
-    return torch.where(finite, top, torch.full_like(top, torch.inf))
-
-
-def logit_form_norm(layer: DotMHA, X: Tensor) -> tuple[Tensor, Tensor]:
-    """‖𝒜‖ and √Λ, [B] each (docs/bounds.md §2.3.2).
-
-    ‖𝒜‖ bounds the pure-logit second-order term, all heads and rows at once: with δ the linear
-    logit change and Y_l = X C_l, row i of L(Γ) = Σ_l ½ Σ_k p_lik (δ_lik − δ̄_li)² (Y_lk − ȳ_li), and
-    ‖L(Γ)‖_F ≤ ‖𝒜‖‖Γ‖_F². ‖𝒜‖² = ¼ λ_max(N^½ (G∘G) N^½) on the h·n² pairs α = (i, l, k): G the Gram of
-    the centred logit functionals f̂_α (:func:`_logit_gram`), N = ΩΩᵀ block-diagonal over rows,
-    N_αβ = p_α p_β ⟨Ỹ_α, Ỹ_β⟩. The (nd)²-wide side is never formed. Λ = λ_max(Σ_α p_α f̂_α f̂_αᵀ) ≥
-    Σ_{l,i} Var_{p_li}(δ_li) for every ‖Γ‖_F = 1 (:func:`_weighted_spread`)."""
-    G, P = _logit_gram(layer, X)
-    return _form_norm(layer, X, G, P), _weighted_spread(G, P).sqrt()
-
-
-def _form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
-    """‖𝒜‖ from the Gram G and the attention P (:func:`logit_form_norm`), [B]."""
-    B, n, d = X.shape
-    m = layer.h * n
-    Y = torch.einsum("bnd,hde->bhne", X, layer.C())
-    Yt = (Y[:, :, None] - (P @ Y)[:, :, :, None]).permute(0, 2, 1, 3, 4)  # [B, i, h, k, d]: Ỹ_α
-    Kp = G.square()  # G∘G, PSD by Schur's product theorem
-    M = (Yt * P.permute(0, 2, 1, 3)[..., None]).reshape(B, n, m, d)  # p_α Ỹ_α, per row i
-    mu, W = torch.linalg.eigh(M @ M.mT)  # N_i = M_i M_iᵀ, [B, n, m, m]
-    root = (W * mu.clamp_min(0).sqrt()[..., None, :]) @ W.mT
-    S = torch.einsum("biax,bixjy,bjyc->biajc", root, Kp.reshape(B, n, m, n, m), root)
-    S = S.reshape(B, n * m, n * m)
-    lam = _top(S)
-    # rounding: S's entries carry errors far below 1e-10 of ‖N‖·‖G∘G‖_F ≥ λ_max(S) (§2.3.2)
-    slack = 1e-10 * mu.amax((-1, -2)).clamp_min(0) * Kp.flatten(1).norm(dim=-1)
-    return 0.5 * (lam * (1 + ROUND_REL) + slack).sqrt()
-
-
 QUAD_LIMIT = 1536  # h·n² above which the quadratic form's eigenproblem is skipped (§2.3.2)
 
 
@@ -273,8 +213,8 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
       α'_i = (7/4) s_i² g₃(s_i) σ_i + g₂(s_i) v_i and β'_i = σ_i (1 + 3s_i/2) + v_i + α'_i;
     * the pure-logit third order jointly over heads and rows, Σ_{l,i} c_li Var_{p_li}(u_li) with
       c_li = (1 + 3/(2√2)) s_li diam(Y_l) g₃(s_li), its δ part a weighted λ_max of the logit Gram
-      (:func:`_weighted_spread`) so that heads and rows share Γ's energy; the rest per head as above
-      without that term;
+      (:func:`bounds.forms.weighted_spread`) so that heads and rows share Γ's energy; the rest per
+      head as above without that term;
     * under the clean row (:func:`_zform_rest`).
 
     +inf where h·n² > QUAD_LIMIT. ``cache`` (a dict, empty at first) keeps ‖𝒜‖ and √Λ, which depend
@@ -291,50 +231,147 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     third = 1.75 * s.square() * _g3(s) * sigma  # × std(u): the pure-logit third order, per row
     beta = sigma * (1 + 1.5 * s) + value + _g2(s) * value  # × std(q)
     per_head = _assemble(rows, third + _g2(s) * value, beta + third, r, layer.d_h).sum(-1)
-    G, P = _logit_gram(layer, X, rows["P"])
+    G, P = logit_gram(layer, X, rows["P"])
     # jointly: Σ_{l,i} c_li Var(u_li) ≤ (√(Σ c Var δ) + √(Σ c Var q))², Var(q_li) ≤ λ_li‖A_l‖²r²‖Γ_i‖²/d_h
     c = CUMULANT4 * s * rows["diamY"][..., None] * _g3(s)  # [B, h, n]
     r1 = r[:, 0, 0]
     var_q = (c * lam * rows["A"][None, :, None].square()).sum(1).amax(-1) / layer.d_h
-    joint = (_weighted_spread(G, P, c).sqrt() * r1 + var_q.sqrt() * r1**2).square()
+    joint = (weighted_spread(G, P, c).sqrt() * r1 + var_q.sqrt() * r1**2).square()
     joint = joint + _assemble(rows, _g2(s) * value, beta, r, layer.d_h).sum(-1)
     joint = _nan_inf(joint)
-    # the value term Σ_l dP_l[Γ] Γ C_l by Cauchy–Schwarz over (l, k): c = max_{i,k} Σ_l p_lik ‖C_l‖², or,
-    # as the rows of dP_l sum to 0 and so Γ_k may be centred at γ̄_li = Σ_k p_lik Γ_k (fact iv),
-    # c = max_i Σ_l λ_li ‖C_l‖²: a peaked row's λ ≈ 2p(1 − p) is far below its max_k p; or with the
-    # heads sharing Γ, max_i λ_max(Σ_l λ_li C_l C_lᵀ) (:func:`_value_gram`)
-    cv = (P * rows["C"][None, :, :, None].square()).sum(1).amax((-1, -2))
-    cv = torch.minimum(cv, (lam * rows["C"][None].square()).sum(1).amax(-1))
-    cv = torch.minimum(cv, _value_gram(layer, rows))
-    zform = _zform_rest(layer, rows, G, P, r, cv)
-    clean = lambda: (_form_norm(layer, X, G, P), _weighted_spread(G, P).sqrt())
+    cv = _value_c(layer, rows)
+    shared = _shared_value(rows, G, P, r, cv)
+    zform = _zform_rest(layer, rows, G, P, r, shared)
     if cache is not None:
         if "form" not in cache:
-            cache["form"], cache["spread"] = clean()
-        form, spread = cache["form"], cache["spread"]
+            cache.update(_clean_forms(layer, X, G, P, sigma))
+        clean = cache
     else:  # the certify runs ask every ε on one trace, inside a reuse block
         names, tensors = layer_key(layer)
-        form, spread = reused(("quadratic_parts", names), (*tensors, X), clean)
-    second = (form + cv.sqrt() * spread) * r1**2
+        clean = reused(("quadratic_parts", names), (*tensors, X),
+                       lambda: _clean_forms(layer, X, G, P, sigma))
+    # the value term: Cauchy–Schwarz (√(cΛ)) or the bilinear form itself (‖𝓑‖), the smaller
+    value_term = torch.minimum(cv.sqrt() * clean["spread"], clean["bilinear"])
+    second = (clean["form"] + value_term) * r1**2
+    cubic = _cubic_rest(layer, rows, G, P, r, shared, clean)
+    rest = torch.minimum(torch.minimum(per_head, joint), torch.minimum(zform, cubic))
     # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
     # that the smaller of the remainders (:func:`remainder`) never takes a NaN
-    return _nan_inf((second + torch.minimum(torch.minimum(per_head, joint), zform)) * (1 + ROUND_REL))
+    return _nan_inf((second + rest) * (1 + ROUND_REL))
+
+
+# ‖𝓑‖ and ‖𝓑₂‖ are n·min(d, h·d_h)-square eigenproblems: computed only on a layer wide for its tokens
+# (4·h·n² ≤ n·d, as MiniLM's at sentence length, where they take the value side to 0.2–0.5 of the
+# Cauchy–Schwarz bounds) and up to this size; on the zoo's ViTs they cost 3–4× the rest of the
+# remainder and were above Cauchy–Schwarz on every block measured (docs/bounds.md §2.3.4)
+VALUE_FORM_LIMIT = 2560
+
+
+def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor) -> dict[str, Tensor]:
+    """What the quadratic remainder takes from the clean point alone, [B] or [B, h, n] each: ‖𝒜‖,
+    √Λ, ‖𝓑‖ and ‖𝓑₂‖ (+inf above VALUE_FORM_LIMIT), ‖𝒞‖ and σ₂ (bounds.forms)."""
+    B, n, d = X.shape
+    if 4 * layer.h * n * n <= n * d and n * min(d, layer.h * layer.d_h) <= VALUE_FORM_LIMIT:
+        bilinear, value3 = value_form_norm(layer, X, G, P), value_cubic_norm(layer, X, G, P)
+    else:
+        bilinear = value3 = torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
+    return {"form": form_norm(layer, X, G, P), "spread": weighted_spread(G, P).sqrt(),
+            "bilinear": bilinear, "cubic": cubic_form_norm(layer, X, G, P), "value3": value3,
+            "sigma2": spectral_spread(layer, X, P, sigma)}
+
+
+def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r: Tensor,
+                shared: Tensor, clean: dict[str, Tensor]) -> Tensor:
+    """R − L − V with the third order at the clean point as the form it is, [B] (docs/bounds.md
+    §2.3.4): ‖𝒞‖r³ for (1/6)E[δ̃³Ỹ] − ½E[δ̃²]E[δ̃Ỹ], and every other term (Cov_p(q, Y), the third
+    order's q and value parts, the fourth order) jointly over heads and rows, in three kinds:
+
+    * weighted second moments of x, Σ_α w_α p_α x_α² (e^x's quartic remainder, the (1/Z − 1)
+      products), a weighted λ_max of the logit Gram;
+    * Σ_l α_li std(δ_li) (E[δ̃q̃Ỹ]), by Cauchy–Schwarz over heads and rows against the same Gram;
+    * Σ_l β_li std(q_li) (Cov_p(q, Y) and the rest of q's terms), by Cauchy–Schwarz over heads
+      through ‖Γ_i W^Q_l‖ and the keys' spread ‖Γ W^K_l‖ (:func:`bounds.forms.heads_top`);
+
+    each term of the form ‖E_p[a Ỹ]‖ paid with σ₂ (the values' widest spread) in place of σ. The
+    value side's E[(e^x − 1 − x)Z̃] is the smaller of two bounds: with the heads sharing Γ as
+    :func:`_zform_rest` does, or ‖𝓑₂‖r³ for its third order ½E[δ̃²Z̃] and the rest (q's part and
+    e^x's cubic remainder) in the two linear kinds above. ``clean`` is :func:`_clean_forms`'s,
+    ``shared`` :func:`_shared_value`'s."""
+    sigma2 = clean["sigma2"]
+    s, lam, v = rows["s"], rows["lam"], rows["v"]
+    r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
+    A = rows["A"][None, :, None]  # ‖A_l‖, broadcast [1, h, 1]
+    sd = r * (rows["a"] + lam.sqrt() * rows["Vn"]) / rd  # ≥ std_p(δ) over the ball
+    sq = lam.sqrt() * A * r**2 / rd  # ≥ std_p(q)
+    sx = torch.minimum(sd + sq, 0.5 * s)  # ≥ std_p(x): Minkowski, and Popoviciu on the span s
+    qm = math.sqrt(2) * A * r**2 / rd  # ≥ |q̃_k| ≤ span(q) ≤ ‖Γ_i‖‖A_l‖ max‖Γ_k − Γ_j‖/√d_h
+    h2, g1, g3, g4 = _h2(s), _g1(s), _g3(s), _g4(s)
+    # weighted second moments of x: E[ρ₄Ỹ] (|ρ₄(x)| ≤ g₄ s² x²), (1/Z − 1)E[(e^x − 1 − x)Ỹ]
+    # (≤ h₂m₂·h₂E[x²‖Ỹ‖]), (1/Z − 1 + ½m₂)E[xỸ] (≤ (h₂²m₂ + g₃s)m₂·σ₂ std x) and
+    # (1/Z − 1)E[(e^x − 1)Z̃] (≤ h₂m₂·g₁ std(x) v), with m₂ = E_p x² ≤ sx²
+    per_row = (h2.square() * sx.square() + g3 * s) * sx * sigma2 + h2 * g1 * sx * v
+    w = (g4 * s.square() + h2.square() * sx.square())[..., None] * rows["Yc"] + per_row[..., None]
+    var_q = (w.amax(-1) * lam * A.square()).sum(1).amax(-1) / layer.d_h  # × r⁴: Σ w p q̃²
+    moments = (weighted_spread(G, P, w).sqrt() * r1 + var_q.sqrt() * r1**2).square()
+    # × std(δ): E[δ̃q̃Ỹ] ≤ σ₂ qm std(δ); over heads and rows Σ_l α std(δ_li) ≤ (Σ_l α_li)^½
+    # (Σ_l α_li Var δ_li)^½, and Σ_{l,i} α_li Var(δ_li) ≤ Λ_α r²; or per head (:func:`_assemble`)
+    def lin_d(alpha: Tensor) -> Tensor:
+        return torch.minimum(alpha.sum(1).amax(-1).sqrt() * weighted_spread(G, P, alpha).sqrt() * r1,
+                             _assemble(rows, alpha, torch.zeros_like(alpha), r, layer.d_h).sum(-1))
+
+    keys = heads_top(layer.W_k, lam)  # max over Γ of Σ_l Var_{p_li}(Γ W^K_l)/‖Γ‖²: one per row i
+
+    def lin_q(beta: Tensor) -> Tensor:
+        # std_p(q_li) ≤ ‖Γ_i W^Q_l‖ std_p(Γ W^K_l)/√d_h; Σ_l β ‖Γ_i W^Q_l‖ std(ΓW^K_l) by Cauchy–Schwarz
+        # over heads, two ways of splitting β; Var_{p_li}(Γ W^K_l) ≤ λ_li ‖Γ W^K_l‖_F² (fact iv)
+        one = heads_top(layer.W_q, beta.square()) * keys
+        two = heads_top(layer.W_q, beta) * heads_top(layer.W_k, lam * beta)
+        return torch.minimum(torch.minimum(one, two).sqrt().amax(-1) * r1**2 / rd,
+                             _assemble(rows, torch.zeros_like(beta), beta, r, layer.d_h).sum(-1))
+
+    # × std(q): Cov_p(q, Y) ≤ σ₂ std q; ½E[q̃²Ỹ] ≤ ½σ₂ qm std q; (1/6)E[(x³ − δ̃³)Ỹ] ≤ ½ s² σ₂ std q
+    # (x³ − δ̃³ = q̃(x² + xδ̃ + δ̃²), |x|, |δ̃| ≤ s); ½|m₂E[xỸ] − E[δ̃²]E[δ̃Ỹ]| ≤ ½σ₂((2sd + sq)sx + sd²)
+    # std q; E[q̃Z̃] ≤ v std q
+    beta = sigma2 * (1 + 0.5 * qm + 0.5 * s.square() + 0.5 * ((2 * sd + sq) * sx + sd.square())) + v
+    # E[(e^x − 1 − x)Z̃] ≤ g₂ std(x) std(Z̃), the heads sharing Γ (:func:`_shared_value`), or
+    # ½E[δ̃²Z̃] ≤ ‖𝓑₂‖r³ (jointly), ½E[(x² − δ̃²)Z̃] = ½E[q̃(2δ̃ + q̃)Z̃] ≤ ½qm(2 std δ + std q)v and
+    # E[ρ₃(x)Z̃] ≤ g₃s² std(x) v (|ρ₃(x)| = |e^x − 1 − x − x²/2| ≤ g₃|x|³ ≤ g₃s²|x|)
+    value = _nan_inf(shared)
+    if bool(torch.isfinite(clean["value3"]).any()):  # ‖𝓑₂‖ is computed on wide layers only
+        e3 = g3 * s.square()
+        third = clean["value3"] * r1**3 + lin_d((qm + e3) * v) + lin_q((0.5 * qm + e3) * v)
+        value = torch.minimum(value, _nan_inf(third))
+    return _nan_inf(clean["cubic"] * r1**3 + moments + lin_d(qm * sigma2) + lin_q(beta) + value)
+
+
+def _shared_value(rows: dict[str, Tensor], G: Tensor, P: Tensor, r: Tensor, cv: Tensor) -> Tensor:
+    """E[(e^x − 1 − x)Z̃] over heads and rows with the heads sharing Γ, [B] (docs/bounds.md §2.3.2):
+    over the heads of row i, Σ_l g₂(X_li) std(x_li) std(Z̃_li) ≤ (Σ_l g₂² Var x_li)^½ (Σ_l Var Z_li)^½
+    (Cauchy–Schwarz), the second factor ≤ √cv·r (:func:`_value_c`), and over rows by ℓ2,
+    √cv·r·(√Λ_{g₂²}·r + (max_i Σ_l g₂² λ_li‖A_l‖²/d_h)^½ r²)."""
+    g2 = _g2(rows["s"]).square()
+    var_q = (g2 * rows["lam"] * rows["A"][None, :, None].square()).sum(1).amax(-1) / rows["d_h"]
+    r1 = r[:, 0, 0]
+    return cv.sqrt() * r1 * (weighted_spread(G, P, g2).sqrt() * r1 + var_q.sqrt() * r1**2)
+
+
+def _value_c(layer: DotMHA, rows: dict[str, Tensor]) -> Tensor:
+    """c ≥ Σ_l Var_{p_li}(Γ C_l)/‖Γ‖_F² for every row i, [B] (docs/bounds.md §2.3.2, the value term by
+    Cauchy–Schwarz over (l, k)): max_{i,k} Σ_l p_lik ‖C_l‖², or, as the rows of dP_l sum to 0 and so
+    Γ_k may be centred at γ̄_li = Σ_k p_lik Γ_k (fact iv), max_i Σ_l λ_li ‖C_l‖² (a peaked row's
+    λ ≈ 2p(1 − p) is far below its max_k p), or with the heads sharing Γ :func:`_value_gram`."""
+    C2 = rows["C"][None].square()  # [1, h, 1]
+    cv = (rows["P"] * C2[..., None]).sum(1).amax((-1, -2))
+    cv = torch.minimum(cv, (rows["lam"] * C2).sum(1).amax(-1))
+    return torch.minimum(cv, _value_gram(layer, rows))
 
 
 def _value_gram(layer: DotMHA, rows: dict[str, Tensor]) -> Tensor:
     """max_i λ_max(Σ_l λ_li C_l C_lᵀ), rounded up, [B] (docs/bounds.md §2.3.2, the value term): it
     bounds Σ_l λ_li ‖Γ C_l‖_F² for ‖Γ‖_F = 1 with the heads sharing Γ, where Σ_l λ_li ‖C_l‖² lets each
     head take all of it. Through the d_h-wide factors F_l = W^V_l R_lᵀ (W^O_lᵀ = Q_l R_l, so
-    C_l C_lᵀ = F_l F_lᵀ): the top eigenvalue of D_i^½ F̄ᵀF̄ D_i^½ with F̄ = [F_1 … F_h] and
-    D_i = diag(λ_li) per head's d_h columns; λ and R from :func:`_rows`."""
-    lam = rows["lam"]  # [B, h, n]
-    F = (layer.W_v @ rows["Ro"].mT).permute(1, 0, 2).reshape(layer.W_v.shape[1], -1)  # [d, h·d_h]
-    K = F.mT @ F
-    root = lam.clamp_min(0).sqrt().repeat_interleave(layer.d_h, 1).mT  # [B, n, h·d_h]
-    S = root[..., :, None] * K * root[..., None, :]
-    top = _top(S.flatten(0, 1)).reshape(S.shape[:2])
-    # rounding: far below 1e-10 of ‖S‖_F ≥ λ_max (sums of h·d_h products, each exact to 1e-16)
-    return (top * (1 + ROUND_REL) + 1e-10 * S.flatten(-2).norm(dim=-1)).amax(-1)
+    C_l C_lᵀ = F_l F_lᵀ; :func:`bounds.forms.heads_top`); λ and R from :func:`_rows`."""
+    return heads_top(layer.W_v @ rows["Ro"].mT, rows["lam"]).amax(-1)
 
 
 def _nan_inf(t: Tensor) -> Tensor:
@@ -343,7 +380,7 @@ def _nan_inf(t: Tensor) -> Tensor:
 
 
 def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r: Tensor,
-                cv: Tensor) -> Tensor:
+                value: Tensor) -> Tensor:
     """R − L − V, [B] (Cov_p(q, Y) and the third order: all of R but the pure-logit and value
     terms of Q₂, which :func:`quadratic_remainder` bounds jointly), from p' = p e^x/Z with x the
     row's logit change centred under the clean p (docs/bounds.md §2.3.2, "under the clean row"):
@@ -355,10 +392,9 @@ def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
     times ‖T‖ = ‖E[(e^x − 1)W̃]‖ ≤ g₁(X) std(x) std(W)), with g₁ = :func:`_g1`, h₂ = :func:`_h2`,
     g₃ = :func:`_g3`, each the largest over |x| ≤ X of its function of x (they increase with x); per
     head, assembled by :func:`_assemble`, the terms of q (Cov_p(q, Y), x² − δ̃², Cov(q, Z)) and of
-    the perturbed values Z = ΓC (E[(e^x − 1 − x)Z̃] ≤ X h₂(X) std(x) v). With ``cv`` [B]
-    (≥ Σ_l Var_{p_li}(Z_l)/‖Γ‖² for every row i, :func:`quadratic_remainder`) the last is also taken
-    jointly over heads by Cauchy–Schwarz, √cv·r·(Σ_{l,i} g₂(X)² Var(x_li))^½, and the smaller of the
-    two assemblies serves."""
+    the perturbed values Z = ΓC (E[(e^x − 1 − x)Z̃] ≤ X h₂(X) std(x) v). The last is also taken
+    jointly over heads, ``value`` [B] (:func:`_shared_value`), and the smaller of the two assemblies
+    serves."""
     s, sigma, lam = rows["s"], rows["sigma"], rows["lam"]
     r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
     v = rows["v"]
@@ -368,7 +404,7 @@ def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
     k = _h2(s) * _g1(s) * sx * (sigma + v)  # [B, h, n]
     w = k[..., None] + (s * _g3(s))[..., None] * rows["Yc"]  # [B, h, i, k]
     var_q = (w.amax(-1) * lam * A.square()).sum(1).amax(-1) / layer.d_h  # × r⁴: Σ w p q̃²
-    joint = (_weighted_spread(G, P, w).sqrt() * r1 + var_q.sqrt() * r1**2).square()
+    joint = (weighted_spread(G, P, w).sqrt() * r1 + var_q.sqrt() * r1**2).square()
     qm = 2 * A * r**2 / rd  # ≥ max_k |q̃_k|
 
     def per_head(alpha: Tensor) -> Tensor:
@@ -377,11 +413,7 @@ def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
         return _assemble(rows, alpha, sigma + 0.5 * qm * sigma + v + alpha, r, layer.d_h).sum(-1)
 
     apart = joint + per_head(qm * sigma + _g2(s) * v)  # X h₂(X) = g₂(X)
-    # E[(e^x − 1 − x)Z̃] with the heads sharing Γ (docs/bounds.md §2.3.2)
-    g2 = _g2(s).square()
-    var_q = (g2 * lam * A.square()).sum(1).amax(-1) / layer.d_h  # × r⁴: Σ g₂² Var(q)
-    value = cv.sqrt() * r1 * (_weighted_spread(G, P, g2).sqrt() * r1 + var_q.sqrt() * r1**2)
-    shared = joint + value + per_head(qm * sigma)
+    shared = joint + value + per_head(qm * sigma)  # E[(e^x − 1 − x)Z̃] with the heads sharing Γ
     return torch.minimum(_nan_inf(apart), _nan_inf(shared))
 
 

@@ -115,6 +115,136 @@ def test_logit_form_norm_against_the_dense_hessian(seed, bias):
     assert float(form[0]) >= float(dense)
 
 
+def _centred_logit_jacobian(layer, X):
+    """∂(δ_lik − Σ_j p_lij δ_lij)/∂ vec Γ at X [n, d], [h, n, n, n·d], the raw ∂δ_lik and P (autograd)."""
+    n, d = X.shape
+
+    def scores(Z):
+        Q, K = layer.queries_keys(Z)
+        return Q @ K.mT / layer.d_h ** 0.5  # [h, n, n]
+
+    J = torch.autograd.functional.jacobian(scores, X).reshape(layer.h, n, n, n * d)
+    P = layer.attention(X)
+    return J - torch.einsum("lij,lijx->lix", P, J)[:, :, None], J, P
+
+
+@pytest.mark.parametrize("seed,bias", [(0, 0.0), (1, 0.7), (2, 0.0)])
+def test_value_form_norm_against_the_dense_bilinear_map(seed, bias):
+    """‖𝓑‖ (docs/bounds.md §2.3.2) equals the norm of the (n·d) × (n·d)² flattening of
+    B(Γ, Γ') = Σ_l dP_l[Γ] Γ' C_l built column by column with autograd's jvp of the attention."""
+    from bounds.forms import logit_gram, value_form_norm
+    n, d, h = 4, 6, 2
+    layer = random_dot(d, h, seed=seed, q_norm=2.0, k_norm=2.0, bias_norm=bias)
+    X = _case(n, d, h, 1.0, 3.0, seed)[:1]
+    basis = torch.eye(n * d, dtype=torch.float64).reshape(n * d, n, d)
+    dP = torch.stack([torch.func.jvp(layer.attention, (X[0],), (e,))[1] for e in basis])  # [nd, h, n, n]
+    cols = torch.einsum("alik,bkx,lxc->icab", dP, basis, layer.C()).reshape(n * d, -1)
+    dense = torch.linalg.matrix_norm(cols, ord=2)
+    G, P = logit_gram(layer, X)
+    ours = value_form_norm(layer, X, G, P)
+    assert float(ours[0]) == pytest.approx(float(dense), rel=1e-8)
+    assert float(ours[0]) >= float(dense)
+
+
+@pytest.mark.parametrize("seed,bias", [(0, 0.0), (1, 0.7)])
+def test_cubic_form_norm_against_a_dense_construction(seed, bias):
+    """‖𝒞‖ and ‖𝓑₂‖ (docs/bounds.md §2.3.4) equal the norms of the flattenings of their atoms built
+    densely from autograd's logit Jacobian; those atoms contracted with Γ⊗Γ⊗Γ give the third Taylor
+    coefficient of g(t) = Σ_l softmax(S_l + t δ_l(Γ)) (X + tΓ) C_l (three nested forward derivatives,
+    over 6; with the values fixed for 𝒞 alone); and the symmetric third derivative's flattening is
+    no larger than ‖𝒞‖."""
+    from bounds.forms import cubic_form_norm, logit_gram, value_cubic_norm
+    n, d, h = 4, 6, 2
+    layer = random_dot(d, h, seed=seed, q_norm=2.0, k_norm=2.0, bias_norm=bias)
+    X = _case(n, d, h, 1.0, 3.0, seed)[:1]
+    Jc, J, P = _centred_logit_jacobian(layer, X[0])
+    Y = torch.einsum("nd,lde->lne", X[0], layer.C())
+    Yt = Y[:, None] - (P @ Y)[:, :, None]  # [h, i, k, c]
+    Bli = torch.einsum("lik,lika,likb->liab", P, Jc, Jc)
+    atoms = (torch.einsum("lika,likb,like->likabe", Jc, Jc, Jc) / 6
+             - 0.5 * torch.einsum("liab,like->likabe", Bli, Jc))
+    T = torch.einsum("lik,likc,likabe->icabe", P, Yt, atoms)  # [n, d, nd, nd, nd]
+    dense = torch.linalg.matrix_norm(T.reshape(n * d, -1), ord=2)
+    G, _ = logit_gram(layer, X)
+    ours = cubic_form_norm(layer, X, G, P[None])
+    # its rounding slack is 1e-10 of h·n²·max|G|³·‖N‖, which the form's cancellations make ~1e-6 of it here
+    assert float(ours[0]) == pytest.approx(float(dense), rel=1e-5)
+    assert float(ours[0]) >= float(dense)
+    S = P.log()  # the clean logits up to a constant per row, which softmax ignores
+    zero = torch.zeros((), dtype=torch.float64)
+    for trial in range(3):
+        gam = torch.randn(n * d, dtype=torch.float64, generator=torch.Generator().manual_seed(trial))
+        delta = torch.einsum("likx,x->lik", J, gam)
+
+        def g(t, delta=delta):
+            return torch.einsum("lik,lkc->ic", torch.softmax(S + t * delta, -1), Y)
+
+        third = torch.func.jacfwd(torch.func.jacfwd(torch.func.jacfwd(g)))(zero)
+        ours_t = torch.einsum("icabe,a,b,e->ic", T, gam, gam, gam)
+        assert torch.allclose(ours_t, third / 6, rtol=1e-8, atol=1e-12 * float(third.abs().max()))
+    # the value side's third order ½E[δ̃²Z̃], Z = ΓC_l: ‖𝓑₂‖ against its dense atoms, and the two
+    # together are the third Taylor coefficient when the values move too
+    eye = torch.eye(n, dtype=torch.float64)
+    cen = eye[None, None] - P[..., None, :]  # [h, i, k, k']: e_k − p_li
+    TV = 0.5 * torch.einsum("lik,lika,likb,likq,lxc->icabqx", P, Jc, Jc, cen, layer.C())
+    dense_v = torch.linalg.matrix_norm(TV.reshape(n * d, -1), ord=2)
+    ours_v = value_cubic_norm(layer, X, G, P[None])
+    assert float(ours_v[0]) == pytest.approx(float(dense_v), rel=1e-6)
+    assert float(ours_v[0]) >= float(dense_v)
+    for trial in range(2):
+        gam = torch.randn(n * d, dtype=torch.float64, generator=torch.Generator().manual_seed(10 + trial))
+        delta = torch.einsum("likx,x->lik", J, gam)
+        Z = torch.einsum("kx,lxc->lkc", gam.reshape(n, d), layer.C())
+
+        def gv(t, delta=delta, Z=Z):
+            return torch.einsum("lik,lkc->ic", torch.softmax(S + t * delta, -1), Y + t * Z)
+
+        third = torch.func.jacfwd(torch.func.jacfwd(torch.func.jacfwd(gv)))(zero)
+        ours_t = (torch.einsum("icabe,a,b,e->ic", T, gam, gam, gam)
+                  + torch.einsum("icabqx,a,b,qx->ic", TV, gam, gam, gam.reshape(n, d)))
+        assert torch.allclose(ours_t, third / 6, rtol=1e-8, atol=1e-12 * float(third.abs().max()))
+    T4 = T.reshape(n * d, n * d, n * d, n * d)
+    perms = ((1, 2, 3), (1, 3, 2), (2, 1, 3), (2, 3, 1), (3, 1, 2), (3, 2, 1))
+    sym = sum(T4.permute(0, *p) for p in perms) / 6
+    assert float(torch.linalg.matrix_norm(sym.reshape(n * d, -1), ord=2)) <= float(ours[0]) * (1 + 1e-9)
+
+
+def test_the_spectral_spread_against_the_matrix_norm():
+    """σ₂_li = ‖diag(√p_li)(Y_l − 1ȳ_liᵀ)‖₂ (docs/bounds.md §2.3.4), never above σ_li."""
+    from bounds.forms import spectral_spread
+    n, d, h = 6, 8, 2
+    layer = random_dot(d, h, seed=4, q_norm=2.0, k_norm=2.0, bias_norm=0.3)
+    X = _case(n, d, h, 1.0, 3.0, 4)
+    P = layer.attention(X)
+    Y = torch.einsum("bnd,lde->blne", X, layer.C())
+    M = (Y[:, :, None] - (P @ Y)[:, :, :, None]) * P[..., None].sqrt()
+    dense = torch.linalg.matrix_norm(M, ord=2)
+    sigma = M.flatten(-2).norm(dim=-1)
+    ours = spectral_spread(layer, X, P, sigma)
+    assert torch.allclose(ours, dense, rtol=1e-7) and (ours >= dense).all() and (ours <= sigma).all()
+
+
+@pytest.mark.parametrize("case", [0, 1, 2, 3, 5, 9, 11, 12])
+def test_the_cubic_assembly_alone_is_above_the_attack(case):
+    """The quadratic bound's fourth assembly (docs/bounds.md §2.3.4) on its own, as it need not be the
+    smallest: (‖𝒜‖ + min(√(cΛ), ‖𝓑‖))r² + ‖𝒞‖r³ + the rest ≥ the attained remainder."""
+    from bounds import remainder as R
+    from bounds.forms import logit_gram
+    n, d, h, w, xn, r, bias = CASES[case]
+    layer = random_dot(d, h, seed=case, q_norm=w, k_norm=w, bias_norm=bias)
+    X = _case(n, d, h, w, xn, case)
+    attained = attack_remainder(layer, X, r, steps=150, restarts=6)
+    rr = torch.full((2, 1, 1), r, dtype=torch.float64)
+    rows = R._rows(layer, X, rr)
+    G, P = logit_gram(layer, X, rows["P"])
+    cv = R._value_c(layer, rows)
+    clean = R._clean_forms(layer, X, G, P, rows["sigma"])
+    second = (clean["form"] + torch.minimum(cv.sqrt() * clean["spread"], clean["bilinear"])) * r**2
+    alone = second + R._cubic_rest(layer, rows, G, P, rr, R._shared_value(rows, G, P, rr, cv), clean)
+    tol = 1e-12 * (1 + X.flatten(1).norm(dim=1))
+    assert (alone + tol >= attained).all(), (alone, attained)
+
+
 def _block_inputs(stem: str, images: int) -> list:
     """(attention layer, its clean input for the first ``images`` digits test images) per block of the
     zoo's ViT ``stem``, in float64."""
@@ -190,14 +320,14 @@ def _dense_weighted_spread(layer, X, w):
 def test_the_weighted_logit_spread_against_the_dense_jacobian(seed, bias, weighted):
     """Λ_w = λ_max(Σ_α w_α p_α f̂_α f̂_αᵀ) (docs/bounds.md §2.3.2), which the joint third order pays,
     equals the top eigenvalue of the weighted logit variances built from autograd's Jacobian."""
-    from bounds.remainder import _logit_gram, _weighted_spread
+    from bounds.forms import logit_gram, weighted_spread
     n, d, h = 5, 8, 2
     layer = random_dot(d, h, seed=seed, q_norm=2.0, k_norm=2.0, bias_norm=bias)
     X = _case(n, d, h, 1.0, 3.0, seed)[:1]
     w = (torch.rand(1, h, n, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) + 0.1
          if weighted else None)
-    G, P = _logit_gram(layer, X)
-    ours = _weighted_spread(G, P, w)
+    G, P = logit_gram(layer, X)
+    ours = weighted_spread(G, P, w)
     dense = _dense_weighted_spread(layer, X[0], torch.ones(h, n, dtype=torch.float64) if w is None else w[0])
     assert float(ours[0]) == pytest.approx(float(dense), rel=1e-8)
     assert float(ours[0]) >= float(dense)

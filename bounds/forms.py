@@ -1,0 +1,237 @@
+"""The clean point's forms of attention's Taylor remainder and their certified norms (docs/bounds.md
+§2.3.2): every one is an eigenproblem on a side whose size does not grow with the input's width n·d
+squared, certified from above by a Cholesky factorisation (bounds.certificates.verified_gram_norm,
+docs/bounds.md §2.4) and raised for float64 rounding.
+
+* :func:`logit_form_norm`: ‖𝒜‖, the pure-logit second-order term, and √Λ, the logits' linear spread;
+* :func:`value_form_norm`: ‖𝓑‖, the value term dP[Γ]ΓC as the bilinear form it is;
+* :func:`cubic_form_norm`: ‖𝒞‖, the pure-logit third-order term, and :func:`value_cubic_norm`, ‖𝓑₂‖,
+  the value side's;
+* :func:`spectral_spread`: σ₂, the values' spread along their widest direction, per head and row;
+* :func:`heads_top`: λ_max(Σ_l w_li F_l F_lᵀ) per row, the heads sharing Γ.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from models import DotMHA
+
+from .certificates import verified_gram_norm
+
+# relative slack for the float64 rounding of sums, products and eigenvalues (docs/bounds.md §2.3.1)
+ROUND_REL = 1e-9
+
+
+def logit_gram(layer: DotMHA, X: Tensor, P: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(G, P): G [B, n·h·n, n·h·n] the Gram of the centred logit functionals f̂_α, α = (i, l, k) in
+    this order (δ_lik − δ̄_li = f̂_αᵀ vec Γ), in closed form from the Grams of U_l = K_l W^Q_lᵀ,
+    V_l = Q_l W^K_lᵀ and the e_k − p_li (docs/bounds.md §2.3.2); P [B, h, n, n] the attention."""
+    B, n, _ = X.shape
+    h = layer.h
+    P = layer.attention(X) if P is None else P  # [B, h, n, n]
+    Q, K = layer.queries_keys(X)
+    U = K @ layer.W_q.mT  # [B, h, n, d]: U_l = K_l W^Q_lᵀ
+    V = Q @ layer.W_k.mT  # V_l = Q_l W^K_lᵀ
+    Ut = U[:, :, None] - (P @ U)[:, :, :, None]  # [B, h, i, k, d]: U_lk − ū_li
+    eye = torch.eye(n, dtype=X.dtype, device=X.device)
+    E = eye[None, None, None] - P[..., None, :]  # [B, h, i, k, n]: e_k − p_li
+    # α = (i, l, k) in this order, so that N below is block-diagonal over rows i
+    Ut = Ut.permute(0, 2, 1, 3, 4)  # [B, i, h, k, d]
+    E = E.permute(0, 2, 1, 3, 4)  # [B, i, h, k, n]
+    Vi = V.permute(0, 2, 1, 3)  # [B, i, h, d]: V_li
+    m = h * n
+    # ⟨f̂_α, f̂_β⟩·d_h = δ_ii'⟨Ũ_α, Ũ_β⟩ + (e_k' − p_l'i')_i ⟨Ũ_α, V_l'i'⟩ + (its transpose)
+    #                   + ⟨e_k − p_li, e_k' − p_l'i'⟩⟨V_li, V_l'i'⟩
+    G = torch.zeros(B, n, m, n, m, dtype=X.dtype, device=X.device)
+    UU = torch.einsum("bihkd,bigjd->bihkgj", Ut, Ut).reshape(B, n, m, m)
+    G[:, torch.arange(n), :, torch.arange(n), :] = UU.permute(1, 0, 2, 3)
+    UV = torch.einsum("bihkd,bjgd->bihkjg", Ut, Vi)  # [B, i, h, k, i', l']
+    T2 = torch.einsum("bihkjg,bjgqi->bihkjgq", UV, E)  # × (e_k' − p_l'i')_i
+    G = G + T2.reshape(B, n, m, n, m)
+    G = G + T2.reshape(B, n, m, n, m).permute(0, 3, 4, 1, 2)
+    EE = torch.einsum("bihkx,bjgqx->bihkjgq", E, E)
+    VV = torch.einsum("bihd,bjgd->bihjg", Vi, Vi)
+    G = G + (EE * VV[:, :, :, None, :, :, None]).reshape(B, n, m, n, m)
+    return G.reshape(B, n * m, n * m) / layer.d_h, P
+
+
+def top_eig(S: Tensor) -> Tensor:
+    """λ_max of each [B, D, D] PSD matrix from above: a Cholesky factorisation of μI − S confirms
+    a guess μ (bounds.certificates.verified_gram_norm, docs/bounds.md §2.4: D³/3 flops where an
+    eigendecomposition costs ≈ 4D³/3 and more), an eigendecomposition where it does not."""
+    return verified_gram_norm(0.5 * (S + S.mT))[0].square()
+
+
+def weighted_spread(G: Tensor, P: Tensor, w: Tensor | None = None) -> Tensor:
+    """λ_max(Σ_α w_α p_α f̂_α f̂_αᵀ) = λ_max(D^½ G D^½), D = diag(w_α p_α), rounded up, [B]: for
+    every ‖Γ‖_F = 1 it bounds Σ_{l,i} w_li Var_{p_li}(δ_li), the (weighted) energy of every head's
+    and row's linear logit spread at once (docs/bounds.md §2.3.2). ``w`` [B, h, n] per (head, row)
+    or [B, h, n, n] per (head, row, key), default 1; P [B, h, n, n]."""
+    B = P.shape[0]
+    wp = P if w is None else P * (w if w.dim() == 4 else w[..., None])
+    wp = wp.permute(0, 2, 1, 3)  # [B, i, h, k]
+    root = wp.reshape(B, -1).clamp_min(0).sqrt()
+    D = root[:, :, None] * G * root[:, None, :]
+    # weights that overflowed (e^s at a saturating scale) bound nothing: +inf, never an eigensolver
+    # failure; the other bounds of the remainder serve there
+    finite = torch.isfinite(D).flatten(1).all(-1)
+    D = torch.where(finite[:, None, None], D, torch.zeros_like(D))
+    top = top_eig(D)
+    # rounding: far below 1e-10 of ‖D‖_F ≥ λ_max
+    top = top * (1 + ROUND_REL) + 1e-10 * D.flatten(1).norm(dim=-1)
+    return torch.where(finite, top, torch.full_like(top, torch.inf))
+
+
+def logit_form_norm(layer: DotMHA, X: Tensor) -> tuple[Tensor, Tensor]:
+    """‖𝒜‖ and √Λ, [B] each (docs/bounds.md §2.3.2).
+
+    ‖𝒜‖ bounds the pure-logit second-order term, all heads and rows at once: with δ the linear
+    logit change and Y_l = X C_l, row i of L(Γ) = Σ_l ½ Σ_k p_lik (δ_lik − δ̄_li)² (Y_lk − ȳ_li), and
+    ‖L(Γ)‖_F ≤ ‖𝒜‖‖Γ‖_F². ‖𝒜‖² = ¼ λ_max(N^½ (G∘G) N^½) on the h·n² pairs α = (i, l, k): G the Gram of
+    the centred logit functionals f̂_α (:func:`logit_gram`), N = ΩΩᵀ block-diagonal over rows,
+    N_αβ = p_α p_β ⟨Ỹ_α, Ỹ_β⟩. The (nd)²-wide side is never formed. Λ = λ_max(Σ_α p_α f̂_α f̂_αᵀ) ≥
+    Σ_{l,i} Var_{p_li}(δ_li) for every ‖Γ‖_F = 1 (:func:`weighted_spread`)."""
+    G, P = logit_gram(layer, X)
+    return form_norm(layer, X, G, P), weighted_spread(G, P).sqrt()
+
+
+def _value_rows(layer: DotMHA, X: Tensor, P: Tensor) -> Tensor:
+    """p_α Ỹ_α per row i, [B, n, h·n, d]: Ỹ_α = Y_lk − ȳ_li, Y_l = X C_l, α = (i, l, k)."""
+    B, n, d = X.shape
+    Y = torch.einsum("bnd,hde->bhne", X, layer.C())
+    Yt = (Y[:, :, None] - (P @ Y)[:, :, :, None]).permute(0, 2, 1, 3, 4)  # [B, i, h, k, d]
+    return (Yt * P.permute(0, 2, 1, 3)[..., None]).reshape(B, n, layer.h * n, d)
+
+
+def _flattened(layer: DotMHA, X: Tensor, K: Tensor, P: Tensor, scale: Tensor) -> Tensor:
+    """λ_max(N^½ K N^½) rounded up, [B]: the squared norm of a form whose row (i, c) is
+    Σ_{α∈i} p_α Ỹ_α[c] a_α, given the Gram K [B, h·n², h·n²] of its atoms a_α (docs/bounds.md §2.3.2);
+    N = ΩΩᵀ is block-diagonal over rows, N_αβ = p_α p_β ⟨Ỹ_α, Ỹ_β⟩. ``scale`` [B] bounds the
+    magnitude of K's entries and their rounding errors; the slack is 1e-10 of ‖N‖·scale."""
+    B, n, _ = X.shape
+    m = layer.h * n
+    M = _value_rows(layer, X, P)
+    mu, W = torch.linalg.eigh(M @ M.mT)  # N_i = M_i M_iᵀ, [B, n, m, m]
+    root = (W * mu.clamp_min(0).sqrt()[..., None, :]) @ W.mT
+    S = torch.einsum("biax,bixjy,bjyc->biajc", root, K.reshape(B, n, m, n, m), root)
+    lam = top_eig(S.reshape(B, n * m, n * m))
+    return lam * (1 + ROUND_REL) + 1e-10 * mu.amax((-1, -2)).clamp_min(0) * scale
+
+
+def form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
+    """‖𝒜‖ from the Gram G and the attention P (:func:`logit_form_norm`), [B]: the atoms are
+    ½ f̂_α ⊗ f̂_α, whose Gram is ¼ G∘G (PSD by Schur's product theorem); S's entries carry errors far
+    below 1e-10 of ‖N‖·‖G∘G‖_F ≥ λ_max(S) (§2.3.2)."""
+    Kp = G.square()
+    return 0.5 * _flattened(layer, X, Kp, P, Kp.flatten(1).norm(dim=-1)).sqrt()
+
+
+def cubic_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
+    """‖𝒞‖, [B] (docs/bounds.md §2.3.4): with δ the linear logit change, row i of the pure-logit third
+    order is C(Γ)_i = Σ_l [(1/6) E_p[δ̃³ Ỹ] − ½ E_p[δ̃²] E_p[δ̃ Ỹ]] (every moment under the clean row
+    p_li, δ̃ = δ − E_p δ), and ‖C(Γ)‖_F ≤ ‖𝒞‖‖Γ‖_F³. Its atoms are a_α = (1/6) f̂_α^{⊗3} −
+    ½ b_{li} ⊗ f̂_α with b_li = Σ_{β∈(l,i)} p_β f̂_β^{⊗2}, so their Gram is
+    K = G∘G∘G/36 − (S_{α,(l',i')} + S_{β,(l,i)})·G/12 + T_{(l,i),(l',i')}·G/4 with S_{α,b} =
+    Σ_{β∈b} p_β G_αβ² and T_{b,b'} = Σ_{α∈b} p_α S_{α,b'}; ‖𝒞‖² = λ_max(N^½ K N^½) as for ‖𝒜‖."""
+    B, Nn, _ = G.shape
+    n = X.shape[-2]
+    p = P.permute(0, 2, 1, 3).reshape(B, Nn)  # α = (i, l, k)
+    blk = torch.arange(Nn, device=G.device) // n  # α's (i, l) block
+    G2 = G.square()
+    S = torch.zeros(B, Nn, Nn // n, dtype=G.dtype, device=G.device).index_add_(2, blk, G2 * p[:, None, :])
+    T = torch.zeros(B, Nn // n, Nn // n, dtype=G.dtype, device=G.device).index_add_(1, blk, S * p[:, :, None])
+    Sb = S[:, :, blk]  # S_{α, block of β}
+    K = G * (G2 / 36 - (Sb + Sb.mT) / 12 + T[:, blk][:, :, blk] / 4)
+    # every term is at most max|G|³ in size (the p sum to 1 over a block), so K's entries carry
+    # errors far below 1e-12·max|G|³ and ‖ΔK‖₂ ≤ h·n²·max|ΔK| (as form_norm's slack, G's own rounding
+    # is taken relative to G's largest entry)
+    scale = Nn * G.abs().flatten(1).amax(-1) ** 3
+    return _flattened(layer, X, K, P, scale).clamp_min(0).sqrt()
+
+
+def value_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
+    """‖𝓑‖, [B] (docs/bounds.md §2.3.2): the value term V(Γ) = Σ_l dP_l[Γ] Γ C_l is the bilinear form
+    B(Γ, Γ) with row i of B(Γ, Γ') = Σ_{l,k} p_lik (f̂_αᵀ vec Γ) Γ'_k C_l, and ‖V(Γ)‖_F ≤ ‖𝓑‖‖Γ‖_F² with
+    ‖𝓑‖ the norm of its (n·d) × (n·d)² flattening: :func:`_value_side` with
+    M^{ll'}_{ii'} = Σ_k p_lik p_l'i'k G_{(i,l,k),(i',l',k)}."""
+    B, n, _ = X.shape
+    h = layer.h
+    Gd = torch.diagonal(G.reshape(B, n, h, n, n, h, n), dim1=3, dim2=6)  # [B, i, l, i', l', k]: k = k'
+    p = P.permute(0, 2, 1, 3)  # [B, i, l, k]
+    M = torch.einsum("bilk,bjgk,biljgk->biljg", p, p, Gd)
+    # the same sum on √(G_αα G_ββ) ≥ |G_αβ|: a scale of M's entries and of their rounding errors
+    sd = torch.diagonal(G, dim1=-2, dim2=-1).clamp_min(0).sqrt().reshape(B, n, h, n) * p
+    return _value_side(layer, M, torch.einsum("bilk,bjgk->biljg", sd, sd))
+
+
+def value_cubic_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
+    """‖𝓑₂‖, [B] (docs/bounds.md §2.3.4): the value side's third order, row i of which is
+    Σ_l ½ E_p[δ̃² Z̃] = Σ_{l,k} ½ p_lik (f̂_αᵀγ)² (Γ_k − γ̄_li) C_l (Z = ΓC_l centred under the clean
+    row), ≤ ‖𝓑₂‖‖Γ‖_F³. Its atoms are ½ f̂_α^{⊗2} ⊗ (e_k − p_li) ⊗ C_l e_c, so :func:`_value_side`
+    takes M^{ll'}_{ii'} = ¼ Σ_{k,k'} p_α p_β G_αβ² ⟨e_k − p_li, e_k' − p_l'i'⟩ (α = (i,l,k),
+    β = (i',l',k'))."""
+    B, n, _ = X.shape
+    h = layer.h
+    p = P.permute(0, 2, 1, 3)  # [B, i, l, k]
+    pf = p.reshape(B, -1)
+    W2 = (pf[:, :, None] * G.square() * pf[:, None, :]).reshape(B, n, h, n, n, h, n)
+    # ⟨e_k − p_li, e_k' − p_l'i'⟩ = [k = k'] − p_l'i'[k] − p_li[k'] + ⟨p_li, p_l'i'⟩
+    M = (torch.diagonal(W2, dim1=3, dim2=6).sum(-1)
+         - torch.einsum("bilkjgq,bjgk->biljg", W2, p)
+         - torch.einsum("bilkjgq,bilq->biljg", W2, p)
+         + W2.sum((3, 6)) * torch.einsum("bilk,bjgk->biljg", p, p))
+    # |⟨e_k − p_li, e_k' − p_l'i'⟩| ≤ 4 and G_αβ² ≤ G_αα G_ββ: a scale of M's entries and errors
+    sd = torch.diagonal(G, dim1=-2, dim2=-1).clamp_min(0).reshape(B, n, h, n) * p
+    return _value_side(layer, 0.25 * M, torch.einsum("bil,bjg->biljg", sd.sum(-1), sd.sum(-1)))
+
+
+def _value_side(layer: DotMHA, M: Tensor, Mabs: Tensor) -> Tensor:
+    """√λ_max(Σ_{l,l'} M^{ll'} ⊗ C_lᵀC_l'), rounded up, [B], for M [B, i, l, i', l'] (the output-side
+    Gram of a form whose atoms end in ⊗ C_l e_c, docs/bounds.md §2.3.2): with C_l = W^V_l W^O_l and
+    Ŵ^Oᵀ = [W^O_1; …; W^O_h]ᵀ = Q R it is that of (I ⊗ R) K̂ (I ⊗ Rᵀ), K̂_{(i,l,a),(i',l',b)} =
+    M^{ll'}_{ii'} (W^V_lᵀ W^V_l')_{ab}: an n·min(d, h·d_h)-square eigenproblem. ``Mabs`` bounds the
+    size of M's entries and of their rounding errors."""
+    B, n = M.shape[:2]
+    h, dh, d = layer.h, layer.d_h, layer.W_v.shape[1]
+    Wv = layer.W_v.permute(1, 0, 2).reshape(d, h * dh)  # [W^V_1 … W^V_h]
+    WW = (Wv.mT @ Wv).reshape(h, dh, h, dh)
+    R = torch.linalg.qr(layer.W_o.reshape(h * dh, d).mT, mode="r").R  # Ŵ^Oᵀ = Q R
+    Kh = (M[:, :, :, None, :, :, None] * WW[None, None, :, :, None]).reshape(B, n, h * dh, n, h * dh)
+    S = (R @ Kh.transpose(2, 3) @ R.mT).transpose(2, 3)  # [B, i, x, i', y]: two batched products
+    D = S.shape[1] * S.shape[2]
+    lam = top_eig(S.reshape(B, D, D))
+    scale = R.square().sum() * WW.flatten().norm() * Mabs.flatten(1).norm(dim=-1)
+    return (lam * (1 + ROUND_REL) + 1e-10 * scale).clamp_min(0).sqrt()
+
+
+def spectral_spread(layer: DotMHA, X: Tensor, P: Tensor, sigma: Tensor) -> Tensor:
+    """σ₂_li = ‖diag(√p_li)(Y_l − 1ȳ_liᵀ)‖₂ ≥ ‖E_p[a Ỹ]‖/std_p(a) for every scalar a over the keys
+    (Cauchy–Schwarz through the matrix: E_p[aỸ] = Ỹᵀ diag(p) ã), [B, h, n], rounded up and never
+    above ``sigma`` (σ_li, its Frobenius counterpart, which also bounds it). Y_l in any orthonormal
+    coordinates of C_l's row space gives the same value; rounding of the centring is covered by 1e-9
+    of √(Σ_k p_k‖Y_k‖²) (docs/bounds.md §2.3.4)."""
+    Y = torch.einsum("bnd,hde->bhne", X, layer.C())
+    Ms = (Y[:, :, None] - (P @ Y)[:, :, :, None]) * P[..., None].sqrt()  # [B, h, i, k, d]
+    Gm = Ms @ Ms.mT  # [B, h, i, k, k]
+    top = top_eig(Gm.flatten(0, 2)).reshape(Gm.shape[:3])
+    raw = (P * Y.square().sum(-1)[:, :, None]).sum(-1).sqrt()  # √(Σ_k p_k ‖Y_k‖²)
+    return torch.minimum((top * (1 + ROUND_REL)).clamp_min(0).sqrt() + 1e-9 * raw, sigma)
+
+
+def heads_top(F: Tensor, w: Tensor) -> Tensor:
+    """λ_max(Σ_l w_li F_l F_lᵀ) for every row i, rounded up, [B, n]: F [h, d, e] per head, w [B, h, n]
+    ≥ 0. Through F̄ = [F_1 … F_h] (d × h·e): the top eigenvalue of D_i^½ F̄ᵀF̄ D_i^½, D_i = w_li on
+    head l's e columns, certified by Cholesky (docs/bounds.md §2.3.2). +inf where a weight is."""
+    h, d, e = F.shape
+    Fb = F.permute(1, 0, 2).reshape(d, h * e)
+    K = Fb.mT @ Fb
+    finite = torch.isfinite(w).all(1)  # [B, n]
+    w = torch.where(finite[:, None], w, torch.zeros_like(w))
+    root = w.clamp_min(0).sqrt().repeat_interleave(e, 1).mT  # [B, n, h·e]
+    S = root[..., :, None] * K * root[..., None, :]
+    top = top_eig(S.flatten(0, 1)).reshape(S.shape[:2])
+    # rounding: far below 1e-10 of ‖S‖_F ≥ λ_max (sums of h·e products, each exact to 1e-16)
+    top = top * (1 + ROUND_REL) + 1e-10 * S.flatten(-2).norm(dim=-1)
+    return torch.where(finite, top, torch.full_like(top, torch.inf))
