@@ -224,15 +224,21 @@ def test_the_spectral_spread_against_the_matrix_norm():
     assert torch.allclose(ours, dense, rtol=1e-7) and (ours >= dense).all() and (ours <= sigma).all()
 
 
-@pytest.mark.parametrize("case", [0, 1, 2, 3, 5, 9, 11, 12])
+# wide layers (4·h·n² ≤ n·d), where the value forms ‖𝓑‖, ‖𝓑₂‖ are computed (docs/bounds.md §2.3.4)
+WIDE = [(3, 16, 1, 2.0, 3.0, 0.1, 0.3), (2, 16, 2, 4.0, 4.0, 0.3, 0.0), (3, 24, 2, 1.0, 5.0, 0.05, 0.5)]
+
+
+@pytest.mark.parametrize("case", [CASES[k] for k in (0, 1, 2, 3, 5, 9, 11, 12)] + WIDE)
 def test_the_cubic_assembly_alone_is_above_the_attack(case):
     """The quadratic bound's fourth assembly (docs/bounds.md §2.3.4) on its own, as it need not be the
-    smallest: (‖𝒜‖ + min(√(cΛ), ‖𝓑‖))r² + ‖𝒞‖r³ + the rest ≥ the attained remainder."""
+    smallest: (‖𝒜‖ + min(√(cΛ), ‖𝓑‖))r² + ‖𝒞‖r³ + the rest ≥ the attained remainder; on the wide
+    cases with the value forms."""
     from bounds import remainder as R
     from bounds.forms import logit_gram
-    n, d, h, w, xn, r, bias = CASES[case]
-    layer = random_dot(d, h, seed=case, q_norm=w, k_norm=w, bias_norm=bias)
-    X = _case(n, d, h, w, xn, case)
+    n, d, h, w, xn, r, bias = case
+    seed = int(1000 * w + 10 * n + d)
+    layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
+    X = _case(n, d, h, w, xn, seed)
     attained = attack_remainder(layer, X, r, steps=150, restarts=6)
     rr = torch.full((2, 1, 1), r, dtype=torch.float64)
     rows = R._rows(layer, X, rr)
@@ -240,6 +246,7 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     cv = R._value_c(layer, rows)
     clean = R._clean_forms(layer, X, G, P, rows["sigma"])
     second = (clean["form"] + torch.minimum(cv.sqrt() * clean["spread"], clean["bilinear"])) * r**2
+    assert torch.isfinite(clean["value3"]).all() == (4 * h * n * n <= n * d)
     alone = second + R._cubic_rest(layer, rows, G, P, rr, R._shared_value(rows, G, P, rr, cv), clean)
     tol = 1e-12 * (1 + X.flatten(1).norm(dim=1))
     assert (alone + tol >= attained).all(), (alone, attained)
@@ -351,9 +358,9 @@ def minilm():
     return [pretrained.case(k, 0) for k in (1, 2, 6)]
 
 
-# measured 9.3 / 17.1 / 10.9× on layers 1 / 2 / 6 with this attack (150 steps × 6 restarts); §2.3's global
-# remainder 250–700×
-def test_remainder_on_minilm_is_sound_and_within_20x(minilm):
+# measured 3.7 / 7.4 / 4.9× on layers 1 / 2 / 6 against the 300 × 8 attack (docs/bounds.md §2.3.4); §2.3's
+# global remainder 250–700×
+def test_remainder_on_minilm_is_sound_and_within_10x(minilm):
     for layer, X in minilm:
         X = X.double()[None]
         layer = layer.to(X)
@@ -361,5 +368,5 @@ def test_remainder_on_minilm_is_sound_and_within_20x(minilm):
         attained = attack_remainder(layer, X, r, steps=150, restarts=6)
         ours = remainder(layer, X, r)
         assert (ours >= attained).all()
-        assert (ours <= 20 * attained).all(), ours / attained
+        assert (ours <= 10 * attained).all(), ours / attained
         assert (global_remainder(layer, X, r).sum(-1) >= 100 * attained).all()
