@@ -51,9 +51,10 @@ def test_pgd(benchmark, size, objective):
 
 
 # the remainder's bounds beside `taylor` itself (issue: the new remainder within 2× of taylor per
-# layer): a sweep layer, a digits-ViT-like one (h·n² ≈ n·d) and a MiniLM-shaped one (n 10, d 384, h 12)
+# layer): a sweep layer, a digits-ViT-like one (h·n² ≈ n·d), a MiniLM-shaped one (n 10, d 384, h 12)
+# and one at the suite's sentence length (n 6), where the value forms are computed (4hn² ≤ nd)
 REMAINDER_CELLS = {"n16-d32-h4": Cell(n=16, d=32, h=4), "n17-d32-h2": Cell(n=17, d=32, h=2),
-                   "n10-d384-h12": Cell(n=10, d=384, h=12)}
+                   "n10-d384-h12": Cell(n=10, d=384, h=12), "n6-d384-h12": Cell(n=6, d=384, h=12)}
 
 
 @pytest.mark.parametrize("size", list(REMAINDER_CELLS))
