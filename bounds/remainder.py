@@ -203,10 +203,11 @@ CUMULANT4 = 1 + 3 / (2 * math.sqrt(2))
 
 def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None,
                         rows: dict[str, Tensor] | None = None) -> Tensor:
-    """``‖𝒜‖r² + √(cΛ)r² + the rest`` ≥ ‖R(Γ)‖_F over ‖Γ‖_F ≤ r, [B] (docs/bounds.md §2.3.2): the
-    pure-logit second-order term bounded jointly over heads and rows as the quadratic form it is
-    (‖𝒜‖r², :func:`logit_form_norm`), the value term Σ_l dP_l[Γ]ΓC_l by Cauchy–Schwarz (√(cΛ) r²),
-    and what is left (Cov_p(q, Y) and the third order) the smallest of three ways, with the row
+    """``‖𝒜‖r² + min(√(cΛ), ‖𝓑‖)r² + the rest`` ≥ ‖R(Γ)‖_F over ‖Γ‖_F ≤ r, [B] (docs/bounds.md
+    §2.3.2, §2.3.4): the pure-logit second-order term bounded jointly over heads and rows as the
+    quadratic form it is (‖𝒜‖r², :func:`logit_form_norm`), the value term Σ_l dP_l[Γ]ΓC_l by
+    Cauchy–Schwarz (√(cΛ) r²) or, on a wide layer, as the bilinear form it is (‖𝓑‖r²), and what is
+    left (Cov_p(q, Y), the third order and beyond) the smallest of three ways, with the row
     quantities of :func:`_rows`, v_i = √λ_i‖C_l‖r and g₃(s) = ∫₀¹ ½(1−t)² e^{ts} dt:
 
     * per head, assembled over rows by :func:`_assemble`, with
@@ -215,12 +216,14 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
       c_li = (1 + 3/(2√2)) s_li diam(Y_l) g₃(s_li), its δ part a weighted λ_max of the logit Gram
       (:func:`bounds.forms.weighted_spread`) so that heads and rows share Γ's energy; the rest per
       head as above without that term;
-    * under the clean row (:func:`_zform_rest`).
+    * the third order at the clean point as the form it is and every other term jointly
+      (:func:`_cubic_rest`, §2.3.4), which is the smallest almost everywhere; the first two win
+      only where e^s is large, where the first-order bound of :func:`remainder` is smaller anyway.
 
-    +inf where h·n² > QUAD_LIMIT. ``cache`` (a dict, empty at first) keeps ‖𝒜‖ and √Λ, which depend
-    on the clean point alone, for calls at other radii on the same layer and X: two of the four
-    eigenproblems of a call; without it they are kept in the open ``bounds.certificates.reuse``
-    block, if any. ``rows`` as in :func:`local_remainder`."""
+    +inf where h·n² > QUAD_LIMIT. ``cache`` (a dict, empty at first) keeps what depends on the
+    clean point alone (:func:`_clean_forms`) for calls at other radii on the same layer and X;
+    without it they are kept in the open ``bounds.certificates.reuse`` block, if any. ``rows`` as
+    in :func:`local_remainder`."""
     B, n, _ = X.shape
     r = radius(eps, X)[:, None, None]
     if layer.h * n * n > QUAD_LIMIT:
@@ -241,7 +244,6 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     joint = _nan_inf(joint)
     cv = _value_c(layer, rows)
     shared = _shared_value(rows, G, P, r, cv)
-    zform = _zform_rest(layer, rows, G, P, r, shared)
     if cache is not None:
         if "form" not in cache:
             cache.update(_clean_forms(layer, X, G, P, sigma))
@@ -254,7 +256,7 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     value_term = torch.minimum(cv.sqrt() * clean["spread"], clean["bilinear"])
     second = (clean["form"] + value_term) * r1**2
     cubic = _cubic_rest(layer, rows, G, P, r, shared, clean)
-    rest = torch.minimum(torch.minimum(per_head, joint), torch.minimum(zform, cubic))
+    rest = torch.minimum(torch.minimum(per_head, joint), cubic)
     # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
     # that the smaller of the remainders (:func:`remainder`) never takes a NaN
     return _nan_inf((second + rest) * (1 + ROUND_REL))
@@ -294,8 +296,8 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
 
     each term of the form ‖E_p[a Ỹ]‖ paid with σ₂ (the values' widest spread) in place of σ. The
     value side's E[(e^x − 1 − x)Z̃] is the smaller of two bounds: with the heads sharing Γ as
-    :func:`_zform_rest` does, or ‖𝓑₂‖r³ for its third order ½E[δ̃²Z̃] and the rest (q's part and
-    e^x's cubic remainder) in the two linear kinds above. ``clean`` is :func:`_clean_forms`'s,
+    §2.3.2's assembly under the clean row did, or ‖𝓑₂‖r³ for its third order ½E[δ̃²Z̃] and the rest
+    (q's part and e^x's cubic remainder) in the two linear kinds above. ``clean`` is :func:`_clean_forms`'s,
     ``shared`` :func:`_shared_value`'s."""
     sigma2 = clean["sigma2"]
     s, lam, v = rows["s"], rows["lam"], rows["v"]
@@ -377,44 +379,6 @@ def _value_gram(layer: DotMHA, rows: dict[str, Tensor]) -> Tensor:
 def _nan_inf(t: Tensor) -> Tensor:
     """NaN (an overflowed factor times a zero) as +inf: such a bound bounds nothing."""
     return torch.where(torch.isnan(t), torch.full_like(t, torch.inf), t)
-
-
-def _zform_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r: Tensor,
-                value: Tensor) -> Tensor:
-    """R − L − V, [B] (Cov_p(q, Y) and the third order: all of R but the pure-logit and value
-    terms of Q₂, which :func:`quadratic_remainder` bounds jointly), from p' = p e^x/Z with x the
-    row's logit change centred under the clean p (docs/bounds.md §2.3.2, "under the clean row"):
-    every moment is the clean p's, the values enter by their own distances ‖Y_k − ȳ‖ (no diameter,
-    no e^{ts}), X = s bounds |x|.
-
-    Jointly over heads, rows and keys: Σ_α (k_li + w_α) p_α x_α² with w_α = X g₃(X)‖Ỹ_α‖ (the cubic
-    remainder of e^x, |ρ(x)| ≤ x²·X g₃(X)) and k_li = h₂(X) g₁(X)·std(x)(σ + v) (1/Z − 1 ≤ h₂(X) m₂
-    times ‖T‖ = ‖E[(e^x − 1)W̃]‖ ≤ g₁(X) std(x) std(W)), with g₁ = :func:`_g1`, h₂ = :func:`_h2`,
-    g₃ = :func:`_g3`, each the largest over |x| ≤ X of its function of x (they increase with x); per
-    head, assembled by :func:`_assemble`, the terms of q (Cov_p(q, Y), x² − δ̃², Cov(q, Z)) and of
-    the perturbed values Z = ΓC (E[(e^x − 1 − x)Z̃] ≤ X h₂(X) std(x) v). The last is also taken
-    jointly over heads, ``value`` [B] (:func:`_shared_value`), and the smaller of the two assemblies
-    serves."""
-    s, sigma, lam = rows["s"], rows["sigma"], rows["lam"]
-    r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
-    v = rows["v"]
-    A = rows["A"][None, :, None]  # ‖A_l‖, broadcast [1, h, 1]
-    # std(x) over the ball: the linear part's spread and q's, and never above X
-    sx = torch.minimum(r * (rows["a"] + lam.sqrt() * rows["Vn"]) / rd + lam.sqrt() * A * r**2 / rd, s)
-    k = _h2(s) * _g1(s) * sx * (sigma + v)  # [B, h, n]
-    w = k[..., None] + (s * _g3(s))[..., None] * rows["Yc"]  # [B, h, i, k]
-    var_q = (w.amax(-1) * lam * A.square()).sum(1).amax(-1) / layer.d_h  # × r⁴: Σ w p q̃²
-    joint = (weighted_spread(G, P, w).sqrt() * r1 + var_q.sqrt() * r1**2).square()
-    qm = 2 * A * r**2 / rd  # ≥ max_k |q̃_k|
-
-    def per_head(alpha: Tensor) -> Tensor:
-        # × std(δ): alpha; × std(q): alpha again (x = δ + q), Cov_p(q, Y) ≤ std(q)·σ (the second
-        # order's q term, which the caller's (‖𝒜‖ + √(cΛ))r² leaves), x² − δ̃² and Cov(q, Z)
-        return _assemble(rows, alpha, sigma + 0.5 * qm * sigma + v + alpha, r, layer.d_h).sum(-1)
-
-    apart = joint + per_head(qm * sigma + _g2(s) * v)  # X h₂(X) = g₂(X)
-    shared = joint + value + per_head(qm * sigma)  # E[(e^x − 1 − x)Z̃] with the heads sharing Γ
-    return torch.minimum(_nan_inf(apart), _nan_inf(shared))
 
 
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
