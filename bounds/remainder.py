@@ -165,7 +165,7 @@ def _rows(layer: DotMHA, X: Tensor, r: Tensor) -> dict[str, Tensor]:
     C = layer.C_norm()[:, None]
     return {"sigma": sigma, "a": a, "lam": lam, "Vn": Vn, "s": s, "A": A[:, 0], "C": C, "P": P,
             "v": lam.sqrt() * C * r,  # ≥ std_{p_i}(Γ C_l) over the ball (fact iv)
-            "diamY": Ysq.amax((-1, -2)).sqrt(), "Yc": Yc, "Ro": Ro, "d_h": layer.d_h}
+            "diamY": Ysq.amax((-1, -2)).sqrt(), "Yc": Yc, "Ro": Ro}
 
 
 def _assemble(rows: dict[str, Tensor], alpha: Tensor, beta: Tensor, r: Tensor, d_h: int) -> Tensor:
@@ -176,6 +176,16 @@ def _assemble(rows: dict[str, Tensor], alpha: Tensor, beta: Tensor, r: Tensor, d
     return (r / math.sqrt(d_h)) * ((alpha * rows["a"]).amax(-1)
                                    + (alpha.square() * lam * rows["Vn"].square()).sum(-1).sqrt()
                                    + r * rows["A"] * (beta * lam.sqrt()).amax(-1))
+
+
+def _weighted_x(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, w: Tensor, r: Tensor) -> Tensor:
+    """√Λ_w·r + (max_i Σ_l max_k w λ_li ‖A_l‖²/d_h)^½·r² ≥ (Σ_{l,i,k} w p x²)^½ over the ball, [B]
+    (docs/bounds.md §2.3.2): x = δ̃ + q̃ split by Minkowski, the δ part a weighted λ_max of the logit
+    Gram (:func:`bounds.forms.weighted_spread`), the q part through Var_p(q_li) ≤ λ_li‖A_l‖²r²‖Γ_i‖²/d_h.
+    ``w`` [B, h, n] per (head, row) or [B, h, n, n] per key; ``r`` [B]."""
+    per_row = w.amax(-1) if w.dim() == 4 else w
+    var_q = (per_row * rows["lam"] * rows["A"][None, :, None].square()).sum(1).amax(-1) / layer.d_h
+    return weighted_spread(G, P, w).sqrt() * r + var_q.sqrt() * r**2
 
 
 def local_remainder(layer: DotMHA, X: Tensor, eps, rows: dict[str, Tensor] | None = None) -> Tensor:
@@ -229,7 +239,7 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     if layer.h * n * n > QUAD_LIMIT:
         return torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
     rows = _rows(layer, X, r) if rows is None else rows
-    s, sigma, lam = rows["s"], rows["sigma"], rows["lam"]
+    s, sigma = rows["s"], rows["sigma"]
     value = rows["v"]
     third = 1.75 * s.square() * _g3(s) * sigma  # × std(u): the pure-logit third order, per row
     beta = sigma * (1 + 1.5 * s) + value + _g2(s) * value  # × std(q)
@@ -238,12 +248,11 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     # jointly: Σ_{l,i} c_li Var(u_li) ≤ (√(Σ c Var δ) + √(Σ c Var q))², Var(q_li) ≤ λ_li‖A_l‖²r²‖Γ_i‖²/d_h
     c = CUMULANT4 * s * rows["diamY"][..., None] * _g3(s)  # [B, h, n]
     r1 = r[:, 0, 0]
-    var_q = (c * lam * rows["A"][None, :, None].square()).sum(1).amax(-1) / layer.d_h
-    joint = (weighted_spread(G, P, c).sqrt() * r1 + var_q.sqrt() * r1**2).square()
+    joint = _weighted_x(layer, rows, G, P, c, r1).square()
     joint = joint + _assemble(rows, _g2(s) * value, beta, r, layer.d_h).sum(-1)
     joint = _nan_inf(joint)
     cv = _value_c(layer, rows)
-    shared = _shared_value(rows, G, P, r, cv)
+    shared = _shared_value(layer, rows, G, P, r, cv)
     if cache is not None:
         if "form" not in cache:
             cache.update(_clean_forms(layer, X, G, P, sigma))
@@ -313,8 +322,7 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
     # (1/Z − 1)E[(e^x − 1)Z̃] (≤ h₂m₂·g₁ std(x) v), with m₂ = E_p x² ≤ sx²
     per_row = (h2.square() * sx.square() + g3 * s) * sx * sigma2 + h2 * g1 * sx * v
     w = (g4 * s.square() + h2.square() * sx.square())[..., None] * rows["Yc"] + per_row[..., None]
-    var_q = (w.amax(-1) * lam * A.square()).sum(1).amax(-1) / layer.d_h  # × r⁴: Σ w p q̃²
-    moments = (weighted_spread(G, P, w).sqrt() * r1 + var_q.sqrt() * r1**2).square()
+    moments = _weighted_x(layer, rows, G, P, w, r1).square()
     # × std(δ): E[δ̃q̃Ỹ] ≤ σ₂ qm std(δ); over heads and rows Σ_l α std(δ_li) ≤ (Σ_l α_li)^½
     # (Σ_l α_li Var δ_li)^½, and Σ_{l,i} α_li Var(δ_li) ≤ Λ_α r²; or per head (:func:`_assemble`)
     def lin_d(alpha: Tensor) -> Tensor:
@@ -346,15 +354,14 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
     return _nan_inf(clean["cubic"] * r1**3 + moments + lin_d(qm * sigma2) + lin_q(beta) + value)
 
 
-def _shared_value(rows: dict[str, Tensor], G: Tensor, P: Tensor, r: Tensor, cv: Tensor) -> Tensor:
+def _shared_value(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r: Tensor,
+                  cv: Tensor) -> Tensor:
     """E[(e^x − 1 − x)Z̃] over heads and rows with the heads sharing Γ, [B] (docs/bounds.md §2.3.2):
     over the heads of row i, Σ_l g₂(X_li) std(x_li) std(Z̃_li) ≤ (Σ_l g₂² Var x_li)^½ (Σ_l Var Z_li)^½
     (Cauchy–Schwarz), the second factor ≤ √cv·r (:func:`_value_c`), and over rows by ℓ2,
     √cv·r·(√Λ_{g₂²}·r + (max_i Σ_l g₂² λ_li‖A_l‖²/d_h)^½ r²)."""
-    g2 = _g2(rows["s"]).square()
-    var_q = (g2 * rows["lam"] * rows["A"][None, :, None].square()).sum(1).amax(-1) / rows["d_h"]
     r1 = r[:, 0, 0]
-    return cv.sqrt() * r1 * (weighted_spread(G, P, g2).sqrt() * r1 + var_q.sqrt() * r1**2)
+    return cv.sqrt() * r1 * _weighted_x(layer, rows, G, P, _g2(rows["s"]).square(), r1)
 
 
 def _value_c(layer: DotMHA, rows: dict[str, Tensor]) -> Tensor:

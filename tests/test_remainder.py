@@ -247,7 +247,7 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     clean = R._clean_forms(layer, X, G, P, rows["sigma"])
     second = (clean["form"] + torch.minimum(cv.sqrt() * clean["spread"], clean["bilinear"])) * r**2
     assert torch.isfinite(clean["value3"]).all() == (4 * h * n * n <= n * d)
-    alone = second + R._cubic_rest(layer, rows, G, P, rr, R._shared_value(rows, G, P, rr, cv), clean)
+    alone = second + R._cubic_rest(layer, rows, G, P, rr, R._shared_value(layer, rows, G, P, rr, cv), clean)
     tol = 1e-12 * (1 + X.flatten(1).norm(dim=1))
     assert (alone + tol >= attained).all(), (alone, attained)
 
@@ -310,15 +310,7 @@ def test_the_first_order_remainder_at_a_large_radius():
 def _dense_weighted_spread(layer, X, w):
     """λ_max of Σ_{l,i} w_li Σ_k p_lik (∇δ_lik − Σ_j p_lij ∇δ_lij)(…)ᵀ, from the logits' dense
     Jacobian by autograd (X [n, d], w [h, n])."""
-    n, d = X.shape
-
-    def scores(Z):
-        Q, K = layer.queries_keys(Z)
-        return Q @ K.mT / layer.d_h ** 0.5  # [h, n, n]
-
-    J = torch.autograd.functional.jacobian(scores, X).reshape(layer.h, n, n, n * d)
-    P = layer.attention(X)
-    Jc = J - torch.einsum("lij,lijx->lix", P, J)[:, :, None]
+    Jc, _, P = _centred_logit_jacobian(layer, X)
     M = torch.einsum("li,lik,likx,liky->xy", w, P, Jc, Jc)
     return torch.linalg.eigvalsh(M)[-1]
 
