@@ -50,20 +50,24 @@ def test_pgd(benchmark, size, objective):
                        rounds=3, iterations=1)
 
 
-# the remainder's bounds beside `taylor` itself (issue: the new remainder within 2× of taylor per
-# layer): a sweep layer, a digits-ViT-like one (h·n² ≈ n·d), a MiniLM-shaped one (n 10, d 384, h 12)
-# and one at the suite's sentence length (n 6), where the value forms are computed (4hn² ≤ nd)
+# the remainder's bounds beside `taylor` itself and its first-order part σ̄_J (the Taylor bound before
+# the local remainder was σ̄_J·ε + `global`, so remainder ÷ (sigma_J + global) is the new remainder's
+# cost against it): a sweep layer, a digits-ViT-like one (h·n² ≈ n·d), a MiniLM-shaped one (n 10,
+# d 384, h 12) and one at the suite's sentence length (n 6), where the value forms are computed
+# (4hn² ≤ nd)
 REMAINDER_CELLS = {"n16-d32-h4": Cell(n=16, d=32, h=4), "n17-d32-h2": Cell(n=17, d=32, h=2),
                    "n10-d384-h12": Cell(n=10, d=384, h=12), "n6-d384-h12": Cell(n=6, d=384, h=12)}
 
 
 @pytest.mark.parametrize("size", list(REMAINDER_CELLS))
-@pytest.mark.parametrize("which", ["taylor", "global", "local", "first_order", "quadratic", "remainder"])
+@pytest.mark.parametrize("which", ["taylor", "sigma_J", "global", "local", "first_order", "quadratic",
+                                   "remainder"])
 def test_remainder(benchmark, size, which):
     from bounds import remainder as R
-    from bounds.taylor import taylor
+    from bounds.taylor import sigma_J, taylor
     layer, X = REMAINDER_CELLS[size].build()
-    fn = {"taylor": taylor, "global": R.global_remainder, "local": R.local_remainder,
+    fn = {"taylor": taylor, "sigma_J": lambda layer, X, eps: sigma_J(layer, X),
+          "global": R.global_remainder, "local": R.local_remainder,
           "first_order": R.first_order_remainder, "quadratic": R.quadratic_remainder,
           "remainder": R.remainder}[which]
     benchmark(lambda: fn(layer, X, 0.05))

@@ -327,15 +327,18 @@ GUESS_STEPS = 64
 GUESS_RTOL = 1e-13
 
 
-def _top_estimate(G: Tensor) -> Tensor:
+def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL) -> Tensor:
     """λ_max of each [Bt, D, D] symmetric G from below, to where rounding stops it: the top Ritz value
     of a block Krylov space (block Lanczos with full reorthogonalisation, from a fixed start so that
     a value is the same bits on every run). Only a guess for :func:`verified_gram_norm` to check;
     nothing certified rests on it (a start blind to the top direction, or a space stopped short,
     only sends that element to the fallback)."""
     Bt, D, _ = G.shape
-    finite = torch.isfinite(G).flatten(1).all(-1)
-    G = torch.where(finite[:, None, None], G, 0.0)  # a NaN or ∞ element gets no guess (NaN below)
+    # a NaN or ∞ element gets no guess (NaN below); its sum says so in one pass over G (a finite G
+    # whose sum overflows only loses its guess, and takes the fallback)
+    finite = torch.isfinite(G.sum((-2, -1)))
+    if not bool(finite.all()):
+        G = torch.where(torch.isfinite(G).flatten(1).all(-1)[:, None, None], G, 0.0)
     b = min(GUESS_BLOCK, D)
     start = torch.randn(D, b, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     Q = torch.linalg.qr(start.to(G.device).expand(Bt, D, b)).Q
@@ -349,7 +352,7 @@ def _top_estimate(G: Tensor) -> Tensor:
         V = torch.cat(basis, -1)
         T = V.mT @ torch.cat(images, -1)
         new = torch.linalg.eigvalsh(0.5 * (T + T.mT))[..., -1]
-        settled = (new - theta).abs() <= GUESS_RTOL * new.abs()
+        settled = (new - theta).abs() <= rtol * new.abs()
         theta = new
         room = D - V.shape[-1]  # the last block fills the space: θ is then exact
         if bool(settled.all()) or room == 0:
@@ -382,12 +385,14 @@ def cholesky_check(G: Tensor, mu: Tensor) -> tuple[Tensor, Tensor]:
     return ok, lam * (1 + 8 * _U)  # and the few roundings of the line above
 
 
-def verified_gram_norm(G: Tensor) -> tuple[Tensor, bool]:
+def verified_gram_norm(G: Tensor, tau: float = VERIFY_TAU) -> tuple[Tensor, bool]:
     """√λ_max of each trailing PSD Gram matrix, certified by a Cholesky factorisation rather than
     an eigendecomposition (docs/bounds.md §2.4, "deterministic"), and whether every element took
     the exact fallback.
 
-    A guess θ from below (:func:`_top_estimate`) is raised to μ = θ(1 + τ); if the floating-point
+    A guess θ from below (:func:`_top_estimate`, its run stopped once it moves by ≤ τ/100) is raised
+    to μ = θ(1 + τ), τ = ``tau`` (VERIFY_TAU by default; the remainder's forms take 1e-6,
+    bounds.forms.FORM_TAU); if the floating-point
     Cholesky factorisation of Â = fl(μI − G) runs to completion, then Â + ΔA = R̂ᵀR̂ ⪰ 0 with
     ‖ΔA‖₂ ≤ γ_{D+1}/(1 − γ_{D+1})·tr|Â| (Demmel 1989; Higham, *Accuracy and Stability*, Thm 10.3,
     for any order of the inner products), so λ_max(G) ≤ μ + γ'·tr|Â| + u·max(μ + |G_ii|). An
@@ -398,9 +403,9 @@ def verified_gram_norm(G: Tensor) -> tuple[Tensor, bool]:
     G = G.to(torch.float64)
     batch, D = G.shape[:-2], G.shape[-1]
     Gf = G.reshape(-1, D, D)
-    theta = _top_estimate(Gf).to(G.device)
+    theta = _top_estimate(Gf, max(GUESS_RTOL, tau / 100)).to(G.device)
     top_diag = Gf.diagonal(dim1=-2, dim2=-1).abs().amax(-1)
-    mu = theta.clamp_min(0) * (1 + VERIFY_TAU) + VERIFY_TAU * top_diag
+    mu = theta.clamp_min(0) * (1 + tau) + tau * top_diag
     guessed = torch.isfinite(mu) & (mu > 0)
     ok, lam = cholesky_check(Gf, torch.where(guessed, mu, torch.ones_like(mu)))
     ok = ok & guessed

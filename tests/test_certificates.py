@@ -199,6 +199,20 @@ def test_verified_gram_norm_is_just_above_the_exact_norm(seed):
         assert torch.equal(verified_gram_norm(G)[0], value)  # the same bits on every call
 
 
+def test_a_looser_tau_stays_above_the_top_eigenvalue_and_within_it():
+    """tau = 1e-6 (the remainder's forms): still ≥ the exact norm, and at most about 1e-6 above it;
+    a matrix whose triangles differ by rounding is certified as its lower triangle says."""
+    g = torch.Generator().manual_seed(11)
+    for D in (40, 300, 700):
+        M = torch.randn(2, D + 7, D, generator=g, dtype=torch.float64)
+        G = M.mT @ M
+        G = G + 1e-14 * torch.randn(G.shape, generator=g, dtype=torch.float64) * G.abs().amax()  # asymmetric
+        truth = torch.linalg.eigvalsh(G.tril() + G.tril(-1).mT)[:, -1].sqrt()  # what the check reads
+        value, _ = verified_gram_norm(G, tau=1e-6)
+        assert (value >= truth).all()
+        np.testing.assert_array_less(value.numpy(), truth.numpy() * (1 + 1e-6))
+
+
 @pytest.mark.parametrize("guess", ["second", "nan"])
 def test_a_wrong_guess_falls_back_to_the_eigendecomposition(monkeypatch, guess):
     """The guess is not trusted: one below the top eigenvalue (a Krylov space that missed the top
@@ -208,7 +222,7 @@ def test_a_wrong_guess_falls_back_to_the_eigendecomposition(monkeypatch, guess):
     G = M.mT @ M
     eigs = torch.linalg.eigvalsh(G)
     wrong = eigs[:, -2] if guess == "second" else torch.full((3,), float("nan"), dtype=torch.float64)
-    monkeypatch.setattr(certify, "_top_estimate", lambda G: wrong)
+    monkeypatch.setattr(certify, "_top_estimate", lambda G, rtol: wrong)
     value, all_exact = verified_gram_norm(G)
     assert all_exact
     torch.testing.assert_close(value, gram_norm(G), rtol=0, atol=0)

@@ -111,7 +111,7 @@ def test_logit_form_norm_against_the_dense_hessian(seed, bias):
         lambda g: torch.autograd.functional.jacobian(f, g, create_graph=True), zero)
     dense = torch.linalg.matrix_norm(0.5 * hess.reshape(n * d, -1), ord=2)  # ‖𝒜‖ of Q(Γ) = 𝒜 vec(ΓΓᵀ)
     form, _ = logit_form_norm(layer, X)
-    assert float(form[0]) == pytest.approx(float(dense), rel=1e-8)
+    assert float(form[0]) == pytest.approx(float(dense), rel=1e-6)  # the guess raised by FORM_TAU
     assert float(form[0]) >= float(dense)
 
 
@@ -142,7 +142,7 @@ def test_value_form_norm_against_the_dense_bilinear_map(seed, bias):
     dense = torch.linalg.matrix_norm(cols, ord=2)
     G, P = logit_gram(layer, X)
     ours = value_form_norm(layer, X, G, P)
-    assert float(ours[0]) == pytest.approx(float(dense), rel=1e-8)
+    assert float(ours[0]) == pytest.approx(float(dense), rel=1e-6)  # the guess raised by FORM_TAU
     assert float(ours[0]) >= float(dense)
 
 
@@ -221,7 +221,8 @@ def test_the_spectral_spread_against_the_matrix_norm():
     dense = torch.linalg.matrix_norm(M, ord=2)
     sigma = M.flatten(-2).norm(dim=-1)
     ours = spectral_spread(layer, X, P, sigma)
-    assert torch.allclose(ours, dense, rtol=1e-7) and (ours >= dense).all() and (ours <= sigma).all()
+    # the certified λ_max is raised by about 2·FORM_TAU (θ(1 + τ) + τ·max G_ii), its root by half that
+    assert torch.allclose(ours, dense, rtol=2e-6) and (ours >= dense).all() and (ours <= sigma).all()
 
 
 # wide layers (4·h·n² ≤ n·d), where the value forms ‖𝓑‖, ‖𝓑₂‖ are computed (docs/bounds.md §2.3.4)
@@ -328,7 +329,8 @@ def test_the_weighted_logit_spread_against_the_dense_jacobian(seed, bias, weight
     G, P = logit_gram(layer, X)
     ours = weighted_spread(G, P, w)
     dense = _dense_weighted_spread(layer, X[0], torch.ones(h, n, dtype=torch.float64) if w is None else w[0])
-    assert float(ours[0]) == pytest.approx(float(dense), rel=1e-8)
+    # a λ_max, not a norm: θ(1 + τ) + τ·max G_ii raises it by up to about 2·FORM_TAU
+    assert float(ours[0]) == pytest.approx(float(dense), rel=3e-6)
     assert float(ours[0]) >= float(dense)
 
 
