@@ -389,7 +389,8 @@ def _nan_inf(t: Tensor) -> Tensor:
 
 
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
-              quadratic: bool | None = None, cache: dict | None = None) -> Tensor:
+              quadratic: bool | None = None, cache: dict | None = None,
+              negligible: Tensor | None = None) -> Tensor:
     """A certified bound of ‖F(X+Γ) − F(X) − J_F(X)[Γ]‖_F over ‖Γ‖_F ≤ r, [B]: each head's share by
     the smallest of :func:`global_remainder`, :func:`local_remainder` and
     :func:`first_order_remainder` (each bounds the same head's term, docs/bounds.md §2.3.1–2.3.3),
@@ -397,7 +398,8 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
     :func:`quadratic_remainder`. ``quadratic`` None takes the quadratic form where its eigenproblem
     (h·n²) is no larger than the Jacobian's (n·d), which ``taylor`` pays anyway; False never, True
     up to QUAD_LIMIT. ``core`` as in :func:`global_remainder`, ``cache`` as in
-    :func:`quadratic_remainder`."""
+    :func:`quadratic_remainder`. ``negligible`` [B]: the quadratic remainder is computed only at the
+    inputs where the others exceed it (``bounds.taylor.negligible_remainder``)."""
     core = xi(layer, X) if core is None else core
     rows = _rows(layer, X, radius(eps, X)[:, None, None])  # what the three bounds share
     glob = global_remainder(layer, X, eps, core)
@@ -406,6 +408,12 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
     out = torch.minimum(torch.minimum(glob, local), first).sum(-1)
     n, d = X.shape[-2:]
     if quadratic or (quadratic is None and layer.h * n * n <= n * d):
-        quad = quadratic_remainder(layer, X, eps, cache, rows)
-        out = torch.minimum(out, quad + ROUND_ABS * glob.sum(-1))
+        need = None if negligible is None else out > negligible
+        if need is None or bool(need.all()):
+            quad = quadratic_remainder(layer, X, eps, cache, rows)
+            out = torch.minimum(out, quad + ROUND_ABS * glob.sum(-1))
+        elif bool(need.any()):  # those inputs alone, so that each input's value is its own
+            idx = need.nonzero().squeeze(-1)
+            quad = quadratic_remainder(layer, X[idx], radius(eps, X)[idx])
+            out[idx] = torch.minimum(out[idx], quad + ROUND_ABS * glob.sum(-1)[idx])
     return out

@@ -17,6 +17,10 @@ probabilities (§2.3.1) and the quadratic form at the clean point (§2.3.2): ``b
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from torch import Tensor
 
@@ -62,8 +66,34 @@ def _core(layer: DotMHA, X: Tensor) -> Tensor:
     return torch.minimum(m_norms(layer, X), xi(layer, X))
 
 
+# the share of the first-order term σ̄_J·ε below which a remainder is left as the cheaper bounds give it
+# (0: never; set by :func:`negligible_remainder`)
+_NEGLIGIBLE: ContextVar[float] = ContextVar("negligible_remainder", default=0.0)
+
+
+@contextmanager
+def negligible_remainder(share: float) -> Iterator[None]:
+    """Inside this block ``taylor`` skips the remainder's forms (§2.3.2, §2.3.4) at each input where
+    the cheaper remainders (global, local, first-order) are already at most ``share`` × σ̄_J·ε: the
+    forms could lower the bound by no more than that share (docs/bounds.md §5, "What a network
+    certificate skips"). A network certificate opens it; a layer's own rows never do, so that
+    ``taylor = σ̄_J ε + taylor_remainder`` stays exact there."""
+    if not 0 <= share < 1:
+        raise ValueError(f"share must be in [0, 1), got {share}")
+    token = _NEGLIGIBLE.set(share)
+    try:
+        yield
+    finally:
+        _NEGLIGIBLE.reset(token)
+
+
 def taylor(layer: DotMHA, X: Tensor, eps) -> Tensor:
-    """``σ̄_J ε + taylor_remainder``, docs/bounds.md §2.3."""
-    return sigma_J(layer, X) * radius(eps, X) + taylor_remainder(layer, X, eps)
+    """``σ̄_J ε + taylor_remainder``, docs/bounds.md §2.3 (inside :func:`negligible_remainder`, the
+    remainder without the forms where they are negligible)."""
+    first = sigma_J(layer, X) * radius(eps, X)
+    share = _NEGLIGIBLE.get()
+    if share == 0:
+        return first + taylor_remainder(layer, X, eps)
+    return first + remainder(layer, X, eps, _core(layer, X), negligible=share * first)
 
 

@@ -1,0 +1,57 @@
+"""A network certificate's Taylor bound skips the remainder's forms where the cheaper remainders are
+a negligible share of the first order (bounds.taylor.negligible_remainder, docs/bounds.md §5): it is
+never below the full bound, never more than that share of σ̄_J·ε above it, and the full bound where
+the remainder is not negligible."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bounds.remainder import remainder
+from bounds.taylor import _core, negligible_remainder, sigma_J, taylor
+from models.build import random_dot
+
+torch.set_default_dtype(torch.float64)
+
+
+def _layer_and_inputs(scale: float, seed: int):
+    # n·d ≥ h·n² so that the full bound takes the quadratic form; the inputs' norms differ by 30×,
+    # so that at one ε some remainders are negligible and some are not
+    layer = random_dot(16, 2, seed=seed, q_norm=scale, k_norm=scale)
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(4, 6, 16, generator=g, dtype=torch.float64)
+    X = X / X.flatten(1).norm(dim=1)[:, None, None] * torch.tensor([0.2, 1.0, 3.0, 6.0])[:, None, None]
+    return layer, X
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("share", [1e-3, 1e-1])
+@pytest.mark.parametrize("eps", [1e-3, 0.05])
+def test_the_skip_costs_at_most_its_share(seed, share, eps):
+    layer, X = _layer_and_inputs(1.0 + seed, seed)
+    full = taylor(layer, X, eps)
+    with negligible_remainder(share):
+        cut = taylor(layer, X, eps)
+    first = sigma_J(layer, X) * eps
+    cheap = remainder(layer, X, eps, _core(layer, X), quadratic=False)
+    kept = cheap > share * first  # where the forms were computed, on those inputs alone
+    # computed on a sub-batch: the forms' guesses may stop elsewhere (FORM_TAU), nothing more
+    torch.testing.assert_close(cut[kept], full[kept], rtol=1e-5, atol=0)
+    skipped = ~kept
+    torch.testing.assert_close(cut[skipped], first[skipped] + cheap[skipped], rtol=1e-14, atol=0)
+    assert (cut[skipped] >= full[skipped]).all()
+    assert (cut <= full + share * first * (1 + 1e-9)).all()
+    if share == 1e-1 and eps == 1e-3:
+        assert skipped.any()  # the case does test the skip
+
+
+def test_the_share_is_checked_and_the_block_restores_it():
+    layer, X = _layer_and_inputs(2.0, 0)
+    with pytest.raises(ValueError, match="share"):
+        with negligible_remainder(1.0):
+            pass
+    before = taylor(layer, X, 1e-3)
+    with negligible_remainder(0.5):
+        taylor(layer, X, 1e-3)
+    assert torch.equal(taylor(layer, X, 1e-3), before)
