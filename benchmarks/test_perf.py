@@ -50,23 +50,25 @@ def test_pgd(benchmark, size, objective):
                        rounds=3, iterations=1)
 
 
-# the remainder's bounds beside `taylor` itself and its first-order part σ̄_J (the Taylor bound before
-# the local remainder was σ̄_J·ε + `global`, so remainder ÷ (sigma_J + global) is the new remainder's
-# cost against it): a sweep layer, a digits-ViT-like one (h·n² ≈ n·d), a MiniLM-shaped one (n 10,
-# d 384, h 12) and one at the suite's sentence length (n 6), where the value forms are computed
-# (4hn² ≤ nd)
+# the remainder's bounds beside `taylor` itself and `taylor_global`, the Taylor bound as it was before
+# the local remainders (σ̄_J·ε + §2.3's global remainder with its core norms), so that remainder ÷
+# taylor_global is the new remainder's cost against it: a sweep layer, a digits-ViT-like one
+# (h·n² ≈ n·d), a MiniLM-shaped one (n 10, d 384, h 12) and one at the suite's sentence length (n 6),
+# where the value forms are computed (4hn² ≤ nd)
 REMAINDER_CELLS = {"n16-d32-h4": Cell(n=16, d=32, h=4), "n17-d32-h2": Cell(n=17, d=32, h=2),
                    "n10-d384-h12": Cell(n=10, d=384, h=12), "n6-d384-h12": Cell(n=6, d=384, h=12)}
 
 
 @pytest.mark.parametrize("size", list(REMAINDER_CELLS))
-@pytest.mark.parametrize("which", ["taylor", "sigma_J", "global", "local", "first_order", "quadratic",
-                                   "remainder"])
+@pytest.mark.parametrize("which", ["taylor", "taylor_global", "global", "local", "first_order",
+                                   "quadratic", "remainder"])
 def test_remainder(benchmark, size, which):
     from bounds import remainder as R
-    from bounds.taylor import sigma_J, taylor
+    from bounds.taylor import sigma_J, taylor, taylor_remainder_global
     layer, X = REMAINDER_CELLS[size].build()
-    fn = {"taylor": taylor, "sigma_J": lambda layer, X, eps: sigma_J(layer, X),
+    fn = {"taylor": taylor,
+          "taylor_global": lambda layer, X, eps: (sigma_J(layer, X) * eps
+                                                  + taylor_remainder_global(layer, X, eps)),
           "global": R.global_remainder, "local": R.local_remainder,
           "first_order": R.first_order_remainder, "quadratic": R.quadratic_remainder,
           "remainder": R.remainder}[which]
