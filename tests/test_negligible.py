@@ -12,8 +12,6 @@ from bounds.remainder import remainder
 from bounds.taylor import _core, negligible_remainder, sigma_J, taylor
 from models.build import random_dot
 
-torch.set_default_dtype(torch.float64)
-
 
 def _layer_and_inputs(scale: float, seed: int):
     # n·d ≥ h·n² so that the full bound takes the quadratic form; the inputs' norms differ by 30×,
