@@ -49,11 +49,12 @@ def dense_jacobian(layer, X: Tensor) -> Tensor:
     return dot_jacobian(layer, X) if layer.kind == "dot" else jacobian_matrix(layer.forward, X)
 
 
-def taylor_remainder(layer: DotMHA, X: Tensor, eps) -> Tensor:
+def taylor_remainder(layer: DotMHA, X: Tensor, eps, negligible: Tensor | None = None) -> Tensor:
     """The remainder ``taylor`` pays, [B]: the smallest of its certified bounds
     (``bounds.remainder.remainder``, docs/bounds.md §2.3–2.3.2); the global one's m_l takes the
-    smaller of the certified ‖M_l‖ and ξ_l (both bound the linear logit change)."""
-    return remainder(layer, X, eps, _core(layer, X))
+    smaller of the certified ‖M_l‖ and ξ_l (both bound the linear logit change). ``negligible`` as in
+    ``bounds.remainder.remainder`` (:func:`negligible_remainder`)."""
+    return remainder(layer, X, eps, _core(layer, X), negligible=negligible)
 
 
 def taylor_remainder_global(layer: DotMHA, X: Tensor, eps) -> Tensor:
@@ -92,8 +93,6 @@ def taylor(layer: DotMHA, X: Tensor, eps) -> Tensor:
     remainder without the forms where they are negligible)."""
     first = sigma_J(layer, X) * radius(eps, X)
     share = _NEGLIGIBLE.get()
-    if share == 0:
-        return first + taylor_remainder(layer, X, eps)
-    return first + remainder(layer, X, eps, _core(layer, X), negligible=share * first)
+    return first + taylor_remainder(layer, X, eps, share * first if share else None)
 
 
