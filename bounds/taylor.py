@@ -26,7 +26,7 @@ from torch import Tensor
 
 from models import DotMHA
 from models.operators import JACOBIAN_LIMIT, jacobian_matrix, jacobian_operator
-from models.structured import dot_jacobian
+from models.structured import dot_jacobian, dot_jacobian_operator
 
 from .base import radius
 from .certificates import certified_norm
@@ -40,8 +40,14 @@ def sigma_J(layer: DotMHA, X: Tensor, *, probabilistic: bool = False) -> Tensor:
     names, tensors = layer_key(layer)
     return certified_norm(("jacobian", layer.kind, layer.residual, names), (*tensors, X),
                           lambda: dense_jacobian(layer, X),
-                          lambda: jacobian_operator(layer.forward, X), (B,), (n, d), X,
+                          lambda: jacobian_map(layer, X), (B,), (n, d), X,
                           probabilistic=probabilistic, limit=JACOBIAN_LIMIT)
+
+
+def jacobian_map(layer, X: Tensor):
+    """J_F(X) and its adjoint as maps: in closed form for a dot layer (models.structured), else by
+    autograd (models.operators.jacobian_operator)."""
+    return dot_jacobian_operator(layer, X) if layer.kind == "dot" else jacobian_operator(layer.forward, X)
 
 
 def dense_jacobian(layer, X: Tensor) -> Tensor:

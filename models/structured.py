@@ -142,3 +142,51 @@ def dot_jacobian(layer: DotMHA, X: Tensor) -> Tensor:
     if layer.H_norm:
         J.diagonal(dim1=-2, dim2=-1).add_(layer.H_norm)
     return J
+
+
+def dot_jacobian_operator(layer: DotMHA, X: Tensor) -> LinearOperator:
+    """J_F(X) of a dot layer and its adjoint as maps on [B, n, d], in closed form (the products of
+    :func:`dot_jacobian` without forming it): with P_l, Q_l, K_l at X (biases included) and
+    s = 1/√d_h,
+
+        J[Γ]  = HΓ + Σ_l (P_l Γ W^V_l + dP_l V_l) W^O_l,  dP_l = P_l ∘ (dS − rowsum(P_l ∘ dS)),
+                dS = s (Γ W^Q_l K_lᵀ + Q_l (Γ W^K_l)ᵀ),  V_l = X W^V_l;
+        Jᵀ[Y] = HY + Σ_l (P_lᵀ Z_l W^V_lᵀ + s (Ē K_l W^Q_lᵀ + Ēᵀ Q_l W^K_lᵀ)),  Z_l = Y W^O_lᵀ,
+                Ē = P_l ∘ (E − rowsum(P_l ∘ E)),  E = Z_l V_lᵀ
+
+    (softmax's Jacobian diag p − ppᵀ is symmetric, so the adjoint of dS ↦ dP is the same map; a
+    value bias adds a constant to each row of dS's partner, which the centring removes). Every
+    head's W^Q, W^K, W^V are applied in one product, as [d, 3·h·d_h]: 2–3× faster a product than the
+    double backward of ``models.operators.jacobian_operator`` on the Fashion-MNIST blocks (0.18–0.21
+    against 0.58–0.65 ms a pair at one image, 0.43–0.46 against 0.91–0.94 at four), which the
+    probabilistic σ̄_J repeats at each Lanczos step."""
+    B, n, d = X.shape
+    h, _, e = layer.W_q.shape
+    P = layer.attention(X)
+    Q, K = layer.queries_keys(X)
+    s = 1 / e**0.5
+    Qs, Ks = Q * s, K * s
+    V = torch.einsum("bnd,hde->bhne", X, layer.W_v)
+    W = torch.cat([layer.W_q, layer.W_k, layer.W_v], 0).permute(1, 0, 2).reshape(d, 3 * h * e)
+    Wt = W.mT.contiguous()
+    Wo = layer.W_o.reshape(h * e, d)
+    Wot = Wo.mT.contiguous()
+    H = layer.H_norm
+
+    def centred(M: Tensor) -> Tensor:  # (diag p_i − p_i p_iᵀ) applied to every row i of M
+        return P * (M - (P * M).sum(-1, keepdim=True))
+
+    def T(G: Tensor) -> Tensor:
+        g = (G @ W).reshape(B, n, 3, h, e).permute(2, 0, 3, 1, 4)  # Γ W^Q, Γ W^K, Γ W^V: [B, h, n, e]
+        dP = centred(g[0] @ Ks.mT + Qs @ g[1].mT)
+        out = (P @ g[2] + dP @ V).transpose(1, 2).reshape(B, n, h * e) @ Wo
+        return out + H * G if H else out
+
+    def Tt(Y: Tensor) -> Tensor:
+        Z = (Y @ Wot).reshape(B, n, h, e).transpose(1, 2)  # [B, h, n, e]
+        E = centred(Z @ V.mT)
+        parts = torch.stack([E @ Ks, E.mT @ Qs, P.mT @ Z])  # against W^Q, W^K, W^V: [3, B, h, n, e]
+        out = parts.permute(1, 3, 0, 2, 4).reshape(B, n, 3 * h * e) @ Wt
+        return out + H * Y if H else out
+
+    return LinearOperator(T, Tt)

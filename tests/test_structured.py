@@ -104,3 +104,27 @@ def test_dot_jacobian_against_autograd(n, d, h, residual, bias):
     X = models.random_input(n, d, norm=2.0, seed=d, batch=2)
     np.testing.assert_allclose(np_(dot_jacobian(layer, X)), np_(jacobian_matrix(layer.forward, X)),
                                rtol=1e-10, atol=1e-12)
+
+
+# the closed-form map against the dense autograd Jacobian (jacrev of forward, an independent path):
+# every CASES layer, n = 1, a zero input, and saturated attention (q_norm 40: rows one-hot to rounding)
+OPERATOR_CASES = [(*c, 1.5, 2.0) for c in CASES] + [(1, 8, 2, True, 0.3, 1.5, 2.0),
+                                                     (5, 8, 2, True, 0.5, 1.5, 0.0),
+                                                     (6, 12, 3, False, 0.0, 40.0, 4.0)]
+
+
+@pytest.mark.parametrize("n,d,h,residual,bias,q,norm", OPERATOR_CASES)
+def test_dot_jacobian_operator_against_autograd(n, d, h, residual, bias, q, norm):
+    from models.operators import jacobian_matrix
+    from models.structured import dot_jacobian_operator
+
+    layer = models.random_dot(d, h, seed=n + h, residual=residual, bias_norm=bias, q_norm=q, k_norm=q)
+    X = models.random_input(n, d, norm=norm, seed=d, batch=2)
+    J = np_(jacobian_matrix(layer.forward, X))  # [B, nd, nd]
+    op = dot_jacobian_operator(layer, X)
+    G, Y = (torch.randn(2, n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(s))
+            for s in (1, 2))
+    g, y = np_(G).reshape(2, -1), np_(Y).reshape(2, -1)
+    tol = 1e-13 * np.abs(J).max() * np.sqrt(n * d)
+    np.testing.assert_allclose(np_(op.T(G)).reshape(2, -1), np.einsum("bij,bj->bi", J, g), rtol=0, atol=tol)
+    np.testing.assert_allclose(np_(op.Tt(Y)).reshape(2, -1), np.einsum("bji,bj->bi", J, y), rtol=0, atol=tol)
