@@ -54,6 +54,22 @@ def ref_M(layer: models.DotMHA, X: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("n,d,h,residual,bias", CASES)
+def test_delta1_operator_against_entrywise_K(n, d, h, residual, bias):
+    """ζ's map and its adjoint (DotMHA.delta1_operator) against ref_K, with a leading dimension of
+    attack restarts broadcast against the batch."""
+    layer = models.random_dot(d, h, seed=n + d, residual=residual, bias_norm=bias)
+    X = models.random_input(n, d, norm=2.0, seed=h, batch=2)
+    K = np.stack([ref_K(layer, np_(x)) for x in X])  # [2, nd, nd]
+    op = layer.delta1_operator(X)
+    G = torch.randn(3, 2, n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+    g = np_(G).reshape(3, 2, -1)
+    np.testing.assert_allclose(np_(op.T(G)).reshape(3, 2, -1), np.einsum("bij,rbj->rbi", K, g),
+                               rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np_(op.Tt(G)).reshape(3, 2, -1), np.einsum("bji,rbj->rbi", K, g),
+                               rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n,d,h,residual,bias", CASES)
 def test_zeta_gram_and_zeta(n, d, h, residual, bias):
     layer = models.random_dot(d, h, seed=n + d, residual=residual, bias_norm=bias)
     X = models.random_input(n, d, norm=2.0, seed=h)
