@@ -26,6 +26,7 @@ from torch import Tensor
 
 from models import DotMHA
 from models.operators import JACOBIAN_LIMIT, jacobian_matrix, jacobian_operator
+from models.spectral import LinearOperator
 from models.structured import dot_jacobian, dot_jacobian_operator
 
 from .base import radius
@@ -44,7 +45,7 @@ def sigma_J(layer: DotMHA, X: Tensor, *, probabilistic: bool = False) -> Tensor:
                           probabilistic=probabilistic, limit=JACOBIAN_LIMIT)
 
 
-def jacobian_map(layer, X: Tensor):
+def jacobian_map(layer, X: Tensor) -> LinearOperator:
     """J_F(X) and its adjoint as maps: in closed form for a dot layer (models.structured), else by
     autograd (models.operators.jacobian_operator)."""
     return dot_jacobian_operator(layer, X) if layer.kind == "dot" else jacobian_operator(layer.forward, X)

@@ -101,6 +101,14 @@ class DotMHA(_Tensors):
         """``C_l = W^V_l W^O_l``, shape [h, d, d]."""
         return self.W_v @ self.W_o
 
+    def stacked_weights(self) -> tuple[Tensor, Tensor]:
+        """Every head's weights as the two matrices of one product each: ``[W^Q_1 … W^Q_h | W^K_1 …
+        W^K_h | W^V_1 … W^V_h]`` as [d, 3·h·d_h] and ``[W^O_1; …; W^O_h]`` as [h·d_h, d] (the
+        closed-form Jacobian, ``models.structured.dot_jacobian_operator``, and taylor_net's)."""
+        h, d, e = self.W_q.shape
+        qkv = torch.cat([self.W_q, self.W_k, self.W_v], 0).permute(1, 0, 2).reshape(d, 3 * h * e)
+        return qkv, self.W_o.reshape(h * e, d)
+
     # The norms of the rank-≤d_h products A_l, C_l, X C_l, U and V through their d_h-wide factors
     # (models.spectral.product_norm: ‖L R‖ = ‖R_L R_Rᵀ‖ from the QRs of L and Rᵀ), never forming the
     # d×d or n×d product. Not cached: they are recomputed from the weights on each call (a cache on a

@@ -160,17 +160,15 @@ def dot_jacobian_operator(layer: DotMHA, X: Tensor) -> LinearOperator:
     double backward of ``models.operators.jacobian_operator`` on the Fashion-MNIST blocks (0.18–0.21
     against 0.58–0.65 ms a pair at one image, 0.43–0.46 against 0.91–0.94 at four), which the
     probabilistic σ̄_J repeats at each Lanczos step."""
-    B, n, d = X.shape
+    B, n, _ = X.shape
     h, _, e = layer.W_q.shape
     P = layer.attention(X)
     Q, K = layer.queries_keys(X)
     s = 1 / e**0.5
     Qs, Ks = Q * s, K * s
     V = torch.einsum("bnd,hde->bhne", X, layer.W_v)
-    W = torch.cat([layer.W_q, layer.W_k, layer.W_v], 0).permute(1, 0, 2).reshape(d, 3 * h * e)
-    Wt = W.mT.contiguous()
-    Wo = layer.W_o.reshape(h * e, d)
-    Wot = Wo.mT.contiguous()
+    W, Wo = layer.stacked_weights()
+    Wt, Wot = W.mT.contiguous(), Wo.mT.contiguous()
     H = layer.H_norm
 
     def centred(M: Tensor) -> Tensor:  # (diag p_i − p_i p_iᵀ) applied to every row i of M

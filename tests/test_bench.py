@@ -6,7 +6,6 @@ import importlib.util
 import json
 import os
 import platform
-import resource
 import signal
 import subprocess
 import sys
@@ -297,6 +296,8 @@ print(out[0])
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's")
 def test_a_worker_thread_reuses_freed_memory_instead_of_faulting_it_in_again():
+    import resource  # Unix only, as the setting is
+
     done = subprocess.run([sys.executable, "-c", _THREAD_FAULTS, str(ROOT)], capture_output=True,
                           text=True, env={**os.environ, "BENCH_MALLOC": ""}, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -297,10 +297,9 @@ def attention_parts(layer: DotMHA, X: Tensor) -> dict[str, Tensor]:
     """What J_F(X) is made of, per head: P, the queries and keys (biases included), X W^V, and the
     weights stacked for one product ([W^Q | W^K | W^V] as [d, 3·h·d_h], W^O as [h·d_h, d])."""
     Q, K = layer.queries_keys(X)
-    h, d, e = layer.W_q.shape
-    stacked = torch.cat([layer.W_q, layer.W_k, layer.W_v], 0).permute(1, 0, 2).reshape(d, 3 * h * e)
+    stacked, W_o = layer.stacked_weights()
     return {"P": layer.attention(X), "Q": Q, "K": K, "V": torch.einsum("bnd,hde->bhne", X, layer.W_v),
-            "W": stacked, "W_o": layer.W_o.reshape(h * e, -1)}
+            "W": stacked, "W_o": W_o}
 
 
 def jacobian_apply(layer: DotMHA, parts: dict[str, Tensor], T: Tensor, logits: bool = True) -> Tensor:
