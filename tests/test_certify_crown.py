@@ -249,3 +249,45 @@ def test_the_intersection_drops_nans_and_keeps_infinities():
     optimised = torch.tensor([math.nan, math.nan, 3.0, -math.inf], dtype=torch.float64)
     assert crown.intersect(crown_lb, optimised, lower=True).tolist() == [1.0, -math.inf, 3.0, -math.inf]
     assert crown.intersect(-crown_lb, -optimised, lower=False).tolist() == [-1.0, math.inf, -3.0, math.inf]
+
+
+class _Raises:
+    """A stand-in for auto_LiRPA's BoundedModule whose compute_bounds fails in a function named
+    ``name`` of a file at ``filename``."""
+
+    def __init__(self, name: str, filename: str):
+        scope: dict = {}
+        exec(compile(f"def {name}():\n    raise RuntimeError('view size is not compatible')\n",
+                     filename, "exec"), scope)
+        self.fail = scope[name]
+
+    def compute_bounds(self, **kwargs):
+        self.fail()
+
+
+def test_only_auto_lirpas_nan_handler_failing_means_no_bound():
+    """auto_LiRPA's ``_check_nan`` raising is its overflow of exp, so no bound (−∞); the same error
+    from anywhere else (the traced model, say) is a bug and is raised."""
+    from bounds.network import netcrown
+
+    C = spec(torch.tensor([1, 0]), 3)
+    handler = _Raises("_check_nan", "/site-packages/auto_LiRPA/operators/convex_concave.py")
+    got = netcrown._lower(handler, None, C, "CROWN")
+    assert got.shape == (2, 2) and (got == -math.inf).all()
+    for name, filename in [("_check_nan", "/work/models/mine.py"), ("forward", "/auto_LiRPA/x.py")]:
+        with pytest.raises(RuntimeError, match="view size"):
+            netcrown._lower(_Raises(name, filename), None, C, "CROWN")
+
+
+@needs_lirpa
+def test_crown_on_a_model_whose_exp_overflows_certifies_nothing_and_says_so(capsys):
+    """The uncapped zoo model (no cap on W^Q, W^K): CROWN's exp relaxation overflows at ε = 0.02 and
+    auto_LiRPA's NaN handler fails; the verdict is "not certified" with a note, not a traceback."""
+    net, _ = load_model(ZOO / "digits-d32-b2-h2-c0.5.safetensors")
+    X, y = first_test_images("digits", net, 2)
+    capsys.readouterr()
+    got = verify(net, X.double(), y, 0.02, "crown")
+    assert (got.lower == -math.inf).all() and not got.certified.any()
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("note: crown could not")]
+    assert notes == ["note: crown could not bound 2 of 2 image(s) at ε = 0.02 (auto_LiRPA's relaxation "
+                     "overflowed or failed, e.g. exp on wide logit bounds); they are not certified"]

@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from models.vit import ViT
 
@@ -37,8 +39,9 @@ class TracedViT(nn.Module):
     relu, reciprocal) where ``torch.clamp`` of a norm ratio has none. The row softmax is
     exp / Σ exp (not ``torch.softmax``, for the reason :class:`bounds.crown.Traced` gives); it
     needs no shift here, as every projected token has norm ≤ R and the query and key weights of a
-    zoo model are capped, so |logits| stays far from exp's overflow (an overflow inside the
-    relaxation would give NaN bounds, which certify nothing).
+    certifiable zoo model are capped, so |logits| stays far from exp's overflow. Where they are not
+    (``digits-d32-b2-h2-c0.5``, LoFAST's recipe) the relaxation overflows: its bounds are NaN or
+    auto_LiRPA cannot compute them, and they certify nothing (:func:`_lower`).
     """
 
     def __init__(self, net: ViT):
@@ -116,16 +119,36 @@ class MarginVerification:
 
 
 def _lower(bounded, xb, C: Tensor, method: str) -> Tensor:
-    """auto_LiRPA's lower bounds of C·logits, or −inf where it cannot bound them: its sqrt
-    relaxation asserts a nonnegative input, and a relaxed Σx² can have a negative lower bound (met
-    with α-CROWN's optimised intermediate bounds on the tiny zoo model). No bound certifies
-    nothing; α-CROWN's is intersected with CROWN's, so there it falls back to CROWN's."""
+    """auto_LiRPA's lower bounds of C·logits, or −inf where it cannot bound them. Two failures are
+    auto_LiRPA's own, and mean "no bound", never a wrong one:
+
+    - its sqrt relaxation asserts a nonnegative input, and a relaxed Σx² can have a negative lower
+      bound (met with α-CROWN's optimised intermediate bounds on the tiny zoo model);
+    - where exp's input bounds are so wide that its relaxation overflows, auto_LiRPA's NaN handler
+      (``_check_nan``) raises a RuntimeError of its own (a ``view`` of a non-contiguous bias; met on
+      the uncapped zoo model ``digits-d32-b2-h2-c0.5`` at ε = 0.02).
+
+    No bound certifies nothing; α-CROWN's is intersected with CROWN's, so there it falls back to
+    CROWN's. Any other error is raised: a failure of the traced model is a bug, not a verdict."""
     try:
         with torch.enable_grad() if method == "CROWN-Optimized" else torch.no_grad():
             lb, _ = bounded.compute_bounds(x=(xb,), C=C, method=method, bound_upper=False)
-    except AssertionError:
+    except (AssertionError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and not _in_nan_handler(e):
+            raise
         return torch.full(C.shape[:2], -math.inf, dtype=C.dtype, device=C.device)
     return lb.detach()
+
+
+def _note(line: str) -> None:
+    """A note on stderr on a line of its own, above a progress bar where ``certify`` draws one."""
+    tqdm.write(line, file=sys.stderr)
+
+
+def _in_nan_handler(error: BaseException) -> bool:
+    """Whether ``error`` was raised inside auto_LiRPA's NaN handler for exp's relaxation."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and frames[-1].name == "_check_nan" and "auto_LiRPA" in frames[-1].filename
 
 
 def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "crown",
@@ -161,11 +184,16 @@ def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "cr
                 optimised = _lower(bounded, xb, Ci, "CROWN-Optimized")
                 # said, so that CROWN's verdict is not read as α-CROWN's
                 if (nan_as(optimised, -math.inf) == -math.inf).all():
-                    print(f"note: α-CROWN could not bound {len(Ci)} image(s) at ε = {eps:g} (a relaxed "
+                    _note(f"note: α-CROWN could not bound {len(Ci)} image(s) at ε = {eps:g} (a relaxed "
                           "Σx² under LayerProject's sqrt went below 0, or its optimisation gave NaN); "
-                          "their alpha_crown verdict is CROWN's", file=sys.stderr)
+                          "their alpha_crown verdict is CROWN's")
                 lower = intersect(lower, optimised, lower=True)
             lb[at] = lower.to(lb.dtype)
+    unbounded = int((lb[sent] == -math.inf).all(-1).sum())
+    if unbounded:  # said, so that "not certified" is not read as a loose bound
+        _note(f"note: {name} could not bound {unbounded} of {len(sent)} image(s) at ε = {eps:g} "
+              "(auto_LiRPA's relaxation overflowed or failed, e.g. exp on wide logit bounds); "
+              "they are not certified")
     # the same room for float64 rounding as the suite's own tests (bounds.network.propagated._beats)
     slack = ROUNDING * (C.abs() @ logits.abs()[:, :, None])[..., 0]
     certified = (lb > slack).all(-1)
