@@ -345,3 +345,16 @@ def test_table1_ranks_taylor_net_and_never_explains_its_tie_by_margin_training()
     assert f"`A` ({name_of('taylor_net')} 0.80 vs {name_of('lofast_M')} 0.50 at ε=0.01)" in text
     assert text.endswith(f"{name_of('taylor_net')} agree within 5% on `B`: measured so.")
     assert "margin training" not in text
+
+
+def test_an_accuracy_over_fewer_images_says_how_many():
+    """CROWN over the first 5 images where naive has 10: Table 1 writes "(of 5)" after CROWN's
+    accuracy, and nothing after naive's; Table 2, whose methods all have 5, writes none."""
+    many = rows({"naive": at(6, 2, 5, 1)})
+    few = rows({"crown": at(4, 2, 3, 1), "cascade": at(4, 2, 3, 1)}, sent={"cascade": 2}, n=5)
+    df = pd.concat([many, few[few["role"] == "certify"]], ignore_index=True)
+    t = one(TABLES["table1_certified"](df))[0].set_index("method")
+    assert t.loc[name_of("crown"), ["A: certified", "B: certified"]].tolist() == ["0.800 (of 5)", "0.600 (of 5)"]
+    assert t.loc[name_of("naive"), ["A: certified", "B: certified"]].tolist() == ["0.600", "0.500"]
+    t2 = one(TABLES["table2_cascade"](df))[0].set_index("method")
+    assert not t2.apply(lambda col: col.astype(str).str.contains("of 5")).any().any()

@@ -156,14 +156,19 @@ def _table(methods: list[tuple[str, str, Cell]], ms: list[str], at: dict[str, fl
     return pd.DataFrame(rows)
 
 
-def _count_cell(c: pd.DataFrame, bound: str, sent: bool = False) -> Cell:
+def _count_cell(c: pd.DataFrame, bound: str, among: list[str], sent: bool = False) -> Cell:
+    """A bound's certified accuracy and s/image; "(of k)" after an accuracy over fewer images than
+    another of the table's bounds ``among`` at that model and ε (CROWN on the first 30 where the rest
+    have 100), so that a reader does not rank two accuracies over different images."""
     def cell(model: str, e: float) -> tuple[str, str]:
         key = (model, e, bound)
         if key not in c.index:
             return "–", "–"
         r = c.loc[key]
         share = f" ({r['sent']:.0%} sent)" if sent and not math.isnan(r["sent"]) else ""
-        return num(r["accuracy"]) + share, secs(r["seconds"])
+        most = max(c.loc[(model, e, b), "n"] for b in among if (model, e, b) in c.index)
+        fewer = f" (of {int(r['n'])})" if r["n"] < most else ""
+        return num(r["accuracy"]) + fewer + share, secs(r["seconds"])
     return cell
 
 
@@ -227,7 +232,7 @@ def table1(df: pd.DataFrame) -> Parts:
         names = _unique(bounds)
         refs = [(text, what, _ref_cell(d.ref, col))
                 for col, (text, what) in zip(("clean", "pgd"), REFERENCES.values(), strict=True)]
-        return refs + [(names[b], d.kind(b, ms), _count_cell(d.c, b)) for b in bounds]
+        return refs + [(names[b], d.kind(b, ms), _count_cell(d.c, b, bounds)) for b in bounds]
 
     def caption(head: str, where: str, ms: list[str], bounds: list[str]) -> str:
         c = d.c[d.c.index.get_level_values("model").isin(ms)]
@@ -266,7 +271,7 @@ def table2(df: pd.DataFrame) -> Parts:
 
     def methods(ms: list[str], bounds: list[str]) -> list[tuple[str, str, Cell]]:
         return [(name_of(b) + ("" if b.startswith(CASCADE) else " alone"), d.kind(b, ms),
-                 _count_cell(d.c, b, sent=True)) for b in bounds]
+                 _count_cell(d.c, b, bounds, sent=True)) for b in bounds]
 
     def caption(head: str, where: str, ms: list[str], bounds: list[str]) -> str:
         c, sub = d.c[d.c.index.get_level_values("model").isin(ms)], d.sub[d.sub["model"].isin(ms)]
