@@ -173,9 +173,6 @@ def _readme(df: pd.DataFrame, results: str, out: str, made_figs, made_tabs, skip
               f"--out {_shown_out(out)}`. Bounds marked *(this suite)* are the ½-Lipschitz-softmax "
               f"tightening of docs/bounds.md §2.2, not LoFAST's; *(estimate)* marks first-order "
               f"Jacobian estimates (docs/bounds.md §3.4), not certificates.", ""]
-    if skipped:
-        lines += ["## Skipped (data absent from this table)", ""]
-        lines += [f"- {s}" for s in skipped] + [""]
     lines += ["## Figures", ""]
     for stem, caption in made_figs:
         lines += [f"### {stem}", "", f"![{stem}]({stem}.png)", "",
@@ -185,4 +182,7 @@ def _readme(df: pd.DataFrame, results: str, out: str, made_figs, made_tabs, skip
         also = f", every ε: [{csv}]({csv})" if csv else ""
         lines += [f"### {stem}", "", caption + f" ([{stem}.md]({stem}.md), "
                   f"[{stem}.tex]({stem}.tex){also})", "", md]
+    if skipped:  # last: a table of a few sweeps (reports/paper) skips most studies
+        lines += ["", "## Skipped (data absent from this table)", ""]
+        lines += [f"- {s}" for s in skipped]
     return "\n".join(lines).rstrip() + "\n"
