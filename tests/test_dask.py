@@ -241,3 +241,59 @@ def test_certify_cells_of_a_model_run_in_order_on_one_worker(tmp_path, capsys, m
     assert load(tmp_path / "r")["cell_id"].nunique() == 6
     assert [tasks.memo_group(c) is not None for _, c in load_profile(str(tmp_path / "c.toml")).cells()] \
         == [True] * 6
+
+
+LIGHT_THEN_HEAVY = """
+[run]
+pgd_steps = 3
+pgd_restarts = 1
+[[sweep]]
+name = "light"
+kind = "dot"
+n = 4
+d = 8
+h = 2
+eps = [0.01, 0.03, 0.05, 0.1]
+[[sweep]]
+name = "certify"
+task = "certify"
+dataset = "digits"
+model = "digits-d32-b1-h2-c0.5-q1-m0.003"
+eps = [0.01, 0.02]
+samples = 2
+"""
+
+
+def test_the_long_cells_are_queued_first(tmp_path, capsys, monkeypatch):
+    """On one worker, a certify chain listed after four layer cells starts first and is done before
+    the last of them (Dask priorities, bd.priorities; a worker holds one queued task beside the running
+    one, so a short cell may run between the chain's two), so that the short cells fill the end of a
+    run; the chain keeps its order. Submitted in the profile's order, the chain ran last."""
+    ran: list[str] = []
+
+    def recording(real):
+        def task(cell, *args):
+            ran.append(f"{cell.task} {cell.eps}")
+            return real(cell, *args)
+        return task
+
+    for name in ("certify", "bounds"):
+        monkeypatch.setitem(tasks.TASKS, name, recording(tasks.TASKS[name]))
+    _threads(monkeypatch)
+    (tmp_path / "p.toml").write_text(LIGHT_THEN_HEAVY)
+    code, _, err = main_inprocess(capsys, "run", "--profile", str(tmp_path / "p.toml"), "--out",
+                                  tmp_path / "r", "--workers", "1")
+    assert code == 0, err
+    assert len(ran) == 6 and ran[0] == "certify 0.01", ran
+    assert ran.index("certify 0.02") < 3 and ran[-1].startswith("bounds"), ran
+
+
+def test_priorities_rank_chains_then_long_cells_then_the_rest():
+    cells = [c for _, c in load_profile("quick").cells()]
+    rank = dict(zip((c.id for c in cells), bd.priorities(cells), strict=True))
+    heavy = [rank[c.id] for c in cells if c.task in bd.HEAVY]
+    light = [rank[c.id] for c in cells if c.task not in bd.HEAVY]
+    assert min(heavy) > max(light) == 0
+    chained = [rank[c.id] for c in cells if c.task == "certify" and c.model.endswith("q1-m0.003")]
+    single = [rank[c.id] for c in cells if c.task == "pretrained"]
+    assert min(chained) > max(single)
