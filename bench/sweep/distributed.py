@@ -134,9 +134,10 @@ def priorities(cells: list[Cell]) -> list[int]:
     end of a run instead of one worker finishing a chain alone (longest processing time first). In
     `tox -e bench` the 2-block margin model's three certify cells, queued last, ran alone for their
     last ≈ 65 s of a 504 s run. A cell's rows do not depend on when it runs."""
-    groups = Counter(memo_group(c) for c in cells)
-    return [0 if c.task not in HEAVY else 1 + (groups[memo_group(c)] if memo_group(c) is not None else 1)
-            for c in cells]
+    groups = [memo_group(c) for c in cells]
+    size = Counter(groups)
+    return [0 if c.task not in HEAVY else 1 + (size[g] if g is not None else 1)
+            for c, g in zip(cells, groups, strict=True)]
 
 
 def _result(future, cell: Cell):

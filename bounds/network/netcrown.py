@@ -133,11 +133,17 @@ def _lower(bounded, xb, C: Tensor, method: str) -> Tensor:
     try:
         with torch.enable_grad() if method == "CROWN-Optimized" else torch.no_grad():
             lb, _ = bounded.compute_bounds(x=(xb,), C=C, method=method, bound_upper=False)
-    except (AssertionError, RuntimeError) as e:
-        if isinstance(e, RuntimeError) and not _in_nan_handler(e):
+    except AssertionError:
+        return _no_bound(C)
+    except RuntimeError as e:
+        if not _in_nan_handler(e):
             raise
-        return torch.full(C.shape[:2], -math.inf, dtype=C.dtype, device=C.device)
+        return _no_bound(C)
     return lb.detach()
+
+
+def _no_bound(C: Tensor) -> Tensor:
+    return torch.full(C.shape[:2], -math.inf, dtype=C.dtype, device=C.device)
 
 
 def _note(line: str) -> None:
