@@ -193,7 +193,7 @@ def test_the_best_split_verifies_each_margin_that_either_split_verifies(monkeypa
     tn = TaylorNet(net, x, y)
     real = tn._once
     monkeypatch.setattr(tn, "_once", lambda eps, images, split, refine: (
-        ran.append((split, images.start)), real(eps, images, split, refine))[1])
+        ran.extend((split, i) for i in images.tolist()), real(eps, images, split, refine))[1])
     start = time.perf_counter()
     b = tn.certify(0.1, "best")
     wall = time.perf_counter() - start
@@ -254,9 +254,16 @@ def test_the_clean_parts_kept_across_eps_change_no_bit():
 
 @pytest.mark.parametrize("biases", [False, True])
 def test_the_operator_forms_match_dense_independent_constructions(biases):
-    """J_F(X)[Γ], J_F(X)ᵀΛ, Δ₁[Γ] and Δ₁ᵀΛ as taylor_net applies them, against the Jacobian by
-    autograd and Δ₁ = H⊗I + Σ_l P_l⊗C_lᵀ built by Kronecker products, in float64."""
-    from bounds.network.taylor_net import attention_parts, delta1_transpose, jacobian_apply, transpose_apply
+    """J_F(X)[Γ], J_F(X)ᵀΛ, Δ₁[Γ] and Δ₁ᵀΛ as taylor_net applies them, and their columns at chosen
+    input tokens (repeated, and every token), against the Jacobian by autograd and
+    Δ₁ = H⊗I + Σ_l P_l⊗C_lᵀ built by Kronecker products, in float64."""
+    from bounds.network.taylor_net import (
+        attention_parts,
+        delta1_transpose,
+        jacobian_apply,
+        token_columns,
+        transpose_apply,
+    )
     from models import DotMHA
 
     gen = torch.Generator().manual_seed(5)
@@ -281,6 +288,11 @@ def test_the_operator_forms_match_dense_independent_constructions(biases):
                           cols((T.flatten(2) @ D1.mT).reshape(T.shape)), atol=1e-12)
     assert torch.allclose(delta1_transpose(layer, parts, Lam), (Lam.flatten(2) @ D1).reshape(Lam.shape),
                           atol=1e-12)
+    tokens = torch.tensor([[3, 0, 3, 4, 1, 2], [1, 1, 4, 0, 2, 3]])  # [B, k]
+    for M, logits in ((J, True), (D1, False)):
+        blocks = M.reshape(B, n, d, n, d)
+        want = torch.stack([blocks[b][:, :, tokens[b]] for b in range(B)])  # [B, n, d, k, d]
+        assert torch.allclose(token_columns(layer, parts, tokens, logits), want, atol=1e-12)
 
 
 def test_the_relaxation_holds_every_unit():
@@ -448,7 +460,7 @@ def test_a_misclassified_image_gets_no_pass():
     tn = TaylorNet(net, x, y)
     ran = []
     real = tn._once
-    tn._once = lambda eps, images, split, refine: (ran.append(images.start),
+    tn._once = lambda eps, images, split, refine: (ran.extend(images.tolist()),
                                                    real(eps, images, split, refine))[1]
     for split in ("taylor", "best"):
         c = tn.certify(0.05, split)
@@ -469,3 +481,44 @@ def test_a_misclassified_image_gets_no_pass():
     row = summed_diagnostics(c.diagnostics.columns(), 0)
     assert all(math.isnan(row[k]) for k in ("tn_first_order", "tn_unstable", "tn_straddling"))
     assert not math.isnan(summed_diagnostics(c.diagnostics.columns(), 2)["tn_unstable"])
+
+
+@pytest.mark.parametrize("refine", [False, True])
+def test_layerprojects_groups_cross_attention_by_their_tokens_columns_as_by_the_operator(refine):
+    """The groups LayerProject makes (ρ·I at one token) are mapped through attention by the Jacobian's
+    columns at their tokens (``DeviationSet.mixed`` with ``token``): the same set as all columns
+    through the operator, to rounding, with groups of an earlier block (mixed already) beside them."""
+    from bounds.network.taylor_net import attention_parts, jacobian_apply, project, token_columns
+
+    net, _ = load_vit(ZOO / "digits-d32-b3-h2-c0.5-q1-m0.003.safetensors")
+    x, y = first_test_images("digits", net, 4)
+    tn = TaylorNet(net, x.double(), y)
+    stages = tn.stages(0.1, log=[] if refine else None, refine=refine)
+    S = project(stages[2][1], tn.raw[1], net.cfg.R, 0.1, 1, every=refine)[0]  # block 1's LayerProject
+    assert S.at is not None and (S.at >= 0).all(0).any() and (S.at < 0).all(0).any()
+    layer, X = tn.layers[1], tn.inputs[1]
+    parts = attention_parts(layer, X)
+    fn = lambda T: jacobian_apply(layer, parts, T)
+    a, b = S.mixed(fn, lambda t: token_columns(layer, parts, t)), S.mixed(fn)
+    for f in ("G", "A", "Q", "c"):
+        torch.testing.assert_close(getattr(a, f), getattr(b, f), rtol=0, atol=1e-12)
+    assert a.at is None
+
+
+def test_layerprojects_rank_one_map_is_the_dense_per_token_map():
+    """``DeviationSet.rank_one`` (L_t = s_t·I + c_t·u_tu_tᵀ applied through u_tᵀ) gives the set that
+    the dense d×d per-token map gives, Gram included, on random sets with groups and symbols."""
+    from bounds.network.zonotope import DeviationSet
+
+    gen = torch.Generator().manual_seed(3)
+    r = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+    B, n, d, P, m, k = 2, 3, 5, 7, 4, 2
+    S = DeviationSet(r(B, n, d, P), r(B, n, d, m), r(B, n, d, k, d), r(B, n, d), r(B, 1), r(B))
+    S.token_grams()
+    scale, coef, u, shift = r(B, n), r(B, n), r(B, n, d), r(B, n, d)
+    u = u / u.norm(dim=-1, keepdim=True)
+    eye = torch.eye(d, dtype=torch.float64)
+    L = scale[..., None, None] * eye + coef[..., None, None] * u[..., None] * u[..., None, :]
+    a, b = S.rank_one(scale, coef, u, shift), S.per_token(L, shift)
+    for f in ("G", "A", "Q", "c", "gram"):
+        torch.testing.assert_close(getattr(a, f), getattr(b, f), rtol=0, atol=1e-13)

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from models import DotMHA, InputError
+from models.layers import KeptNormsMHA
 from models.structured import dot_jacobian
 from models.vit import ViT
 
@@ -102,6 +103,21 @@ class Diagnostics:
         out |= {f"remainder_{s}": v for s, v in self.remainders.items()}
         out |= {f"unstable_{k}": u for k, u in enumerate(self.unstable)}
         return out | {f"straddling_{k}": s for k, s in enumerate(self.straddling)}
+
+    def scattered(self, rows: Tensor, base: Diagnostics) -> Diagnostics:
+        """``base`` with its rows ``rows`` [k] replaced by these diagnostics (of k images); a source
+        missing from one counts 0."""
+        put = lambda b, v: b.index_put((rows,), v)
+        zero, own = torch.zeros_like(base.margin), torch.zeros_like(self.margin)
+        names = list(dict.fromkeys([*base.remainders, *self.remainders]))
+        both = base.backward is not None and self.backward is not None
+        backward = put(base.backward, self.backward) if both else None
+        return Diagnostics(put(base.margin, self.margin), put(base.first_order, self.first_order),
+                           put(base.kinks, self.kinks),
+                           {k: put(base.remainders.get(k, zero), self.remainders.get(k, own)) for k in names},
+                           [put(b, v) for b, v in zip(base.unstable, self.unstable, strict=True)],
+                           [put(b, v) for b, v in zip(base.straddling, self.straddling, strict=True)],
+                           backward)
 
     def where(self, mask: Tensor, other: Diagnostics) -> Diagnostics:
         """Per image, these diagnostics where ``mask`` [B] holds, ``other``'s elsewhere (a source
@@ -190,8 +206,7 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     scale, coef = torch.where(wild, 0.0, scale), torch.where(wild, 0.0, coef)
 
     eye = torch.eye(d, dtype=raw.dtype, device=raw.device)
-    L = scale[..., None, None] * eye + coef[..., None, None] * u[..., :, None] * u[..., None, :]
-    out = S.per_token(L, -beta[..., None] * u)
+    out = S.rank_one(scale, coef, u, -beta[..., None] * u)  # L_t = scale·I + coef·uuᵀ
     idx, mu = symbols(straddle, half)
     along = u.gather(1, idx[..., None].expand(-1, -1, d))
     out = out.with_symbols(columns(idx, -mu[..., None] * along, n, d))
@@ -202,10 +217,10 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     idx, radius = symbols(grouped, err - first)
     _, caps = symbols(grouped, r**2)
     out = out.with_groups(f"project{k}", columns(idx, radius[..., None, None] * eye, n, d),
-                          torch.where(caps > 0, caps, 1.0), whole**2)
+                          torch.where(caps > 0, caps, 1.0), whole**2, at=idx)
     idx, radius = symbols(wild, r)
     out = out.with_groups(f"project{k}_wild", columns(idx, radius[..., None, None] * eye, n, d),
-                          torch.ones_like(radius))
+                          torch.ones_like(radius), at=idx)
     # the other tokens: ‖e‖_F ≤ (Σ_t K_t² ‖Δ_t‖⁴)^½ ≤ max_t K_t · ‖Δ‖_F² (they share the ball's budget)
     K = torch.where(grouped | off, 0.0, (err - first) / r.clamp_min(torch.finfo(raw.dtype).tiny) ** 2)
     smooth = torch.minimum((K * r**2).norm(dim=-1), K.amax(-1) * whole**2) + first.norm(dim=-1)
@@ -258,14 +273,18 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     N = X.shape[-2] * X.shape[-1]
     J = None
     if split != "taylor":
-        out = S.mixed(lambda T: jacobian_apply(layer, parts, T, logits=False))
+        out = S.mixed(lambda T: jacobian_apply(layer, parts, T, logits=False),
+                      lambda t: token_columns(layer, parts, t, logits=False))
         rest = delta2_xi(layer, X, r, factor=0.5 if split == "lofast_half" else 1.0)
     else:
         if N <= DENSE_J:  # small layers: one matrix product with the dense Jacobian is faster
             J = dot_jacobian(layer, X)
-            out = S.mixed(lambda T: (J @ T.flatten(1, 2)).reshape(T.shape))
+            B, n, d = X.shape
+            blocks = J.reshape(B, n, d, n, d)
+            out = S.mixed(lambda T: (J @ T.flatten(1, 2)).reshape(T.shape),
+                          lambda t: blocks.gather(3, t[:, None, None, :, None].expand(B, n, d, -1, d)))
         else:
-            out = S.mixed(lambda T: jacobian_apply(layer, parts, T))
+            out = S.mixed(lambda T: jacobian_apply(layer, parts, T), lambda t: token_columns(layer, parts, t))
         rest = remainder(layer, X, r, quadratic=quadratic, cache=cache)
     bound = jacobian_bound(layer, X, parts, J, logits=split == "taylor")
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
@@ -324,6 +343,45 @@ def jacobian_apply(layer: DotMHA, parts: dict[str, Tensor], T: Tensor, logits: b
         out = out + _logit_part(P, Qx, Kx, V, dQ, dK)
     out = parts["W_o"].mT @ out.permute(0, 2, 1, 3, 4).reshape(B, n, h * e, K)
     return out + layer.H_norm * T if layer.H_norm else out
+
+
+def token_columns(layer: DotMHA, parts: dict[str, Tensor], tokens: Tensor, logits: bool = True) -> Tensor:
+    """J_F(X)'s columns at the input tokens ``tokens`` [B, k]: [B, n, d, k, d], block j the Jacobian
+    ∂F(X)/∂X_t (t = tokens[:, j]) with the output token and coordinate first (docs/bounds.md §5.1, "A
+    token's columns"). With Γ = e_t aᵀ only row t of ΓW moves, so per head l, with q = Q_l W^K_lᵀ/√d_h,
+    u = K_l W^Q_lᵀ/√d_h, V = X W^V_l and v̄ = P_l V (a value bias cancels, as in :func:`jacobian_apply`):
+
+        P_l Γ W^V_l        row i:  p_it · (W^V_l)_a
+        dP_l[Γ] V          row i:  p_it q_ia (V_t − v̄_i) + δ_it Σ_j p_tj u_ja (V_j − v̄_t)
+
+    then ·W^O_l, summed over heads, plus H at (t, t). O(h n d d_h) a token where :func:`jacobian_apply`
+    on its d directions costs O(h n² d d_h + n d²·d). Without ``logits`` LoFAST's Δ₁ (the first row)."""
+    P, Qx, Kx, V = parts["P"], parts["Q"], parts["K"], parts["V"]  # [B, h, n, n], [B, h, n, e] ×3
+    B, h, n, e = V.shape
+    k = tokens.shape[1]
+    Pt = P.gather(-1, tokens[:, None, None, :].expand(B, h, n, k))  # [B, h, n(i), k]: p_it
+    # each term reaches W^O before the outer product over (a, f) is formed: an h-sum per entry of the
+    # [n, d, k, d] result, where contracting [.., e, a] with W^O would cost an (h·d_h)-sum per entry
+    out = torch.einsum("bhik,haf->bifka", Pt, layer.C())  # p_it (W^V_l W^O_l)_a
+    if logits:
+        root = math.sqrt(e)
+        q = Qx @ layer.W_k.mT / root  # [B, h, n, d]
+        u = Kx @ layer.W_q.mT / root
+        vbar = P @ V  # [B, h, n, e]
+        at = lambda M: M.gather(2, tokens[:, None, :, None].expand(B, h, k, M.shape[-1]))  # rows t
+        spread = at(V)[:, :, None] - vbar[:, :, :, None]  # [B, h, i, k, e]: V_t − v̄_i
+        moved = torch.einsum("bhik,bhike,hef->bhikf", Pt, spread, layer.W_o)  # p_it (V_t − v̄_i) W^O_l
+        out = out + torch.einsum("bhia,bhikf->bifka", q, moved)
+        rows = at(P)  # [B, h, k, j]: p_tj
+        own = torch.einsum("bhkj,bhja,bhje->bhkea", rows, u, V) \
+            - at(vbar)[..., None] * torch.einsum("bhkj,bhja->bhka", rows, u)[:, :, :, None]
+        own = torch.einsum("bhkea,hef->bfka", own, layer.W_o)  # [B, d, k, d], at i = t
+        out = out.scatter_add(1, tokens[:, None, None, :, None].expand(B, 1, *out.shape[2:]), own[:, None])
+    if layer.H_norm:  # H = I: ∂X_t/∂X_t
+        eye = layer.H_norm * torch.eye(out.shape[2], dtype=out.dtype, device=out.device)
+        out = out.scatter_add(1, tokens[:, None, None, :, None].expand(B, 1, *out.shape[2:]),
+                              eye[None, None, :, None, :].expand(B, 1, -1, k, -1).contiguous())
+    return out
 
 
 def _logit_part(P: Tensor, Qx: Tensor, Kx: Tensor, V: Tensor, dQ: Tensor, dK: Tensor) -> Tensor:
@@ -519,6 +577,20 @@ def delta1_transpose(layer: DotMHA, parts: dict[str, Tensor], Lam: Tensor) -> Te
     return out + layer.H_norm * Lam if layer.H_norm else out
 
 
+# A first pass on a CPU takes CPU_CHUNK images at once where a block's tokens are small (n·d ≤
+# CPU_CHUNK_ND), one at a time elsewhere: a chunk pads every image's symbols to the largest count in
+# it, which costs little on the digits models (a few symbols an image; a pass there is hundreds of
+# small torch calls, whose overhead a chunk shares) and much on the Fashion-MNIST ones (hundreds of
+# unstable neurons an image, their counts far apart). Measured (docs/bounds.md §5.1, "Chunks"):
+CPU_CHUNK = 8
+CPU_CHUNK_ND = 512
+
+
+def _key(images: slice | Tensor) -> tuple:
+    """A hashable name of a selection of the batch's images (a slice, or their indices)."""
+    return (images.start, images.stop) if isinstance(images, slice) else tuple(images.tolist())
+
+
 class TaylorNet:
     """The network's clean trace at a batch of images, and its certificate at any ε."""
 
@@ -541,7 +613,7 @@ class TaylorNet:
             self.features = X.mean(-2)
             self.logits = net.head(self.features)
         self.correct = self.logits.argmax(-1) == labels  # a misclassified image gets no pass
-        self.layers = net.attention_layers()
+        self.layers = tuple(KeptNormsMHA.of(layer) for layer in net.attention_layers())
         self.lip = net.ffn_lipschitz()
         self.embed = net.pixel_map().permute(1, 2, 0).contiguous()  # [n, d, P]: G₀, pixels to tokens
         self.embed_norm = net.embedding_norm()  # the tokens' ball: ‖E‖ε (a permutation, then E)
@@ -549,6 +621,8 @@ class TaylorNet:
         # (two eigenproblems of four): computed at the first ε that needs them, reused at the others
         self.clean_parts: dict[tuple, dict] = {}
         self.done: dict[tuple[float, str], NetCertificate] = {}  # the certificates made, per (ε, split)
+        n, d = X.shape[-2:]
+        self.chunk = max(1, len(labels)) if self.logits.is_cuda else CPU_CHUNK if n * d <= CPU_CHUNK_ND else 1
 
     def certify(self, eps: float, split: str = "taylor") -> NetCertificate:
         """The certificate at image radius ``eps`` for every image of the batch, attention split as
@@ -569,42 +643,50 @@ class TaylorNet:
         classifies right; an image left out gets no bound (−∞, not certified), no diagnostics but its
         clean margin (:meth:`_nothing`) and no seconds. A misclassified image is certified by nothing
         (its margin is negative at the image itself), so no pass is spent on it: on the Fashion-MNIST
-        one-epoch models, 39–43 % of the test images, each a first pass of up to 10 s at ε = 0.1."""
+        one-epoch models, 39–43 % of the test images, each a first pass of up to 10 s at ε = 0.1.
+
+        The first pass runs on :attr:`chunk` images at a time; the images it leaves uncertified get the
+        second pass, one at a time on a CPU, together on a GPU. Each image's seconds are its share of
+        its chunk's first pass plus its own second pass."""
         B = len(self.labels)
-        step = B if self.logits.is_cuda else 1
-        correct = self.correct
-        which = correct if which is None else which & correct
-        parts, seconds = [], []
+        which = self.correct if which is None else which & self.correct
+        todo = which.nonzero()[:, 0]
+        lower = torch.full_like(self.logits, -math.inf)
+        verified = torch.zeros_like(lower, dtype=torch.bool)
+        diags, done = [], []
+        per = torch.zeros(B, dtype=torch.float64)
         with torch.no_grad():
-            for i in range(0, B, step):
+            for images in todo.split(self.chunk) if len(todo) else ():
                 start = time.perf_counter()
-                if not which[i:i + step].any():
-                    parts.append(self._nothing(slice(i, i + step)))
-                    seconds.append(0.0)
-                    continue
                 # first without the remainder's quadratic form (its eigenproblems are 3–5× the rest
                 # of a pass on the Fashion-MNIST models, and it changed no verdict of this pass on
                 # the 3-block one; docs/bounds.md §5.1, "Refined ranges")
-                part = self._once(eps, slice(i, i + step), split, refine=False)
-                # images left uncertified (and classified right) again, with the quadratic form and
-                # every unit's range refined by the backward pass: it costs two functionals per
-                # unstable unit through every stage before it, so only where the cheap pass did not
-                # suffice. Each margin takes the better of the two passes' sound bounds
-                if not part[2][correct[i:i + step]].all():
-                    again = self._once(eps, slice(i, i + step), split, refine=True)
-                    verified = part[1] | again[1]
-                    part = (torch.maximum(part[0], again[0]), verified,
-                            verified.all(-1) & correct[i:i + step], again[3])
-                parts.append(part)
-                seconds.append(time.perf_counter() - start)
-        lower, verified, certified = (torch.cat([p[f] for p in parts]) for f in range(3))
-        per = torch.tensor(seconds, dtype=torch.float64).repeat_interleave(step)[:B] / step
-        # on a GPU the whole batch ran: the left-out images' bounds and diagnostics are dropped
-        lower = lower.masked_fill(~which[:, None], -math.inf).scatter(-1, self.labels[:, None], math.inf)
-        verified = verified & which[:, None] | F.one_hot(self.labels, lower.shape[-1]).bool()
-        certified = certified & which
-        diag = Diagnostics.cat([p[3] for p in parts]).where(which, self._nothing(slice(None))[3])
-        return NetCertificate(lower, certified, diag, sum(seconds), verified, per)
+                low, ok, certified, diag = self._once(eps, images, split, refine=False)
+                per[images.cpu()] = (time.perf_counter() - start) / len(images)
+                # images left uncertified again, with the quadratic form and every unit's range refined
+                # by the backward pass: it costs two functionals per unstable unit through every stage
+                # before it, so only where the cheap pass did not suffice. Each margin takes the better
+                # of the two passes' sound bounds
+                left = (~certified).nonzero()[:, 0]
+                for part in left.split(len(left) if self.logits.is_cuda else 1):
+                    if not len(part):
+                        continue
+                    start = time.perf_counter()
+                    again = self._once(eps, images[part], split, refine=True)
+                    low[part] = torch.maximum(low[part], again[0])
+                    ok[part] = ok[part] | again[1]
+                    diag = again[3].scattered(part, diag)
+                    per[images[part].cpu()] += (time.perf_counter() - start) / len(part)
+                lower[images], verified[images] = low, ok
+                diags.append(diag)
+                done.append(images)
+        lower = lower.scatter(-1, self.labels[:, None], math.inf)
+        verified = verified | F.one_hot(self.labels, lower.shape[-1]).bool()
+        certified = verified.all(-1) & which
+        diag = self._nothing(slice(None))[3]
+        if done:
+            diag = Diagnostics.cat(diags).scattered(torch.cat(done), diag)
+        return NetCertificate(lower, certified, diag, float(per.sum()), verified, per)
 
     def _nothing(self, images: slice):
         """What :meth:`_once` returns for images that were not certified: no bound, no verdict, and
@@ -638,14 +720,14 @@ class TaylorNet:
         diag = second.diagnostics.where(certified & ~first.certified, first.diagnostics)
         return NetCertificate(lower, certified, diag, float(per.sum()), verified, per)
 
-    def _once(self, eps: float, images: slice, split: str, refine: bool):
+    def _once(self, eps: float, images: slice | Tensor, split: str, refine: bool):
         log: list = []
         stages = self.stages(eps, images, log, refine, split)
         unstable = [count for name, _, count in stages if name.startswith("ffn")]
         straddling = [count for name, _, count in stages if name.startswith("project")]
         return self._margins(stages[-1][1], eps, unstable, straddling, images, log)
 
-    def stages(self, eps: float, images: slice = slice(None), log: list | None = None,
+    def stages(self, eps: float, images: slice | Tensor = slice(None), log: list | None = None,
                refine: bool = False, split: str = "taylor") -> list[tuple[str, DeviationSet, Tensor | None]]:
         """The deviation set after every stage (``project<k>``, ``attention<k>``, ``ffn<k>``) with the
         stage's count of relaxed units (straddling tokens, unstable neurons; None for attention), for
@@ -666,7 +748,7 @@ class TaylorNet:
             # the quadratic form of the remainder costs h·n²-wide eigenproblems: the second pass only
             S = attention(S, self.layers[k], self.inputs[k][images], k, log, split,
                           quadratic=refine is not None,
-                          cache=self.clean_parts.setdefault((k, images.start, images.stop), {}))
+                          cache=self.clean_parts.setdefault((k, *_key(images)), {}))
             out.append((f"attention{k}", S, None))
             S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine)
             out.append((f"ffn{k}", S, u))
@@ -682,7 +764,8 @@ class TaylorNet:
             return torch.maximum(lo, both[:, :k]), torch.minimum(hi, -both[:, k:])
         return refine
 
-    def _margins(self, S: DeviationSet, eps: float, unstable, straddling, images: slice, log: list):
+    def _margins(self, S: DeviationSet, eps: float, unstable, straddling, images: slice | Tensor,
+                 log: list):
         W = self.net.head_matrix()
         n = S.c.shape[1]
         y = self.labels[images]

@@ -47,6 +47,10 @@ class DeviationSet:
     budgets: dict[str, Tensor] = field(default_factory=dict)
     gram: Tensor | None = None
     tok: Tensor | None = None
+    # at [B, k]: the token where group j is ρ·I (its one nonzero block, as LayerProject makes it), −1
+    # where it is not of that form; a map that mixes tokens takes such a group's image from the
+    # map's columns at that token (:meth:`mixed`), not as g directions of its own
+    at: Tensor | None = None
 
     @classmethod
     def ball_of(cls, G: Tensor, radius: Tensor) -> DeviationSet:
@@ -76,7 +80,8 @@ class DeviationSet:
     def only(self, name: str) -> DeviationSet:
         """The set's bookkeeping of the groups of source ``name`` alone (for :meth:`grouped`)."""
         keep = [j for j, g in enumerate(self.groups) if g == name]
-        return replace(self, groups=[name] * len(keep), caps=self.caps[:, keep])
+        return replace(self, groups=[name] * len(keep), caps=self.caps[:, keep],
+                       at=None if self.at is None else self.at[:, keep])
 
     def ball(self) -> Tensor:
         """Σ_s ρ_s ≥ ‖E‖_F, [B]."""
@@ -132,30 +137,73 @@ class DeviationSet:
         c = torch.einsum("bnde,bne->bnd", L, self.c) + (0 if shift is None else shift)
         gram = None if self.gram is None else L @ self.gram @ L.mT
         return replace(self, G=L @ self.G, A=L @ self.A, Q=torch.einsum("bnde,bnekg->bndkg", L, self.Q),
-                       c=c, gram=gram)
+                       c=c, gram=gram, at=None)
 
-    def mixed(self, fn: Callable[[Tensor], Tensor]) -> DeviationSet:
+    def rank_one(self, scale: Tensor, coef: Tensor, u: Tensor, shift: Tensor) -> DeviationSet:
+        """:meth:`per_token` for L_t = scale_t·I + coef_t·u_t u_tᵀ (scale, coef [B, n], u [B, n, d]), as
+        LayerProject's forms are: L_tM = scale_t·M + coef_t·u_t(u_tᵀM) in O(d) a column where a d×d
+        product costs O(d²), and the Gram as s²g + sc(u wᵀ + w uᵀ) + c²(uᵀw)uuᵀ with w = g u."""
+        s, c = scale[..., None], coef[..., None]
+
+        def apply(M: Tensor) -> Tensor:  # M [B, n, d, ...]
+            at = (..., *(None,) * (M.dim() - 3))  # [B, n, d] against M's trailing columns
+            along = torch.einsum("bnd,bnd...->bn...", u, M)
+            return s[at] * M + c[at] * u[at] * along[:, :, None]
+
+        gram = None
+        if self.gram is not None:
+            w = self.gram @ u[..., None]  # [B, n, d, 1]
+            uw = u[..., None] * w.mT
+            gram = (s[..., None] ** 2 * self.gram + (s * c)[..., None] * (uw + uw.mT)
+                    + (c**2 * (u[..., None, :] @ w)[..., 0])[..., None] * u[..., None] * u[..., None, :])
+        c_new = apply(self.c[..., None])[..., 0] + shift
+        return replace(self, G=apply(self.G), A=apply(self.A), Q=apply(self.Q), c=c_new, gram=gram, at=None)
+
+    def mixed(self, fn: Callable[[Tensor], Tensor],
+              token: Callable[[Tensor], Tensor] | None = None) -> DeviationSet:
         """The image under a linear map ``fn`` of [B, n, d, K] (K sets of tokens as columns: those of
-        G, A and Q, and c) that mixes tokens; E's radii are the caller's."""
+        G, A and Q, and c) that mixes tokens; E's radii are the caller's. Given ``token`` (token
+        indices [B, k] → the map's columns at those input tokens, [B, n, d, k, d]), a group that is
+        ρ·I at one token (:attr:`at`) is mapped as ρ times those columns instead of through ``fn``:
+        LayerProject's groups are d columns each, most of a set's columns on the digits models."""
         B, n, d, k, g = self.Q.shape
         P, m = self.G.shape[-1], self.A.shape[-1]
-        parts = torch.cat([self.G, self.A, self.Q.reshape(B, n, d, k * g), self.c[..., None]], -1)
+        fresh = torch.zeros(k, dtype=torch.bool, device=self.Q.device)
+        if token is not None and self.at is not None and k:
+            fresh = (self.at >= 0).all(0)
+        Q = self.Q[..., ~fresh, :]
+        parts = torch.cat([self.G, self.A, Q.flatten(-2), self.c[..., None]], -1)
         out = fn(parts)  # one call for every column
-        G, A, Q, c = out.split([P, m, k * g, 1], -1)
+        G, A, Q, c = out.split([P, m, Q.shape[-2] * g, 1], -1)
+        Q = Q.reshape(B, n, d, -1, g)
+        if fresh.any():
+            at = self.at[:, fresh]  # [B, k']
+            own = self.Q[..., fresh, :].gather(1, at[:, None, None, :, None].expand(B, 1, d, -1, g))
+            rho = own[:, 0, 0, :, 0]  # [B, k']: the group is ρ·I at its token
+            mapped = token(at) * rho[:, None, None, :, None]
+            whole = Q.new_empty(B, n, d, k, g)
+            whole[..., fresh, :], whole[..., ~fresh, :] = mapped, Q
+            Q = whole
         # E's per-token bounds do not survive a map that mixes tokens: the caller sets them anew
-        return replace(self, G=G, A=A, Q=Q.reshape(B, n, d, k, g), c=c[..., 0], gram=None, tok=None)
+        return replace(self, G=G, A=A, Q=Q, c=c[..., 0], gram=None, tok=None, at=None)
 
     def with_symbols(self, columns: Tensor) -> DeviationSet:
         """The set plus new symbol columns [B, n, d, k]."""
         return replace(self, A=torch.cat([self.A, columns], -1))
 
     def with_groups(self, name: str, columns: Tensor, caps: Tensor,
-                    budget: Tensor | None = None) -> DeviationSet:
+                    budget: Tensor | None = None, at: Tensor | None = None) -> DeviationSet:
         """The set plus new groups [B, n, d, k, g] from source ``name``, their caps [B, k] and, if they
-        share one, their budget [B] (:meth:`grouped`)."""
+        share one, their budget [B] (:meth:`grouped`); ``at`` [B, k] where each is ρ·I at one token
+        (:attr:`at`)."""
         old = self.caps if self.caps is not None else caps.new_ones(caps.shape[0], 0)
         budgets = self.budgets | ({name: budget} if budget is not None else {})
+        B, k = caps.shape
+        none = lambda count: caps.new_full((B, count), -1, dtype=torch.long)  # not of that form
+        before = self.at if self.at is not None else none(self.Q.shape[-2])
+        new = at if at is not None else none(k)
         return replace(self, Q=torch.cat([self.Q, columns], -2), caps=torch.cat([old, caps], -1),
+                       at=torch.cat([before, new], -1),
                        groups=[*self.groups, *[name] * columns.shape[-2]], budgets=budgets)
 
     def add_ball(self, name: str, rho: Tensor, per_token: Tensor | None = None) -> DeviationSet:
