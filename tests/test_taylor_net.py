@@ -261,7 +261,7 @@ def test_the_operator_forms_match_dense_independent_constructions(biases):
         attention_parts,
         delta1_transpose,
         jacobian_apply,
-        token_columns,
+        sparse_apply,
         transpose_apply,
     )
     from models import DotMHA
@@ -288,11 +288,13 @@ def test_the_operator_forms_match_dense_independent_constructions(biases):
                           cols((T.flatten(2) @ D1.mT).reshape(T.shape)), atol=1e-12)
     assert torch.allclose(delta1_transpose(layer, parts, Lam), (Lam.flatten(2) @ D1).reshape(Lam.shape),
                           atol=1e-12)
-    tokens = torch.tensor([[3, 0, 3, 4, 1, 2], [1, 1, 4, 0, 2, 3]])  # [B, k]
+    tokens = torch.tensor([[3, 0, 3, 4, 1, 2], [1, 1, 4, 0, 2, 3]])  # [B, K]: directions in one token each
+    gamma = r(B, d, K)
+    one = torch.zeros(B, n, d, K, dtype=torch.float64)
+    one.scatter_(1, tokens[:, None, None, :].expand(B, 1, d, K), gamma[:, None])
     for M, logits in ((J, True), (D1, False)):
-        blocks = M.reshape(B, n, d, n, d)
-        want = torch.stack([blocks[b][:, :, tokens[b]] for b in range(B)])  # [B, n, d, k, d]
-        assert torch.allclose(token_columns(layer, parts, tokens, logits), want, atol=1e-12)
+        want = (M @ one.flatten(1, 2)).reshape(one.shape)
+        assert torch.allclose(sparse_apply(layer, parts, gamma, tokens, logits), want, atol=1e-12)
 
 
 def test_the_relaxation_holds_every_unit():
@@ -484,25 +486,28 @@ def test_a_misclassified_image_gets_no_pass():
 
 
 @pytest.mark.parametrize("refine", [False, True])
-def test_layerprojects_groups_cross_attention_by_their_tokens_columns_as_by_the_operator(refine):
-    """The groups LayerProject makes (ρ·I at one token) are mapped through attention by the Jacobian's
-    columns at their tokens (``DeviationSet.mixed`` with ``token``): the same set as all columns
-    through the operator, to rounding, with groups of an earlier block (mixed already) beside them."""
-    from bounds.network.taylor_net import attention_parts, jacobian_apply, project, token_columns
+def test_directions_in_one_token_cross_attention_as_through_the_operator(refine):
+    """Columns that move one token (the pixels' in block 0, new symbols, LayerProject's groups) are
+    mapped through attention by ``sparse_apply`` (``DeviationSet.mixed`` with ``sparse``): the same set
+    as all columns through the operator, to rounding, with columns of an earlier block (mixed already)
+    beside them."""
+    from bounds.network.taylor_net import attention_parts, jacobian_apply, project, sparse_apply
 
     net, _ = load_vit(ZOO / "digits-d32-b3-h2-c0.5-q1-m0.003.safetensors")
     x, y = first_test_images("digits", net, 4)
     tn = TaylorNet(net, x.double(), y)
     stages = tn.stages(0.1, log=[] if refine else None, refine=refine)
-    S = project(stages[2][1], tn.raw[1], net.cfg.R, 0.1, 1, every=refine)[0]  # block 1's LayerProject
-    assert S.at is not None and (S.at >= 0).all(0).any() and (S.at < 0).all(0).any()
-    layer, X = tn.layers[1], tn.inputs[1]
-    parts = attention_parts(layer, X)
-    fn = lambda T: jacobian_apply(layer, parts, T)
-    a, b = S.mixed(fn, lambda t: token_columns(layer, parts, t)), S.mixed(fn)
-    for f in ("G", "A", "Q", "c"):
-        torch.testing.assert_close(getattr(a, f), getattr(b, f), rtol=0, atol=1e-12)
-    assert a.at is None
+    second = project(stages[2][1], tn.raw[1], net.cfg.R, 0.1, 1, every=refine)[0]  # block 1's LayerProject
+    for k, S in ((0, stages[0][1]), (1, second)):
+        layer, X = tn.layers[k], tn.inputs[k]
+        parts = attention_parts(layer, X)
+        cols = torch.cat([S.G, S.A, S.Q.flatten(-2)], -1).ne(0).any(2).sum(1).le(1).all(0)
+        assert cols.any() and (k == 0 or not cols.all())  # block 1 has mixed columns beside new ones
+        fn = lambda T, layer=layer, parts=parts: jacobian_apply(layer, parts, T)
+        one = lambda g, t, layer=layer, parts=parts: sparse_apply(layer, parts, g, t)
+        a, b = S.mixed(fn, one), S.mixed(fn)
+        for f in ("G", "A", "Q", "c"):
+            torch.testing.assert_close(getattr(a, f), getattr(b, f), rtol=0, atol=1e-12)
 
 
 def test_layerprojects_rank_one_map_is_the_dense_per_token_map():

@@ -217,10 +217,10 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     idx, radius = symbols(grouped, err - first)
     _, caps = symbols(grouped, r**2)
     out = out.with_groups(f"project{k}", columns(idx, radius[..., None, None] * eye, n, d),
-                          torch.where(caps > 0, caps, 1.0), whole**2, at=idx)
+                          torch.where(caps > 0, caps, 1.0), whole**2)
     idx, radius = symbols(wild, r)
     out = out.with_groups(f"project{k}_wild", columns(idx, radius[..., None, None] * eye, n, d),
-                          torch.ones_like(radius), at=idx)
+                          torch.ones_like(radius))
     # the other tokens: ‖e‖_F ≤ (Σ_t K_t² ‖Δ_t‖⁴)^½ ≤ max_t K_t · ‖Δ‖_F² (they share the ball's budget)
     K = torch.where(grouped | off, 0.0, (err - first) / r.clamp_min(torch.finfo(raw.dtype).tiny) ** 2)
     smooth = torch.minimum((K * r**2).norm(dim=-1), K.amax(-1) * whole**2) + first.norm(dim=-1)
@@ -274,17 +274,15 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     J = None
     if split != "taylor":
         out = S.mixed(lambda T: jacobian_apply(layer, parts, T, logits=False),
-                      lambda t: token_columns(layer, parts, t, logits=False))
+                      lambda g, t: sparse_apply(layer, parts, g, t, logits=False))
         rest = delta2_xi(layer, X, r, factor=0.5 if split == "lofast_half" else 1.0)
     else:
         if N <= DENSE_J:  # small layers: one matrix product with the dense Jacobian is faster
             J = dot_jacobian(layer, X)
-            B, n, d = X.shape
-            blocks = J.reshape(B, n, d, n, d)
-            out = S.mixed(lambda T: (J @ T.flatten(1, 2)).reshape(T.shape),
-                          lambda t: blocks.gather(3, t[:, None, None, :, None].expand(B, n, d, -1, d)))
+            out = S.mixed(lambda T: (J @ T.flatten(1, 2)).reshape(T.shape))
         else:
-            out = S.mixed(lambda T: jacobian_apply(layer, parts, T), lambda t: token_columns(layer, parts, t))
+            out = S.mixed(lambda T: jacobian_apply(layer, parts, T),
+                          lambda g, t: sparse_apply(layer, parts, g, t))
         rest = remainder(layer, X, r, quadratic=quadratic, cache=cache)
     bound = jacobian_bound(layer, X, parts, J, logits=split == "taylor")
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
@@ -345,43 +343,45 @@ def jacobian_apply(layer: DotMHA, parts: dict[str, Tensor], T: Tensor, logits: b
     return out + layer.H_norm * T if layer.H_norm else out
 
 
-def token_columns(layer: DotMHA, parts: dict[str, Tensor], tokens: Tensor, logits: bool = True) -> Tensor:
-    """J_F(X)'s columns at the input tokens ``tokens`` [B, k]: [B, n, d, k, d], block j the Jacobian
-    ∂F(X)/∂X_t (t = tokens[:, j]) with the output token and coordinate first (docs/bounds.md §5.1, "A
-    token's columns"). With Γ = e_t aᵀ only row t of ΓW moves, so per head l, with q = Q_l W^K_lᵀ/√d_h,
-    u = K_l W^Q_lᵀ/√d_h, V = X W^V_l and v̄ = P_l V (a value bias cancels, as in :func:`jacobian_apply`):
+def sparse_apply(layer: DotMHA, parts: dict[str, Tensor], gamma: Tensor, tokens: Tensor,
+                 logits: bool = True) -> Tensor:
+    """J_F(X)[Γ] for K directions that each move one token: Γ_k = e_t γ_kᵀ with t = tokens[:, k] and
+    γ = gamma [B, d, K]; returns [B, n, d, K] as :func:`jacobian_apply` does (docs/bounds.md §5.1,
+    "Directions in one token"). Only row t of ΓW moves, so per head l, with q = Q_l W^K_lᵀ/√d_h,
+    u = K_l W^Q_lᵀ/√d_h, V = X W^V_l, v̄ = P_l V and Y = V W^O_l, Ȳ = v̄ W^O_l (a value bias cancels):
 
-        P_l Γ W^V_l        row i:  p_it · (W^V_l)_a
-        dP_l[Γ] V          row i:  p_it q_ia (V_t − v̄_i) + δ_it Σ_j p_tj u_ja (V_j − v̄_t)
+        row i:  p_it (γᵀC_l + (q_i·γ)(Y_t − Ȳ_i))  +  δ_it Σ_j p_tj (u_j·γ)(Y_j − Ȳ_t)
 
-    then ·W^O_l, summed over heads, plus H at (t, t). O(h n d d_h) a token where :func:`jacobian_apply`
-    on its d directions costs O(h n² d d_h + n d²·d). Without ``logits`` LoFAST's Δ₁ (the first row)."""
-    P, Qx, Kx, V = parts["P"], parts["Q"], parts["K"], parts["V"]  # [B, h, n, n], [B, h, n, e] ×3
-    B, h, n, e = V.shape
-    k = tokens.shape[1]
-    Pt = P.gather(-1, tokens[:, None, None, :].expand(B, h, n, k))  # [B, h, n(i), k]: p_it
-    # each term reaches W^O before the outer product over (a, f) is formed: an h-sum per entry of the
-    # [n, d, k, d] result, where contracting [.., e, a] with W^O would cost an (h·d_h)-sum per entry
-    out = torch.einsum("bhik,haf->bifka", Pt, layer.C())  # p_it (W^V_l W^O_l)_a
+    summed over heads, plus Hγ at row t. O(h n d K) where :func:`jacobian_apply` costs
+    O(h(n d d_h + n² d_h) + n d²) a direction: the pixels' directions, a ReLU's symbol and a
+    LayerProject error are in one token until attention mixes them. Without ``logits``, Δ₁: the first
+    term's γᵀC_l alone."""
+    P, V = parts["P"], parts["V"]  # [B, h, n, n], [B, h, n, e]
+    B, h, n, _ = P.shape
+    K = tokens.shape[1]
+    Pt = P.gather(-1, tokens[:, None, None, :].expand(B, h, n, K))  # [B, h, i, k]: p_it
+    left = [Pt]
+    right = [torch.einsum("bdk,hdf->bhkf", gamma, layer.C())]  # γᵀC_l
     if logits:
-        root = math.sqrt(e)
-        q = Qx @ layer.W_k.mT / root  # [B, h, n, d]
-        u = Kx @ layer.W_q.mT / root
-        vbar = P @ V  # [B, h, n, e]
-        at = lambda M: M.gather(2, tokens[:, None, :, None].expand(B, h, k, M.shape[-1]))  # rows t
-        spread = at(V)[:, :, None] - vbar[:, :, :, None]  # [B, h, i, k, e]: V_t − v̄_i
-        moved = torch.einsum("bhik,bhike,hef->bhikf", Pt, spread, layer.W_o)  # p_it (V_t − v̄_i) W^O_l
-        out = out + torch.einsum("bhia,bhikf->bifka", q, moved)
-        rows = at(P)  # [B, h, k, j]: p_tj
-        own = torch.einsum("bhkj,bhja,bhje->bhkea", rows, u, V) \
-            - at(vbar)[..., None] * torch.einsum("bhkj,bhja->bhka", rows, u)[:, :, :, None]
-        own = torch.einsum("bhkea,hef->bfka", own, layer.W_o)  # [B, d, k, d], at i = t
-        out = out.scatter_add(1, tokens[:, None, None, :, None].expand(B, 1, *out.shape[2:]), own[:, None])
-    if layer.H_norm:  # H = I: ∂X_t/∂X_t
-        eye = layer.H_norm * torch.eye(out.shape[2], dtype=out.dtype, device=out.device)
-        out = out.scatter_add(1, tokens[:, None, None, :, None].expand(B, 1, *out.shape[2:]),
-                              eye[None, None, :, None, :].expand(B, 1, -1, k, -1).contiguous())
-    return out
+        root = math.sqrt(layer.d_h)
+        q = (parts["Q"] @ layer.W_k.mT / root) @ gamma[:, None]  # [B, h, i, k]: q_i·γ
+        u = (parts["K"] @ layer.W_q.mT / root) @ gamma[:, None]  # [B, h, j, k]: u_j·γ
+        Y = V @ layer.W_o  # [B, h, n, d]
+        Ybar = P @ Y  # v̄ W^O = P_l (V W^O)
+        rows = lambda M: M.gather(2, tokens[:, None, :, None].expand(B, h, K, M.shape[-1]))  # rows t
+        w = Pt * q
+        left += [w]
+        right += [rows(Y)]
+        spread = torch.einsum("bhik,bhif->bifk", w, Ybar)  # Σ_l p_it (q_i·γ) Ȳ_i
+        r = rows(P).mT * u  # [B, h, j, k]: p_tj (u_j·γ)
+        own = torch.einsum("bhjk,bhjf->bfk", r, Y) - torch.einsum("bhk,bhkf->bfk", r.sum(2), rows(Ybar))
+    out = torch.einsum("bhik,bhkf->bifk", torch.cat(left, 1), torch.cat(right, 1)).contiguous()
+    if logits:
+        out -= spread
+    else:
+        own = torch.zeros_like(gamma)
+    own = own + layer.H_norm * gamma  # at row t: H = I moves token t by γ
+    return out.scatter_add_(1, tokens[:, None, None, :].expand(B, 1, *own.shape[1:]), own[:, None])
 
 
 def _logit_part(P: Tensor, Qx: Tensor, Kx: Tensor, V: Tensor, dQ: Tensor, dK: Tensor) -> Tensor:

@@ -47,10 +47,6 @@ class DeviationSet:
     budgets: dict[str, Tensor] = field(default_factory=dict)
     gram: Tensor | None = None
     tok: Tensor | None = None
-    # at [B, k]: the token where group j is ρ·I (its one nonzero block, as LayerProject makes it), −1
-    # where it is not of that form; a map that mixes tokens takes such a group's image from the
-    # map's columns at that token (:meth:`mixed`), not as g directions of its own
-    at: Tensor | None = None
 
     @classmethod
     def ball_of(cls, G: Tensor, radius: Tensor) -> DeviationSet:
@@ -80,8 +76,7 @@ class DeviationSet:
     def only(self, name: str) -> DeviationSet:
         """The set's bookkeeping of the groups of source ``name`` alone (for :meth:`grouped`)."""
         keep = [j for j, g in enumerate(self.groups) if g == name]
-        return replace(self, groups=[name] * len(keep), caps=self.caps[:, keep],
-                       at=None if self.at is None else self.at[:, keep])
+        return replace(self, groups=[name] * len(keep), caps=self.caps[:, keep])
 
     def ball(self) -> Tensor:
         """Σ_s ρ_s ≥ ‖E‖_F, [B]."""
@@ -137,7 +132,7 @@ class DeviationSet:
         c = torch.einsum("bnde,bne->bnd", L, self.c) + (0 if shift is None else shift)
         gram = None if self.gram is None else L @ self.gram @ L.mT
         return replace(self, G=L @ self.G, A=L @ self.A, Q=torch.einsum("bnde,bnekg->bndkg", L, self.Q),
-                       c=c, gram=gram, at=None)
+                       c=c, gram=gram)
 
     def rank_one(self, scale: Tensor, coef: Tensor, u: Tensor, shift: Tensor) -> DeviationSet:
         """:meth:`per_token` for L_t = scale_t·I + coef_t·u_t u_tᵀ (scale, coef [B, n], u [B, n, d]), as
@@ -157,53 +152,47 @@ class DeviationSet:
             gram = (s[..., None] ** 2 * self.gram + (s * c)[..., None] * (uw + uw.mT)
                     + (c**2 * (u[..., None, :] @ w)[..., 0])[..., None] * u[..., None] * u[..., None, :])
         c_new = apply(self.c[..., None])[..., 0] + shift
-        return replace(self, G=apply(self.G), A=apply(self.A), Q=apply(self.Q), c=c_new, gram=gram, at=None)
+        return replace(self, G=apply(self.G), A=apply(self.A), Q=apply(self.Q), c=c_new, gram=gram)
 
     def mixed(self, fn: Callable[[Tensor], Tensor],
-              token: Callable[[Tensor], Tensor] | None = None) -> DeviationSet:
+              sparse: Callable[[Tensor, Tensor], Tensor] | None = None) -> DeviationSet:
         """The image under a linear map ``fn`` of [B, n, d, K] (K sets of tokens as columns: those of
-        G, A and Q, and c) that mixes tokens; E's radii are the caller's. Given ``token`` (token
-        indices [B, k] → the map's columns at those input tokens, [B, n, d, k, d]), a group that is
-        ρ·I at one token (:attr:`at`) is mapped as ρ times those columns instead of through ``fn``:
-        LayerProject's groups are d columns each, most of a set's columns on the digits models."""
+        G, A and Q, and c) that mixes tokens; E's radii are the caller's. Given ``sparse`` (the same
+        map for directions that each move one token: their d-vectors [B, d, K'] and tokens [B, K'] →
+        [B, n, d, K']), the columns of G, A and Q after the last that moves two tokens in some image go
+        that way: the pixels' columns, a ReLU's symbol and LayerProject's groups are in one token until
+        a map mixes them, per-token maps keep them there, and new ones are appended after old ones."""
         B, n, d, k, g = self.Q.shape
-        P, m = self.G.shape[-1], self.A.shape[-1]
-        fresh = torch.zeros(k, dtype=torch.bool, device=self.Q.device)
-        if token is not None and self.at is not None and k:
-            fresh = (self.at >= 0).all(0)
-        Q = self.Q[..., ~fresh, :]
-        parts = torch.cat([self.G, self.A, Q.flatten(-2), self.c[..., None]], -1)
-        out = fn(parts)  # one call for every column
-        G, A, Q, c = out.split([P, m, Q.shape[-2] * g, 1], -1)
-        Q = Q.reshape(B, n, d, -1, g)
-        if fresh.any():
-            at = self.at[:, fresh]  # [B, k']
-            own = self.Q[..., fresh, :].gather(1, at[:, None, None, :, None].expand(B, 1, d, -1, g))
-            rho = own[:, 0, 0, :, 0]  # [B, k']: the group is ρ·I at its token
-            mapped = token(at) * rho[:, None, None, :, None]
-            whole = Q.new_empty(B, n, d, k, g)
-            whole[..., fresh, :], whole[..., ~fresh, :] = mapped, Q
-            Q = whole
+        comps = [self.G, self.A, self.Q.reshape(B, n, d, k * g)]
+        cut = [0, 0, 0]  # per part, how many of its last columns move one token
+        if sparse is not None:
+            for i, M in enumerate(comps):
+                if M.shape[-1]:
+                    one = (M.ne(0).any(2).sum(1) <= 1).all(0)  # [K]
+                    cut[i] = int(one.flip(0).cumprod(0).sum())
+        many = torch.cat([M[..., :M.shape[-1] - c] for M, c in zip(comps, cut, strict=True)]
+                         + [self.c[..., None]], -1)
+        outs = fn(many).split([M.shape[-1] - c for M, c in zip(comps, cut, strict=True)] + [1], -1)
+        if any(cut):
+            one = torch.cat([M[..., M.shape[-1] - c:] for M, c in zip(comps, cut, strict=True)], -1)
+            tokens = one.ne(0).any(2).to(torch.uint8).argmax(1)  # [B, K'] (0 for a zero column)
+            mapped = sparse(one.sum(1), tokens).split(cut, -1)  # a column in one token: its vector there
+            outs = [torch.cat([a, b], -1) for a, b in zip(outs[:3], mapped, strict=True)] + [outs[3]]
+        G, A, Q, c = outs
         # E's per-token bounds do not survive a map that mixes tokens: the caller sets them anew
-        return replace(self, G=G, A=A, Q=Q, c=c[..., 0], gram=None, tok=None, at=None)
+        return replace(self, G=G, A=A, Q=Q.reshape(B, n, d, k, g), c=c[..., 0], gram=None, tok=None)
 
     def with_symbols(self, columns: Tensor) -> DeviationSet:
         """The set plus new symbol columns [B, n, d, k]."""
         return replace(self, A=torch.cat([self.A, columns], -1))
 
     def with_groups(self, name: str, columns: Tensor, caps: Tensor,
-                    budget: Tensor | None = None, at: Tensor | None = None) -> DeviationSet:
+                    budget: Tensor | None = None) -> DeviationSet:
         """The set plus new groups [B, n, d, k, g] from source ``name``, their caps [B, k] and, if they
-        share one, their budget [B] (:meth:`grouped`); ``at`` [B, k] where each is ρ·I at one token
-        (:attr:`at`)."""
+        share one, their budget [B] (:meth:`grouped`)."""
         old = self.caps if self.caps is not None else caps.new_ones(caps.shape[0], 0)
         budgets = self.budgets | ({name: budget} if budget is not None else {})
-        B, k = caps.shape
-        none = lambda count: caps.new_full((B, count), -1, dtype=torch.long)  # not of that form
-        before = self.at if self.at is not None else none(self.Q.shape[-2])
-        new = at if at is not None else none(k)
         return replace(self, Q=torch.cat([self.Q, columns], -2), caps=torch.cat([old, caps], -1),
-                       at=torch.cat([before, new], -1),
                        groups=[*self.groups, *[name] * columns.shape[-2]], budgets=budgets)
 
     def add_ball(self, name: str, rho: Tensor, per_token: Tensor | None = None) -> DeviationSet:
