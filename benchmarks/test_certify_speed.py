@@ -6,7 +6,8 @@ model, the same first test images and ε = 0.02, as LoFAST's Table 1 reports s/s
         --benchmark-group-by=param:model --benchmark-columns=mean
 
 Each round certifies the images from scratch (the clean trace and every certified norm), so a
-bound's time is its cost on its own; ``extra_info`` holds seconds per image, the share certified and
+bound's time is its cost on its own, after one untimed round for the suite's methods (torch's lazy
+set-up on a process's first call, which a sweep pays once); ``extra_info`` holds seconds per image, the share certified and
 the ratio to one forward + backward pass of the model on the same images (the input gradient of the
 cross-entropy in float64, as the certifier computes: one PGD step), timed right after the method so
 that both see the same load. At the end of the module a table lists every method's s/image and that
