@@ -7,13 +7,14 @@ model, the same first test images and ε = 0.02, as LoFAST's Table 1 reports s/s
 
 Each round certifies the images from scratch (the clean trace and every certified norm), so a
 bound's time is its cost on its own, after one untimed round for the suite's methods (torch's lazy
-set-up on a process's first call, which a sweep pays once); ``extra_info`` holds seconds per image, the share certified and
-the ratio to one forward + backward pass of the model on the same images (the input gradient of the
-cross-entropy in float64, as the certifier computes: one PGD step), timed right after the method so
-that both see the same load. At the end of the module a table lists every method's s/image and that
-ratio, one run for all. The Fashion-MNIST model needs Debian's dataset-fashion-mnist. α-CROWN beyond
-the 1-block model needs ``BENCH_HEAVY=1``: on the 3-block digits model one image ran out of 20 GB
-(CROWN alone takes ≈ 90 s an image on the Fashion-MNIST one). docs/crown.md has the numbers.
+set-up on a process's first call, which a sweep pays once); ``extra_info`` holds seconds per image,
+the share certified and the ratio to one forward + backward pass of the model on the same images (the
+input gradient of the cross-entropy in float64, as the certifier computes: one PGD step), timed right
+after the method so that both see the same load. At the end of the module a table lists every
+method's s/image and that ratio, one run for all. The Fashion-MNIST model needs Debian's
+dataset-fashion-mnist. α-CROWN beyond the 1-block model needs ``BENCH_HEAVY=1``: on the 3-block
+digits model one image ran out of 20 GB (CROWN alone takes ≈ 90 s an image on the Fashion-MNIST
+one). docs/crown.md has the numbers.
 """
 
 from __future__ import annotations

@@ -527,3 +527,29 @@ def test_layerprojects_rank_one_map_is_the_dense_per_token_map():
     a, b = S.rank_one(scale, coef, u, shift), S.per_token(L, shift)
     for f in ("G", "A", "Q", "c", "gram"):
         torch.testing.assert_close(getattr(a, f), getattr(b, f), rtol=0, atol=1e-13)
+
+
+def test_a_chunk_with_many_symbols_sends_the_rest_one_at_a_time(monkeypatch):
+    """The first pass takes CPU_CHUNK images at once on the digits models, and once a chunk made
+    more than CHUNK_SYMBOLS symbols in one image the rest one at a time; the certificate is the same
+    as one image at a time throughout, to rounding."""
+    import bounds.network.taylor_net as module
+
+    net, _ = load_vit(ONE_BLOCK)
+    x, y = first_test_images("digits", net, 20)
+    x = x.double()
+    tn = TaylorNet(net, x, y)
+    assert tn.chunk == module.CPU_CHUNK
+    sizes = []
+    real = tn._once
+    tn._once = lambda eps, images, split, refine: (sizes.append((refine, len(images))),
+                                                   real(eps, images, split, refine))[1]
+    monkeypatch.setattr(module, "CHUNK_SYMBOLS", 0)
+    c = tn.certify(0.05)
+    first = [k for refine, k in sizes if not refine]
+    assert first[0] == module.CPU_CHUNK and set(first[1:]) == {1}
+    alone = TaylorNet(net, x, y)
+    alone.chunk = 1
+    a = alone.certify(0.05)
+    assert torch.equal(c.certified, a.certified)
+    torch.testing.assert_close(c.lower, a.lower, rtol=1e-12, atol=1e-12)

@@ -584,6 +584,10 @@ def delta1_transpose(layer: DotMHA, parts: dict[str, Tensor], Lam: Tensor) -> Te
 # unstable neurons an image, their counts far apart). Measured (docs/bounds.md §5.1, "Chunks"):
 CPU_CHUNK = 8
 CPU_CHUNK_ND = 512
+# ... and while the sets stay small: once a chunk's first pass made more symbols than this in one
+# image (LoFAST's uncapped recipe model, ≈ 2,050 at ε 0.02, where a chunk was 1.1–1.5× slower; the
+# margin models' 30–480 at ε ≤ 0.05, where it was 1.0–1.4× faster), the rest go one at a time
+CHUNK_SYMBOLS = 1024
 
 
 def _key(images: slice | Tensor) -> tuple:
@@ -656,13 +660,18 @@ class TaylorNet:
         diags, done = [], []
         per = torch.zeros(B, dtype=torch.float64)
         with torch.no_grad():
-            for images in todo.split(self.chunk) if len(todo) else ():
+            size, at = self.chunk, 0
+            while at < len(todo):
+                images = todo[at:at + size]
+                at += len(images)
                 start = time.perf_counter()
                 # first without the remainder's quadratic form (its eigenproblems are 3–5× the rest
                 # of a pass on the Fashion-MNIST models, and it changed no verdict of this pass on
                 # the 3-block one; docs/bounds.md §5.1, "Refined ranges")
                 low, ok, certified, diag = self._once(eps, images, split, refine=False)
                 per[images.cpu()] = (time.perf_counter() - start) / len(images)
+                if size > 1 and int((sum(diag.unstable) + sum(diag.straddling)).max()) > CHUNK_SYMBOLS:
+                    size = 1  # a large set: the rest one image at a time (CPU_CHUNK)
                 # images left uncertified again, with the quadratic form and every unit's range refined
                 # by the backward pass: it costs two functionals per unstable unit through every stage
                 # before it, so only where the cheap pass did not suffice. Each margin takes the better
