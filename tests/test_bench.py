@@ -276,8 +276,9 @@ def test_the_allocator_setting_is_made_on_glibc_and_can_be_declined(monkeypatch)
 
 
 # a thread that allocates, touches and frees 64 MB twenty times: with the suite's setting it faults
-# its pages in about once and reuses them (measured: 32,812 faults, two allocations' pages); with an
-# arena of its own it faults them in again and again (163,930), as the Dask workers' task threads did
+# its pages in a few times and reuses them (measured: 24,620–49,188 faults, 1.5–3.0 allocations'
+# pages, the most in a CI run beside nothing else); with an arena of its own it faults them in again
+# and again (163,930, ten allocations' pages), as the Dask workers' task threads did
 _THREAD_FAULTS = """
 import resource, sys, threading, torch
 sys.path.insert(0, sys.argv[1])
@@ -302,4 +303,4 @@ def test_a_worker_thread_reuses_freed_memory_instead_of_faulting_it_in_again():
                           text=True, env={**os.environ, "BENCH_MALLOC": ""}, timeout=120)
     assert done.returncode == 0, done.stderr
     pages = (8 << 20) * 8 // resource.getpagesize()  # one allocation's pages
-    assert int(done.stdout) < 3 * pages, (int(done.stdout), pages)
+    assert int(done.stdout) < 5 * pages, (int(done.stdout), pages)  # half the faults without it
