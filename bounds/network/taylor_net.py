@@ -107,31 +107,24 @@ class Diagnostics:
     def scattered(self, rows: Tensor, base: Diagnostics) -> Diagnostics:
         """``base`` with its rows ``rows`` [k] replaced by these diagnostics (of k images); a source
         missing from one counts 0."""
-        put = lambda b, v: b.index_put((rows,), v)
-        zero, own = torch.zeros_like(base.margin), torch.zeros_like(self.margin)
-        names = list(dict.fromkeys([*base.remainders, *self.remainders]))
-        both = base.backward is not None and self.backward is not None
-        backward = put(base.backward, self.backward) if both else None
-        return Diagnostics(put(base.margin, self.margin), put(base.first_order, self.first_order),
-                           put(base.kinks, self.kinks),
-                           {k: put(base.remainders.get(k, zero), self.remainders.get(k, own)) for k in names},
-                           [put(b, v) for b, v in zip(base.unstable, self.unstable, strict=True)],
-                           [put(b, v) for b, v in zip(base.straddling, self.straddling, strict=True)],
-                           backward)
+        return base._merged(self, lambda b, v: b.index_put((rows,), v))
 
     def where(self, mask: Tensor, other: Diagnostics) -> Diagnostics:
         """Per image, these diagnostics where ``mask`` [B] holds, ``other``'s elsewhere (a source
         missing from one counts 0)."""
-        pick = lambda a, b: torch.where(mask, a, b)
-        zero = torch.zeros_like(self.margin)
+        return self._merged(other, lambda a, b: torch.where(mask, a, b))
+
+    def _merged(self, other: Diagnostics, f: Callable[[Tensor, Tensor], Tensor]) -> Diagnostics:
+        """``f`` of these diagnostics' and ``other``'s, field by field (a source missing from one counts
+        0 there; ``backward`` None where either has none)."""
+        rem = lambda d, k: d.remainders.get(k, torch.zeros_like(d.margin))
         names = list(dict.fromkeys([*self.remainders, *other.remainders]))
-        return Diagnostics(pick(self.margin, other.margin), pick(self.first_order, other.first_order),
-                           pick(self.kinks, other.kinks),
-                           {k: pick(self.remainders.get(k, zero), other.remainders.get(k, zero))
-                            for k in names},
-                           [pick(a, b) for a, b in zip(self.unstable, other.unstable, strict=True)],
-                           [pick(a, b) for a, b in zip(self.straddling, other.straddling, strict=True)],
-                           pick(self.backward, other.backward))
+        both = self.backward is not None and other.backward is not None
+        return Diagnostics(f(self.margin, other.margin), f(self.first_order, other.first_order),
+                           f(self.kinks, other.kinks), {k: f(rem(self, k), rem(other, k)) for k in names},
+                           [f(a, b) for a, b in zip(self.unstable, other.unstable, strict=True)],
+                           [f(a, b) for a, b in zip(self.straddling, other.straddling, strict=True)],
+                           f(self.backward, other.backward) if both else None)
 
 
 @dataclass

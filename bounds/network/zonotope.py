@@ -165,17 +165,18 @@ class DeviationSet:
         B, n, d, k, g = self.Q.shape
         comps = [self.G, self.A, self.Q.reshape(B, n, d, k * g)]
         cut = [0, 0, 0]  # per part, how many of its last columns move one token
-        if sparse is not None:
-            for i, M in enumerate(comps):
-                if M.shape[-1]:
-                    one = (M.ne(0).any(2).sum(1) <= 1).all(0)  # [K]
-                    cut[i] = int(one.flip(0).cumprod(0).sum())
+        moved = [M.ne(0).any(2) for M in comps] if sparse is not None else []  # [B, n, K]: tokens moved
+        for i, m in enumerate(moved):
+            if m.shape[-1]:
+                one = (m.sum(1) <= 1).all(0)  # [K]
+                cut[i] = int(one.flip(0).cumprod(0).sum())
         many = torch.cat([M[..., :M.shape[-1] - c] for M, c in zip(comps, cut, strict=True)]
                          + [self.c[..., None]], -1)
         outs = fn(many).split([M.shape[-1] - c for M, c in zip(comps, cut, strict=True)] + [1], -1)
         if any(cut):
             one = torch.cat([M[..., M.shape[-1] - c:] for M, c in zip(comps, cut, strict=True)], -1)
-            tokens = one.ne(0).any(2).to(torch.uint8).argmax(1)  # [B, K'] (0 for a zero column)
+            at = torch.cat([m[..., m.shape[-1] - c:] for m, c in zip(moved, cut, strict=True)], -1)
+            tokens = at.to(torch.uint8).argmax(1)  # [B, K'] (0 for a zero column)
             mapped = sparse(one.sum(1), tokens).split(cut, -1)  # a column in one token: its vector there
             outs = [torch.cat([a, b], -1) for a, b in zip(outs[:3], mapped, strict=True)] + [outs[3]]
         G, A, Q, c = outs
