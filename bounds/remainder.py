@@ -390,7 +390,7 @@ def _nan_inf(t: Tensor) -> Tensor:
 
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
               quadratic: bool | None = None, cache: dict | None = None,
-              negligible: Tensor | None = None) -> Tensor:
+              negligible: Tensor | None = None, enough: Tensor | None = None) -> Tensor:
     """A certified bound of ‖F(X+Γ) − F(X) − J_F(X)[Γ]‖_F over ‖Γ‖_F ≤ r, [B]: each head's share by
     the smallest of :func:`global_remainder`, :func:`local_remainder` and
     :func:`first_order_remainder` (each bounds the same head's term, docs/bounds.md §2.3.1–2.3.3),
@@ -399,10 +399,15 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
     (h·n²) is no larger than the Jacobian's (n·d), which ``taylor`` pays anyway; False never, True
     up to QUAD_LIMIT. ``core`` as in :func:`global_remainder`, ``cache`` as in
     :func:`quadratic_remainder`. ``negligible`` [B]: the quadratic remainder is computed only at the
-    inputs where the others exceed it (``bounds.taylor.negligible_remainder``)."""
+    inputs where the others exceed it (``bounds.taylor.negligible_remainder``). ``enough`` [B]: where
+    the global bound is at most this at every input and ``quadratic`` is not True, the global bound
+    alone (the others' row quantities cost 2–3× it; ``taylor_net``'s first pass, where the remainder
+    is negligible beside its first order: docs/bounds.md §5, "What a network certificate skips")."""
     core = xi(layer, X) if core is None else core
-    rows = _rows(layer, X, radius(eps, X)[:, None, None])  # what the three bounds share
     glob = global_remainder(layer, X, eps, core)
+    if enough is not None and not quadratic and bool((glob.sum(-1) <= enough).all()):
+        return glob.sum(-1)
+    rows = _rows(layer, X, radius(eps, X)[:, None, None])  # what the three bounds share
     local = _nan_inf(local_remainder(layer, X, eps, rows) + ROUND_ABS * glob)
     first = _nan_inf(first_order_remainder(layer, X, eps, core, rows) + ROUND_ABS * glob)
     out = torch.minimum(torch.minimum(glob, local), first).sum(-1)

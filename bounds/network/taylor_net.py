@@ -51,7 +51,7 @@ from ..certificates import gram_norm
 from ..lofast import delta2_xi, xi
 from ..remainder import remainder
 from .propagated import check_certifiable
-from .zonotope import DeviationSet, columns, relu_relaxation, symbols
+from .zonotope import DeviationSet, along_u, columns, relu_relaxation, symbols
 
 # Room for float64 rounding, relative to the magnitudes of the margin and of every term of its loss:
 # the set is pushed through ≤ a few dozen products of inner size ≤ 10⁴ (each off by ≤ 10⁴·u relative to
@@ -60,6 +60,10 @@ ROUND = 1e-9
 # A straddling token needs its radius below its clean norm (the decomposition's remainder blows up at
 # the origin); beyond it the token is bounded by LayerProject's 1-Lipschitz property alone.
 SAFE = 0.999
+# the share of the first order (‖J‖·r) below which attention's global remainder is taken as it is,
+# without the local and first-order ones (docs/bounds.md §5, "What a network certificate skips"): on
+# the margin-trained digits models it is 2e-6 of it at ε 0.02, the local one 6× smaller still
+NEGLIGIBLE = 1e-5
 # the largest n·d for which attention's Jacobian is formed densely: applied as one matrix product,
 # its norm bounded from its entries too and E kept per token through its d×d blocks. Beyond it the
 # Jacobian is applied as an operator (:func:`jacobian_apply`): at n·d = 512 (the digits models) that is
@@ -139,7 +143,8 @@ class NetCertificate:
 
 def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
             log: list | None = None, refine: Refine | None = None,
-            every: bool = False) -> tuple[DeviationSet, Tensor]:
+            every: bool = False, radii: tuple[Tensor, Tensor] | None = None,
+            span: Tensor | None = None) -> tuple[DeviationSet, Tensor]:
     """LayerProject p(x) = x·min(1, R/‖x‖) on the set (docs/bounds.md §5.1), per token with clean
     input x₀ = ν·u, radial change a = uᵀΔ and radius r ≥ ‖Δ‖:
 
@@ -154,14 +159,18 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     r ≥ ν is bounded by LayerProject's 1-Lipschitz property alone (Δp = e, ‖e‖ ≤ r). Straddling
     tokens' errors (with ``every``, every token's outside the sphere) are groups of their own sharing
     the ball's budget (:meth:`DeviationSet.grouped`), the other tokens' one Frobenius ball. Returns the
-    set and the straddling tokens per image."""
-    r = S.token_radii(eps)  # [B, n]
-    whole = S.radius(eps, r)
+    set and the straddling tokens per image. ``radii``: the set's token radii [B, n] and radius [B]
+    where the caller has them (the first block's input set is the same for every image). ``span``
+    [n, d, m]: where each token's deviation lies in the range of these columns (the first block's,
+    the patch's pixels through the embedding), each error lies in span{u_t} + that range and its group
+    has m + 1 columns in place of d (:func:`error_frame`)."""
+    r, whole = radii if radii is not None else (S.token_radii(eps), None)  # [B, n]
+    whole = S.radius(eps, r) if whole is None else whole
     nu = raw.norm(dim=-1)  # [B, n]
     u = raw / nu.clamp_min(torch.finfo(raw.dtype).tiny)[..., None]
     inside = nu + r <= R
     wild = ~inside & (r >= SAFE * nu)  # the decomposition needs r < ν
-    a_G = torch.einsum("bnd,bndp->bnp", u, S.G)
+    a_G = along_u(u, S.G)
     a_A = torch.einsum("bnd,bndm->bnm", u, S.A)
     a_Q = torch.einsum("bnd,bndkg->bnkg", u, S.Q)
     a_mid = (u * S.c).sum(-1)
@@ -199,7 +208,8 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     scale, coef = torch.where(wild, 0.0, scale), torch.where(wild, 0.0, coef)
 
     eye = torch.eye(d, dtype=raw.dtype, device=raw.device)
-    out = S.rank_one(scale, coef, u, -beta[..., None] * u)  # L_t = scale·I + coef·uuᵀ
+    # L_t = scale·I + coef·uuᵀ; the Gram is not carried: attention, next, mixes the tokens
+    out = replace(S, gram=None).rank_one(scale, coef, u, -beta[..., None] * u)
     idx, mu = symbols(straddle, half)
     along = u.gather(1, idx[..., None].expand(-1, -1, d))
     out = out.with_symbols(columns(idx, -mu[..., None] * along, n, d))
@@ -207,16 +217,22 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     # on the zoo's tokens, and is kept apart from it in the smooth ball below
     first = torch.where(use_t | off, 0.0, (nu - R).clamp_min(0) * r / Rp)
     grouped = ~off if every else straddle
+    # each group's error ball in its frame's columns (R^d, or the first block's span), and the part of
+    # the error the frame can miss by rounding (κ of its size), which joins the smooth ball below
+    frame, kappa = error_frame(u, span, grouped | wild)
+    pick = lambda idx: frame.gather(1, idx[..., None, None].expand(-1, -1, *frame.shape[2:]))
     idx, radius = symbols(grouped, err - first)
     _, caps = symbols(grouped, r**2)
-    out = out.with_groups(f"project{k}", columns(idx, radius[..., None, None] * eye, n, d),
+    out = out.with_groups(f"project{k}", columns(idx, radius[..., None, None] * pick(idx), n, d),
                           torch.where(caps > 0, caps, 1.0), whole**2)
     idx, radius = symbols(wild, r)
-    out = out.with_groups(f"project{k}_wild", columns(idx, radius[..., None, None] * eye, n, d),
+    out = out.with_groups(f"project{k}_wild", columns(idx, radius[..., None, None] * pick(idx), n, d),
                           torch.ones_like(radius))
+    miss = kappa * torch.where(wild, r, torch.where(grouped, err - first, 0.0))  # [B, n]
     # the other tokens: ‖e‖_F ≤ (Σ_t K_t² ‖Δ_t‖⁴)^½ ≤ max_t K_t · ‖Δ‖_F² (they share the ball's budget)
     K = torch.where(grouped | off, 0.0, (err - first) / r.clamp_min(torch.finfo(raw.dtype).tiny) ** 2)
-    smooth = torch.minimum((K * r**2).norm(dim=-1), K.amax(-1) * whole**2) + first.norm(dim=-1)
+    smooth = (torch.minimum((K * r**2).norm(dim=-1), K.amax(-1) * whole**2) + first.norm(dim=-1)
+              + miss.norm(dim=-1))
     if log is not None:  # what the backward pass needs (:func:`backward`)
         sign = torch.where(use_t, -1.0, 1.0).to(raw.dtype)
         lo = torch.where(use_t, tangential_lo, radial_lo)
@@ -235,8 +251,58 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     # per token, a smooth token's error is its own err (a grouped token's second-order part and a wild
     # token's are groups; a grouped token's first-order part stays here, at its token); E crosses the
     # linear part at ‖L_t‖ ≤ 1 as it does in norm
-    own = torch.where(grouped | off, first, err)
+    own = torch.where(grouped | off, first, err) + miss
     return replace(out.add_ball(f"project{k}", smooth, own), route=whole), straddle.sum(-1)
+
+
+# the largest κ (the rounding part of an error a frame can miss, relative to the error) for which the
+# first block's groups take their span's frame; beyond it (u nearly in the patch's range, a zero token)
+# the whole batch keeps R^d. On the zoo's models κ is about 1e-13
+FRAME_KAPPA = 1e-8
+
+
+def patch_span(embed: Tensor) -> Tensor | None:
+    """The columns [n, d, m] whose range holds each first-block token's deviation: the nonzero columns
+    of the pixels-to-tokens map G₀ = ``embed`` [n, d, P] at each token (its patch's pixels), scaled to
+    unit norm; None where the tokens' patches differ in size or m + 1 ≥ d (no columns to save)."""
+    live = embed.abs().amax(1) > 0  # [n, P]
+    m = live.sum(-1)
+    if not len(m) or bool((m != m[0]).any()) or int(m[0]) + 1 >= embed.shape[1]:
+        return None
+    order = torch.argsort((~live).to(torch.int8), dim=-1, stable=True)[:, :int(m[0])]  # [n, m]
+    cols = embed.gather(2, order[:, None, :].expand(-1, embed.shape[1], -1))
+    return cols / cols.norm(dim=1, keepdim=True)
+
+
+def error_frame(u: Tensor, span: Tensor | None, need: Tensor) -> tuple[Tensor, Tensor]:
+    """Per token, columns F_t [B, n, d, g] and κ_t [B, n] such that every error e of LayerProject at
+    that token is F_t η + m with ‖η‖ ≤ ‖e‖ and ‖m‖ ≤ κ_t‖e‖ (docs/bounds.md §5.1, "The first block's
+    errors in their span"): the identity (κ = 0) without ``span``; with it, the error lies in
+    V_t = span{u_t} + range(span_t), since p(x) − p(x₀), the linear part and the ReLU's term all lie in
+    span{u, Δ}, and F_t = ‖Bᵀ_t‖·B_t with B_t an orthonormal basis of V_t from a QR (m + 1 columns in
+    place of d). Rounding makes range(B_t) miss V_t slightly: κ_t ≥ ‖(I − BBᵀ)A‖_F/σ_min(A) for A =
+    [u | span_t], with both sides' rounding bounded. Where a token of ``need`` [B, n] has κ_t above
+    :data:`FRAME_KAPPA` (A nearly singular) every token takes the identity."""
+    B, n, d = u.shape
+    eye = torch.eye(d, dtype=u.dtype, device=u.device).expand(B, n, d, d)
+    if span is None or not bool(need.any()):
+        return eye, u.new_zeros(B, n)
+    A = torch.cat([u[..., None], span.expand(B, n, d, -1)], -1)  # [B, n, d, m]
+    m = A.shape[-1]
+    basis = torch.linalg.qr(A).Q
+    unit = torch.finfo(u.dtype).eps / 2
+    grow = gram_norm(basis.mT @ basis)  # ≥ ‖B_t‖₂
+    fro = A.square().sum((-2, -1)).sqrt()
+    # (I − BBᵀ)A as computed, and a bound of its rounding: each entry of BᵀA and B(BᵀA) is a dot product
+    # of ≤ d terms, off by ≤ d·u times the sum of its terms' magnitudes (Higham, Thm 3.5)
+    miss = (A - basis @ (basis.mT @ A)).square().sum((-2, -1)).sqrt()
+    miss = (miss + 4 * (d + m) * unit * (1 + m * grow**2) * fro) * (1 + 2 * (d * m + 2) * unit)
+    # σ_min(A)² from below: the Gram's rounding (≤ d·u‖A‖_F² entrywise sum) and eigvalsh's backward error
+    low = torch.linalg.eigvalsh(A.mT @ A)[..., 0] - 16 * (d + m) * unit * fro**2
+    kappa = torch.where(low > 0, miss / low.clamp_min(torch.finfo(u.dtype).tiny).sqrt(), math.inf)
+    if bool((need & ~(kappa <= FRAME_KAPPA)).any()):
+        return eye, u.new_zeros(B, n)
+    return basis * grow[..., None, None], kappa
 
 
 # how attention is split into a linear part and a remainder (docs/bounds.md §5.1, "what the attention
@@ -276,8 +342,11 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
         else:
             out = S.mixed(lambda T: jacobian_apply(layer, parts, T),
                           lambda g, t: sparse_apply(layer, parts, g, t))
-        rest = remainder(layer, X, r, quadratic=quadratic, cache=cache)
+        parts["xi"] = xi(layer, X)  # ξ_l: the remainder's core and the Jacobian bound's, formed once
     bound = jacobian_bound(layer, X, parts, J, logits=split == "taylor")
+    if split == "taylor":
+        rest = remainder(layer, X, r, core=parts["xi"], quadratic=quadratic, cache=cache,
+                         enough=NEGLIGIBLE * bound * r)
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
                   tok=_mix_tokens(layer, parts, J, S.tok, split))
     if log is not None:
@@ -353,8 +422,13 @@ def sparse_apply(layer: DotMHA, parts: dict[str, Tensor], gamma: Tensor, tokens:
     B, h, n, _ = P.shape
     K = tokens.shape[1]
     Pt = P.gather(-1, tokens[:, None, None, :].expand(B, h, n, K))  # [B, h, i, k]: p_it
-    left = [Pt]
-    right = [torch.einsum("bdk,hdf->bhkf", gamma, layer.C())]  # γᵀC_l
+    # the result is built in its own layout [B, i, f, k] by one multiply-add per head and term: a
+    # contraction over the h heads as one einsum was a batch of tiny products and a copy into this
+    # layout, 3× slower on the digits models' sets (K ≈ 200 columns)
+    CT = layer.C().mT @ gamma[:, None]  # [B, h, f, k]: γᵀC_l
+    out = Pt[:, 0, :, None, :] * CT[:, 0, None]
+    for head in range(1, h):
+        out.addcmul_(Pt[:, head, :, None, :], CT[:, head, None])
     if logits:
         root = math.sqrt(layer.d_h)
         q = (parts["Q"] @ layer.W_k.mT / root) @ gamma[:, None]  # [B, h, i, k]: q_i·γ
@@ -362,15 +436,13 @@ def sparse_apply(layer: DotMHA, parts: dict[str, Tensor], gamma: Tensor, tokens:
         Y = V @ layer.W_o  # [B, h, n, d]
         Ybar = P @ Y  # v̄ W^O = P_l (V W^O)
         rows = lambda M: M.gather(2, tokens[:, None, :, None].expand(B, h, K, M.shape[-1]))  # rows t
-        w = Pt * q
-        left += [w]
-        right += [rows(Y)]
-        spread = torch.einsum("bhik,bhif->bifk", w, Ybar)  # Σ_l p_it (q_i·γ) Ȳ_i
+        w = Pt * q  # [B, h, i, k]: p_it (q_i·γ)
+        Yt = rows(Y).mT.contiguous()  # [B, h, f, k]: Y_t
+        for head in range(h):  # + p_it (q_i·γ)(Y_t − Ȳ_i)
+            out.addcmul_(w[:, head, :, None, :], Yt[:, head, None])
+            out.addcmul_(w[:, head, :, None, :], Ybar[:, head, :, :, None], value=-1)
         r = rows(P).mT * u  # [B, h, j, k]: p_tj (u_j·γ)
         own = torch.einsum("bhjk,bhjf->bfk", r, Y) - torch.einsum("bhk,bhkf->bfk", r.sum(2), rows(Ybar))
-    out = torch.einsum("bhik,bhkf->bifk", torch.cat(left, 1), torch.cat(right, 1)).contiguous()
-    if logits:
-        out -= spread
     else:
         own = torch.zeros_like(gamma)
     own = own + layer.H_norm * gamma  # at row t: H = I moves token t by γ
@@ -393,11 +465,13 @@ def jacobian_bound(layer: DotMHA, X: Tensor, parts: dict[str, Tensor], J: Tensor
     """A deterministic upper bound of ‖J_F(X)‖ from exact factors (and, given the dense J, the smaller
     of that and (‖J‖₁‖J‖_∞)^½), [B]:
     ``‖H‖ + Σ_l ‖P_l‖‖C_l‖ + Σ_l ½ ξ_l ‖X C_l‖/√d_h`` (‖P_l Γ C_l‖_F ≤ ‖P_l‖‖Γ‖_F‖C_l‖; softmax's Jacobian
-    is ½-bounded row by row, §2.2, so ‖dP_l[Γ]‖_F ≤ ½‖dS_l‖_F ≤ ½ξ_l‖Γ‖_F/√d_h)."""
+    is ½-bounded row by row, §2.2, so ‖dP_l[Γ]‖_F ≤ ½‖dS_l‖_F ≤ ½ξ_l‖Γ‖_F/√d_h). ξ_l is ``parts["xi"]``
+    where :func:`attention` formed it."""
     P = gram_norm(parts["P"].mT @ parts["P"])  # [B, h]
     bound = layer.H_norm + (P * layer.C_norm()).sum(-1)  # ≥ ‖Δ₁‖ (LoFAST eq. 12), all of it without logits
     if logits:
-        bound = bound + (0.5 * xi(layer, X) * layer.XC_norm(X)).sum(-1) / math.sqrt(layer.d_h)
+        core = parts["xi"] if "xi" in parts else xi(layer, X)
+        bound = bound + (0.5 * core * layer.XC_norm(X)).sum(-1) / math.sqrt(layer.d_h)
     if J is not None:  # the sum above is loose on saturated heads; (‖J‖₁‖J‖_∞)^½ ≥ ‖J‖₂ is not
         N = J.shape[-1]
         holder = (J.abs().sum(-2).amax(-1) * J.abs().sum(-1).amax(-1)).sqrt() * (1 + N * 2.3e-16)
@@ -405,13 +479,31 @@ def jacobian_bound(layer: DotMHA, X: Tensor, parts: dict[str, Tensor], J: Tensor
     return bound
 
 
+@dataclass
+class Mapped:
+    """A set under a per-token map Δ_t ↦ L_tΔ_t + shift_t not yet applied, with symbol columns ``new``
+    added after it: the last FFN's, which only the margins read, as functionals pulled back through
+    L (:meth:`TaylorNet._margins`), so that the set itself is never mapped (a quarter of a first
+    pass's products on the 1-block digits model). ``S`` holds the set before the map with E's radii,
+    route and per-token bounds of after it; :meth:`formed` is the set after it."""
+
+    S: DeviationSet
+    L: Tensor  # [B, n, d, d]
+    shift: Tensor  # [B, n, d]
+    new: Tensor  # [B, n, d, m']
+
+    def formed(self) -> DeviationSet:
+        return self.S.per_token(self.L, self.shift).with_symbols(self.new)
+
+
 def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
-        log: list | None = None, refine: Refine | None = None) -> tuple[DeviationSet, Tensor]:
+        log: list | None = None, refine: Refine | None = None,
+        form: bool = True) -> tuple[DeviationSet | Mapped, Tensor]:
     """``x + W₂ relu(W₁x + b₁) + b₂`` at its clean input Y: each neuron's range from the set (the
     first-order part through the token Grams, ‖(W₁G_t)_i‖² = w_iᵀ G_tG_tᵀ w_i), the unstable ones
     relaxed with a symbol each (:func:`relu_relaxation`); the rest as the per-token map
     I + W₂ diag(λ_t) W₁, which E's radii and the route cross at Lip(FFN) (every slope is in [0, 1]).
-    Returns the set and the unstable neurons per image."""
+    Returns the set (without ``form``, as :class:`Mapped`) and the unstable neurons per image."""
     W1 = block.ffn.up.weight.detach().double()
     b1 = block.ffn.up.bias.detach().double()
     W2 = block.ffn.down.weight.detach().double()
@@ -433,13 +525,12 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
     if log is not None:
         log.append({"kind": "ffn", "W1": W1, "W2": W2, "z0": z0, "lo": lo, "hi": hi})
     L = torch.eye(d, dtype=Y.dtype, device=Y.device) + torch.einsum("dw,bnw,we->bnde", W2, lam, W1)
-    out = S.per_token(L, beta @ W2.T)
     unstable = mu > 0
     idx, coef = symbols(unstable.reshape(B, -1), mu.reshape(B, -1))
-    out = out.with_symbols(columns(idx // w, coef[..., None] * W2.T[idx % w], n, d))
     tok = None if S.tok is None else S.tok * lipschitz  # the FFN acts per token
-    out = replace(out, rho=S.rho * lipschitz, route=S.route * lipschitz, tok=tok)
-    return out, unstable.reshape(B, -1).sum(-1)
+    out = Mapped(replace(S, rho=S.rho * lipschitz, route=S.route * lipschitz, tok=tok), L, beta @ W2.T,
+                 columns(idx // w, coef[..., None] * W2.T[idx % w], n, d))
+    return out.formed() if form else out, unstable.reshape(B, -1).sum(-1)
 
 
 # a callable (functionals [B, C, n, d], their forward ranges lo, hi [B, C]) → tighter (lo, hi): the
@@ -614,10 +705,12 @@ class TaylorNet:
         self.lip = net.ffn_lipschitz()
         self.embed = net.pixel_map().permute(1, 2, 0).contiguous()  # [n, d, P]: G₀, pixels to tokens
         self.embed_norm = net.embedding_norm()  # the tokens' ball: ‖E‖ε (a permutation, then E)
+        self.span = patch_span(self.embed)  # where the first block's deviations lie, per token
         # per block and batch slice, the remainder's parts that depend on the clean tokens alone
         # (two eigenproblems of four): computed at the first ε that needs them, reused at the others
         self.clean_parts: dict[tuple, dict] = {}
         self.done: dict[tuple[float, str], NetCertificate] = {}  # the certificates made, per (ε, split)
+        self.entry: dict[float, tuple[Tensor, Tensor]] = {}  # per ε, :meth:`_entry_radii`
         n, d = X.shape[-2:]
         self.chunk = max(1, len(labels)) if self.logits.is_cuda else CPU_CHUNK if n * d <= CPU_CHUNK_ND else 1
 
@@ -724,19 +817,21 @@ class TaylorNet:
 
     def _once(self, eps: float, images: slice | Tensor, split: str, refine: bool):
         log: list = []
-        stages = self.stages(eps, images, log, refine, split)
+        stages = self.stages(eps, images, log, refine, split, form=False)
         unstable = [count for name, _, count in stages if name.startswith("ffn")]
         straddling = [count for name, _, count in stages if name.startswith("project")]
         return self._margins(stages[-1][1], eps, unstable, straddling, images, log)
 
     def stages(self, eps: float, images: slice | Tensor = slice(None), log: list | None = None,
-               refine: bool = False, split: str = "taylor") -> list[tuple[str, DeviationSet, Tensor | None]]:
+               refine: bool = False, split: str = "taylor",
+               form: bool = True) -> list[tuple[str, DeviationSet | Mapped, Tensor | None]]:
         """The deviation set after every stage (``project<k>``, ``attention<k>``, ``ffn<k>``) with the
         stage's count of relaxed units (straddling tokens, unstable neurons; None for attention), for
         the ``images`` of the batch; ``log`` (a list) receives what :func:`backward` needs, and with
         ``refine`` the ranges of the units that can cross a kink are intersected with the backward
         pass's over the stages before them (docs/bounds.md §5.1); attention's remainder takes its
-        quadratic form (``bounds.remainder.remainder``) with ``refine`` only."""
+        quadratic form (``bounds.remainder.remainder``) with ``refine`` only. Without ``form`` the
+        last FFN's set is left :class:`Mapped` (what :meth:`_margins` reads)."""
         B = len(self.labels[images])
         n, d, P = self.embed.shape
         like = self.logits[images]
@@ -744,17 +839,30 @@ class TaylorNet:
         out = []
         refine = self._refiner(log, eps) if log is not None and refine else None
         for k, block in enumerate(self.net.blocks):
+            entry = tuple(t.expand(B, *t.shape[1:]) for t in self._entry_radii(eps)) if k == 0 else None
             S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log, refine if k else None,
-                           every=refine is not None)
+                           every=refine is not None, radii=entry, span=self.span if k == 0 else None)
             out.append((f"project{k}", S, s))
             # the quadratic form of the remainder costs h·n²-wide eigenproblems: the second pass only
             S = attention(S, self.layers[k], self.inputs[k][images], k, log, split,
                           quadratic=refine is not None,
                           cache=self.clean_parts.setdefault((k, *_key(images)), {}))
             out.append((f"attention{k}", S, None))
-            S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine)
+            last = k == len(self.net.blocks) - 1
+            S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine, form or not last)
             out.append((f"ffn{k}", S, u))
         return out
+
+    def _entry_radii(self, eps: float) -> tuple[Tensor, Tensor]:
+        """The first block's input set's token radii [1, n] and radius [1] at ``eps``: that set, the
+        pixels' ball through the embedding, is the same for every image, so its Grams and their
+        eigenvalues are computed once per ε, not per image."""
+        key = float(eps)
+        if key not in self.entry:
+            S = DeviationSet.ball_of(self.embed[None], self.logits.new_full((1,), self.embed_norm * eps))
+            r = S.token_radii(eps)
+            self.entry[key] = (r, S.radius(eps, r))
+        return self.entry[key]
 
     def _refiner(self, log: list, eps: float) -> Refine:
         """:data:`Refine` over the stages logged so far: each functional's range of ⟨c, Δ⟩ from the
@@ -766,19 +874,29 @@ class TaylorNet:
             return torch.maximum(lo, both[:, :k]), torch.minimum(hi, -both[:, k:])
         return refine
 
-    def _margins(self, S: DeviationSet, eps: float, unstable, straddling, images: slice | Tensor,
+    def _margins(self, S: DeviationSet | Mapped, eps: float, unstable, straddling, images: slice | Tensor,
                  log: list):
         W = self.net.head_matrix()
-        n = S.c.shape[1]
         y = self.labels[images]
         logits = self.logits[images]
+        mapped = S if isinstance(S, Mapped) else None
+        S = S.S if mapped else S
+        n = S.c.shape[1]
         rows = (W[y][:, None, :] - W[None]) / n  # [B, C, d]: the functional per token of m_j
-        first = eps * torch.einsum("bcd,bndp->bcp", rows, S.G).norm(dim=-1)
-        kinks = torch.einsum("bcd,bndm->bcm", rows, S.A).abs().sum(-1)
-        shift = torch.einsum("bcd,bnd->bc", rows, S.c)
         fro = rows.norm(dim=-1) * math.sqrt(n)  # ‖c_j‖_F over the n tokens
         balls = fro[..., None] * S.rho[:, None, :]  # [B, C, S]
-        groups = torch.einsum("bcd,bndkg->bckg", rows, S.Q).norm(dim=-1)  # [B, C, k]
+        if mapped is None:
+            first = eps * torch.einsum("bcd,bndp->bcp", rows, S.G).norm(dim=-1)
+            kinks = torch.einsum("bcd,bndm->bcm", rows, S.A).abs().sum(-1)
+            shift = torch.einsum("bcd,bnd->bc", rows, S.c)
+            groups = torch.einsum("bcd,bndkg->bckg", rows, S.Q).norm(dim=-1)  # [B, C, k]
+        else:  # ⟨c, L_tΔ_t + shift_t⟩ = ⟨L_tᵀc, Δ_t⟩ + ⟨c, shift_t⟩: per token, through the map
+            F = torch.einsum("bnde,bcd->bcne", mapped.L, rows)  # [B, C, n, d]
+            first = eps * torch.einsum("bcnd,bndp->bcp", F, S.G).norm(dim=-1)
+            kinks = (torch.einsum("bcnd,bndm->bcm", F, S.A).abs().sum(-1)
+                     + torch.einsum("bcd,bndm->bcm", rows, mapped.new).abs().sum(-1))
+            shift = torch.einsum("bcnd,bnd->bc", F, S.c) + torch.einsum("bcd,bnd->bc", rows, mapped.shift)
+            groups = torch.einsum("bcnd,bndkg->bckg", F, S.Q).norm(dim=-1)
         names = list(dict.fromkeys(S.sources + S.groups))
         of = lambda name: [j for j, s in enumerate(S.groups) if s == name]
         balls = torch.stack([balls[..., [i for i, s in enumerate(S.sources) if s == name]].sum(-1)
