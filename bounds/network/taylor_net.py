@@ -442,7 +442,7 @@ def sparse_apply(layer: DotMHA, parts: dict[str, Tensor], gamma: Tensor, tokens:
             out.addcmul_(w[:, head, :, None, :], Yt[:, head, None])
             out.addcmul_(w[:, head, :, None, :], Ybar[:, head, :, :, None], value=-1)
         r = rows(P).mT * u  # [B, h, j, k]: p_tj (u_j·γ)
-        own = torch.einsum("bhjk,bhjf->bfk", r, Y) - torch.einsum("bhk,bhkf->bfk", r.sum(2), rows(Ybar))
+        own = (Y.mT @ r).sum(1) - (r.sum(2)[..., None] * rows(Ybar)).sum(1).mT  # [B, f, k]
     else:
         own = torch.zeros_like(gamma)
     own = own + layer.H_norm * gamma  # at row t: H = I moves token t by γ
@@ -643,13 +643,16 @@ def transpose_apply(layer: DotMHA, X: Tensor, J: Tensor | None, Lam: Tensor,
         return (Lam.flatten(2) @ J).reshape(Lam.shape)
     parts = attention_parts(layer, X) if parts is None else parts
     P, Qx, Kx, V = (parts[k][:, None] for k in ("P", "Q", "K", "V"))  # [B, 1, h, n, ·]
-    Y = torch.einsum("bcnf,hef->bchne", Lam, layer.W_o)
+    B, C, n, _ = Lam.shape
+    h, e = layer.h, layer.d_h
+    Y = (Lam @ parts["W_o"].mT).reshape(B, C, n, h, e).transpose(2, 3)  # [B, C, h, n, e]: Λ W^O_lᵀ
     Z = Y @ V.mT  # [B, C, h, n, n]
     G = P * (Z - (P * Z).sum(-1, keepdim=True))
-    dS = (G @ Kx, G.mT @ Qx)  # the coefficients of Γ W^Q and Γ W^K
-    out = torch.einsum("bchne,hde->bcnd", P.mT @ Y, layer.W_v)
-    out = out + (torch.einsum("bchne,hde->bcnd", dS[0], layer.W_q)
-                 + torch.einsum("bchne,hde->bcnd", dS[1], layer.W_k)) / math.sqrt(layer.d_h)
+    root = math.sqrt(e)
+    # the coefficients of Γ W^Q, Γ W^K and Γ W^V, through every head's weights in one product
+    # ([W^Q | W^K | W^V] stacked as [d, 3·h·d_h], attention_parts)
+    coef = torch.stack([G @ Kx / root, G.mT @ Qx / root, P.mT @ Y], 2)  # [B, C, 3, h, n, e]
+    out = coef.permute(0, 1, 4, 2, 3, 5).reshape(B, C, n, 3 * h * e) @ parts["W"].mT
     return out + layer.H_norm * Lam if layer.H_norm else out
 
 
@@ -892,7 +895,8 @@ class TaylorNet:
             groups = torch.einsum("bcd,bndkg->bckg", rows, S.Q).norm(dim=-1)  # [B, C, k]
         else:  # ⟨c, L_tΔ_t + shift_t⟩ = ⟨L_tᵀc, Δ_t⟩ + ⟨c, shift_t⟩: per token, through the map
             F = torch.einsum("bnde,bcd->bcne", mapped.L, rows)  # [B, C, n, d]
-            first = eps * torch.einsum("bcnd,bndp->bcp", F, S.G).norm(dim=-1)
+            B, C = F.shape[:2]  # one product of [C, n·d] and [n·d, P] (an einsum copied G first)
+            first = eps * (F.reshape(B, C, -1) @ S.G.reshape(B, -1, S.G.shape[-1])).norm(dim=-1)
             kinks = (torch.einsum("bcnd,bndm->bcm", F, S.A).abs().sum(-1)
                      + torch.einsum("bcd,bndm->bcm", rows, mapped.new).abs().sum(-1))
             shift = torch.einsum("bcnd,bnd->bc", F, S.c) + torch.einsum("bcd,bnd->bc", rows, mapped.shift)
