@@ -485,15 +485,25 @@ class Mapped:
     added after it: the last FFN's, which only the margins read, as functionals pulled back through
     L (:meth:`TaylorNet._margins`), so that the set itself is never mapped (a quarter of a first
     pass's products on the 1-block digits model). ``S`` holds the set before the map with E's radii,
-    route and per-token bounds of after it; :meth:`formed` is the set after it."""
+    route and per-token bounds of after it; L_t = I + W₂ diag(λ_t) W₁ is never formed either
+    (:meth:`pull`); :meth:`formed` is the set after the map."""
 
     S: DeviationSet
-    L: Tensor  # [B, n, d, d]
+    W1: Tensor  # [w, d]
+    W2: Tensor  # [d, w]
+    lam: Tensor  # [B, n, w]: the neurons' slopes
     shift: Tensor  # [B, n, d]
     new: Tensor  # [B, n, d, m']
 
+    def pull(self, c: Tensor) -> Tensor:
+        """L_tᵀc at every token for functionals c [B, C, d]: c + W₁ᵀ diag(λ_t) W₂ᵀc, [B, C, n, d]."""
+        return c[:, :, None, :] + ((c @ self.W2)[:, :, None, :] * self.lam[:, None]) @ self.W1
+
     def formed(self) -> DeviationSet:
-        return self.S.per_token(self.L, self.shift).with_symbols(self.new)
+        d = self.W1.shape[-1]
+        L = torch.eye(d, dtype=self.lam.dtype, device=self.lam.device) + torch.einsum(
+            "dw,bnw,we->bnde", self.W2, self.lam, self.W1)
+        return self.S.per_token(L, self.shift).with_symbols(self.new)
 
 
 def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
@@ -508,7 +518,10 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
     b1 = block.ffn.up.bias.detach().double()
     W2 = block.ffn.down.weight.detach().double()
     z0 = Y @ W1.T + b1  # [B, n, w]
-    first = torch.einsum("wd,bnde,we->bnw", W1, S.token_grams(), W1).clamp_min(0).sqrt()
+    if form or S.gram is not None:  # the Gram per token is kept for the next block's radii
+        first = torch.einsum("wd,bnde,we->bnw", W1, S.token_grams(), W1).clamp_min(0).sqrt()
+    else:  # the last block: ‖(W₁G_t)_i‖ from W₁G_t itself, 2/3 of the Gram's products
+        first = torch.linalg.vector_norm(torch.einsum("wd,bndp->bnwp", W1, S.G), dim=-1)
     zA = torch.einsum("wd,bndm->bnwm", W1, S.A)
     zQ = torch.einsum("wd,bndkg->bnwkg", W1, S.Q)
     zc = S.c @ W1.T
@@ -524,12 +537,11 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
     lam, beta, mu = relu_relaxation(z0, lo, hi)
     if log is not None:
         log.append({"kind": "ffn", "W1": W1, "W2": W2, "z0": z0, "lo": lo, "hi": hi})
-    L = torch.eye(d, dtype=Y.dtype, device=Y.device) + torch.einsum("dw,bnw,we->bnde", W2, lam, W1)
     unstable = mu > 0
     idx, coef = symbols(unstable.reshape(B, -1), mu.reshape(B, -1))
     tok = None if S.tok is None else S.tok * lipschitz  # the FFN acts per token
-    out = Mapped(replace(S, rho=S.rho * lipschitz, route=S.route * lipschitz, tok=tok), L, beta @ W2.T,
-                 columns(idx // w, coef[..., None] * W2.T[idx % w], n, d))
+    out = Mapped(replace(S, rho=S.rho * lipschitz, route=S.route * lipschitz, tok=tok), W1, W2, lam,
+                 beta @ W2.T, columns(idx // w, coef[..., None] * W2.T[idx % w], n, d))
     return out.formed() if form else out, unstable.reshape(B, -1).sum(-1)
 
 
@@ -894,7 +906,7 @@ class TaylorNet:
             shift = torch.einsum("bcd,bnd->bc", rows, S.c)
             groups = torch.einsum("bcd,bndkg->bckg", rows, S.Q).norm(dim=-1)  # [B, C, k]
         else:  # ⟨c, L_tΔ_t + shift_t⟩ = ⟨L_tᵀc, Δ_t⟩ + ⟨c, shift_t⟩: per token, through the map
-            F = torch.einsum("bnde,bcd->bcne", mapped.L, rows)  # [B, C, n, d]
+            F = mapped.pull(rows)  # [B, C, n, d]
             B, C = F.shape[:2]  # one product of [C, n·d] and [n·d, P] (an einsum copied G first)
             first = eps * (F.reshape(B, C, -1) @ S.G.reshape(B, -1, S.G.shape[-1])).norm(dim=-1)
             kinks = (torch.einsum("bcnd,bndm->bcm", F, S.A).abs().sum(-1)

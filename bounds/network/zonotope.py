@@ -173,14 +173,27 @@ class DeviationSet:
             if m.shape[-1]:
                 one = (m.sum(1) <= 1).all(0)  # [K]
                 cut[i] = int(one.flip(0).cumprod(0).sum())
-        many = torch.cat([M[..., :M.shape[-1] - c] for M, c in zip(comps, cut, strict=True)]
-                         + [self.c[..., None]], -1)
-        outs = list(fn(many).split([M.shape[-1] - c for M, c in zip(comps, cut, strict=True)] + [1], -1))
-        for i, (M, m, c) in enumerate(zip(comps, moved, cut, strict=True) if moved else ()):
-            if c:  # each part's one-token columns on their own: no copy of the whole set into one
-                tokens = m[..., -c:].to(torch.uint8).argmax(1)  # [B, c] (0 for a zero column)
-                mapped = sparse(M[..., -c:].sum(1), tokens)  # a column in one token: its vector there
-                outs[i] = torch.cat([outs[i], mapped], -1) if outs[i].shape[-1] else mapped
+        widths = [M.shape[-1] - c for M, c in zip(comps, cut, strict=True)]  # the columns that mix
+        # c is the sum of its tokens' one-token vectors: where every other column moves one token it
+        # takes the closed form too (n columns, summed), and ``fn`` is not called at all
+        alone = sparse is not None and not any(widths)
+        if alone:
+            outs = [M[..., :0] for M in comps] + [None]
+        else:
+            many = torch.cat([M[..., :w] for M, w in zip(comps, widths, strict=True)]
+                             + [self.c[..., None]], -1)
+            outs = list(fn(many).split([*widths, 1], -1))
+        if any(cut) or alone:  # every one-token column in one call; each part a view of its output
+            gamma = [M[..., w:].sum(1) for M, w in zip(comps, widths, strict=True)]  # its vector there
+            tokens = [m[..., w:].to(torch.uint8).argmax(1) for m, w in zip(moved, widths, strict=True)]
+            if alone:
+                gamma.append(self.c.mT)
+                tokens.append(torch.arange(n, device=self.c.device).expand(B, n))
+            mapped = sparse(torch.cat(gamma, -1), torch.cat(tokens, -1)).split([*cut, n][:len(gamma)], -1)
+            for i in range(3):
+                outs[i] = torch.cat([outs[i], mapped[i]], -1) if outs[i].shape[-1] else mapped[i]
+            if alone:
+                outs[3] = mapped[3].sum(-1, keepdim=True)
         G, A, Q, c = outs
         # E's per-token bounds do not survive a map that mixes tokens: the caller sets them anew
         return replace(self, G=G, A=A, Q=Q.reshape(B, n, d, k, g), c=c[..., 0], gram=None, tok=None)
