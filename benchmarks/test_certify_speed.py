@@ -3,15 +3,15 @@ LoFAST (‖M‖), Taylor, best and taylor_net (§5.1) against CROWN and α-CROWN
 model, the same first test images and ε = 0.02, as LoFAST's Table 1 reports s/sample.
 
     pytest benchmarks/test_certify_speed.py --benchmark-enable --benchmark-only \\
-        --benchmark-group-by=param:model --benchmark-columns=mean
+        --benchmark-group-by=param:model --benchmark-columns=median
 
 Each round certifies the images from scratch (the clean trace and every certified norm), so a
 bound's time is its cost on its own, after one untimed round for the suite's methods (torch's lazy
-set-up on a process's first call, which a sweep pays once), whose time is the median of
-``SUITE_ROUNDS`` rounds (CROWN's, seconds an image, one round); ``extra_info`` holds seconds per image,
-the share certified and the ratio to one forward + backward pass of the model on the same images (the
-input gradient of the cross-entropy in float64, as the certifier computes: one PGD step), timed right
-after the method so that both see the same load. At the end of the module a table lists every
+set-up on a process's first call, which a sweep pays once), whose time is the median of the rounds
+that fill about ``SUITE_SECONDS`` (CROWN's, seconds an image, one round); ``extra_info`` holds seconds
+per image, the share certified and the ratio to one forward + backward pass of the model on the same
+images (the input gradient of the cross-entropy in float64, as the certifier computes: one PGD step),
+timed right after the method so that both see the same load. At the end of the module a table lists every
 method's s/image and that ratio, one run for all. The Fashion-MNIST model needs Debian's
 dataset-fashion-mnist. α-CROWN beyond the 1-block model needs ``BENCH_HEAVY=1``: on the 3-block
 digits model one image ran out of 20 GB (CROWN alone takes ≈ 90 s an image on the Fashion-MNIST
@@ -20,6 +20,7 @@ one). docs/crown.md has the numbers.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -51,7 +52,11 @@ MODELS = {"digits-d32-b1": ("digits-d32-b1-h2-c0.5-q1-m0.003", "digits", 8),
 ALPHA_FITS = {"digits-d32-b1"}
 SUITE = ["lofast_M", "taylor", "best", "taylor_net"]
 FWD_BWD_REPEATS = 5  # the forward + backward pass is milliseconds: the median of a few
-SUITE_ROUNDS = 5  # the suite's methods are timed over this many rounds, their median taken
+# the suite's methods are timed over rounds filling about SUITE_SECONDS (at most SUITE_ROUNDS), their
+# median taken: a round of the 1-block model is ≈ 40 ms, and this box's load moved five consecutive
+# ones between 31 and 56 ms; CROWN's one round is seconds, long enough to average the load itself
+SUITE_SECONDS = 2.0
+SUITE_ROUNDS = 50
 # (model, method) → (s/image, forward + backward s/image, share certified), for the closing table
 RESULTS: dict[tuple[str, str], tuple[float, float, float]] = {}
 
@@ -120,12 +125,12 @@ def test_certify_speed(benchmark, model, method):
     # one untimed round first for the suite's methods: their first call in a process pays torch's lazy
     # set-up (≈ 6 ms an image on the 1-block model, about half of a round), which a sweep pays once
     # over all its images; CROWN's rounds are seconds an image, and its set-up is part of each
-    warm = 1 if method in SUITE else 0
-    # the suite's methods: the median of SUITE_ROUNDS rounds (a round of the 1-block model is ≈ 40 ms,
-    # which this box's load moves by ±30 % from one second to the next); CROWN's one round is seconds
-    rounds = SUITE_ROUNDS if method in SUITE else 1
-    certified = benchmark.pedantic(run, args=(net, X, y, method), rounds=rounds, iterations=1,
-                                   warmup_rounds=warm)
+    rounds = 1
+    if method in SUITE:  # the untimed round; then rounds over ≈ SUITE_SECONDS, their median taken
+        start = time.perf_counter()
+        run(net, X, y, method)
+        rounds = max(3, min(SUITE_ROUNDS, math.ceil(SUITE_SECONDS / (time.perf_counter() - start))))
+    certified = benchmark.pedantic(run, args=(net, X, y, method), rounds=rounds, iterations=1)
     per, base = benchmark.stats.stats.median / len(X), forward_backward(net, X, y)
     share = float(certified.double().mean())
     benchmark.extra_info.update(images=len(X), eps=EPS, certified=share, seconds_per_image=per,
