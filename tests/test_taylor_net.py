@@ -640,3 +640,24 @@ def test_the_frame_certifies_at_least_what_every_direction_does(monkeypatch):
     assert bool((framed.certified | ~plain.certified).all())
     both = torch.isfinite(framed.lower) & torch.isfinite(plain.lower)
     assert float((framed.lower - plain.lower)[both].median()) > 0
+
+
+def test_the_first_blocks_radii_from_each_patchs_columns():
+    """The first block's token radii and radius come from each patch's m nonzero columns of G₀ (its
+    Gram block diagonal by token): at least ε‖G_t‖₂ and ε·min(‖E‖, ‖G₀‖₂) from dense SVDs, and within
+    rounding of the generic d×d and P×P Grams."""
+    from bounds.network.zonotope import DeviationSet
+
+    net, _ = load_vit(ONE_BLOCK)
+    x, y = first_test_images("digits", net, 2)
+    tn = TaylorNet(net, x.double(), y)
+    for eps in (0.02, 0.1):
+        r, whole = tn._entry_radii(eps)
+        dense = eps * torch.linalg.matrix_norm(tn.embed, ord=2)  # [n]: ε‖G_t‖₂
+        assert bool((r[0] >= dense).all()) and float((r[0] / dense).max()) < 1 + 1e-12
+        full = eps * torch.linalg.matrix_norm(tn.embed.reshape(-1, tn.embed.shape[-1]), ord=2)
+        assert float(whole) >= min(float(full), tn.embed_norm * eps) * (1 - 1e-15)
+        S = DeviationSet.ball_of(tn.embed[None], torch.full((1,), tn.embed_norm * eps, dtype=torch.float64))
+        generic = S.token_radii(eps)
+        torch.testing.assert_close(r, generic, rtol=1e-12, atol=0)
+        torch.testing.assert_close(whole, S.radius(eps, generic), rtol=1e-12, atol=0)

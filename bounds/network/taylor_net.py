@@ -207,7 +207,6 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     coef = torch.where(use_t, -R / nu + lam, -lam)
     scale, coef = torch.where(wild, 0.0, scale), torch.where(wild, 0.0, coef)
 
-    eye = torch.eye(d, dtype=raw.dtype, device=raw.device)
     # L_t = scale·I + coef·uuᵀ; the Gram is not carried: attention, next, mixes the tokens
     out = replace(S, gram=None).rank_one(scale, coef, u, -beta[..., None] * u)
     idx, mu = symbols(straddle, half)
@@ -237,11 +236,11 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
         sign = torch.where(use_t, -1.0, 1.0).to(raw.dtype)
         lo = torch.where(use_t, tangential_lo, radial_lo)
         hi = torch.where(use_t, tangential_hi, radial_hi)
-        base = torch.where(use_t, R / nu, 1.0)
-        uu = u[..., :, None] * u[..., None, :]
-        L = base[..., None, None] * (eye - torch.where(use_t, 1.0, 0.0)[..., None, None] * uu)
-        L = torch.where(wild[..., None, None], 0.0, L)
-        log.append({"kind": "project", "name": f"project{k}", "L": L, "u": u, "sign": sign,
+        # the linear part L_t = base_t·(I − [tangential]·u_tu_tᵀ) (0 at a wild token), symmetric, kept
+        # as its two scalars: the backward pass applies it through u_tᵀΛ_t, O(d) a functional
+        base = torch.where(wild, 0.0, torch.where(use_t, R / nu, 1.0))
+        log.append({"kind": "project", "name": f"project{k}", "base": base, "tangent": use_t.to(raw.dtype),
+                    "u": u, "sign": sign,
                     "z0": sign * (nu - R),
                     "lo": lo, "hi": hi, "relu": ~off,
                     "second": torch.where(off, 0.0, err - first),
@@ -261,16 +260,25 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
 FRAME_KAPPA = 1e-8
 
 
-def patch_span(embed: Tensor) -> Tensor | None:
-    """The columns [n, d, m] whose range holds each first-block token's deviation: the nonzero columns
-    of the pixels-to-tokens map G₀ = ``embed`` [n, d, P] at each token (its patch's pixels), scaled to
-    unit norm; None where the tokens' patches differ in size or m + 1 ≥ d (no columns to save)."""
+def patch_columns(embed: Tensor) -> Tensor | None:
+    """The nonzero columns [n, d, m] of the pixels-to-tokens map G₀ = ``embed`` [n, d, P] at each token
+    (its patch's pixels), where every pixel moves one token at most and every token m pixels; else
+    None."""
     live = embed.abs().amax(1) > 0  # [n, P]
     m = live.sum(-1)
-    if not len(m) or bool((m != m[0]).any()) or int(m[0]) + 1 >= embed.shape[1]:
+    if not len(m) or bool((m != m[0]).any()) or bool((live.sum(0) > 1).any()):
         return None
     order = torch.argsort((~live).to(torch.int8), dim=-1, stable=True)[:, :int(m[0])]  # [n, m]
-    cols = embed.gather(2, order[:, None, :].expand(-1, embed.shape[1], -1))
+    return embed.gather(2, order[:, None, :].expand(-1, embed.shape[1], -1))
+
+
+def patch_span(embed: Tensor) -> Tensor | None:
+    """The columns [n, d, m] whose range holds each first-block token's deviation: its patch's
+    columns (:func:`patch_columns`) scaled to unit norm; None where there are none or m + 1 ≥ d (no
+    columns to save)."""
+    cols = patch_columns(embed)
+    if cols is None or cols.shape[-1] + 1 >= embed.shape[1]:
+        return None
     return cols / cols.norm(dim=1, keepdim=True)
 
 
@@ -638,7 +646,9 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float,
                 split[rec["name"]] = charge
             mag = mag + (gam * b).abs().sum(-1) + charge
             radial = (gam * s * rec["sign"][:, None])[..., None] * u
-            Lam = torch.einsum("bnde,bcne->bcnd", rec["L"], Lam) + radial
+            # L_tᵀΛ_t = base_t·(Λ_t − [tangential]·u_t(u_tᵀΛ_t)), and u_tᵀΛ_t = −γ_t
+            along = (rec["tangent"][:, None] * gam)[..., None] * u
+            Lam = rec["base"][:, None, :, None] * (Lam + along) + radial
     first = eps * torch.einsum("bcnd,ndp->bcp", Lam, embed).norm(dim=-1)
     if split is not None:
         split["first_order"] = first
@@ -871,12 +881,20 @@ class TaylorNet:
     def _entry_radii(self, eps: float) -> tuple[Tensor, Tensor]:
         """The first block's input set's token radii [1, n] and radius [1] at ``eps``: that set, the
         pixels' ball through the embedding, is the same for every image, so its Grams and their
-        eigenvalues are computed once per ε, not per image."""
+        eigenvalues are computed once per ε, not per image. Where every pixel moves one token
+        (:func:`patch_columns`) G₀ᵀG₀ is block diagonal by token, so ‖G₀‖ = max_t ‖G_t‖ and each ‖G_t‖
+        is the norm of its m nonzero columns: m×m Grams in place of d×d and P×P ones."""
         key = float(eps)
         if key not in self.entry:
-            S = DeviationSet.ball_of(self.embed[None], self.logits.new_full((1,), self.embed_norm * eps))
-            r = S.token_radii(eps)
-            self.entry[key] = (r, S.radius(eps, r))
+            route = self.logits.new_full((1,), self.embed_norm * eps)
+            cols = patch_columns(self.embed)
+            if cols is None:
+                S = DeviationSet.ball_of(self.embed[None], route)
+                r = S.token_radii(eps)
+                self.entry[key] = (r, S.radius(eps, r))
+            else:
+                r = eps * gram_norm(cols.mT @ cols)[None]  # [1, n]
+                self.entry[key] = (r, torch.minimum(route, torch.minimum(r.norm(dim=-1), r.amax(-1))))
         return self.entry[key]
 
     def _refiner(self, log: list, eps: float) -> Refine:
