@@ -162,7 +162,9 @@ class DeviationSet:
         map for directions that each move one token: their d-vectors [B, d, K'] and tokens [B, K'] →
         [B, n, d, K']), the columns of G, A and Q after the last that moves two tokens in some image go
         that way: the pixels' columns, a ReLU's symbol and LayerProject's groups are in one token until
-        a map mixes them, per-token maps keep them there, and new ones are appended after old ones."""
+        a map mixes them, per-token maps keep them there, and new ones are appended after old ones.
+        Where every column moves one token (the first block), c goes that way too, as the sum of its
+        tokens' one-token vectors, and ``fn`` is not called."""
         B, n, d, k, g = self.Q.shape
         comps = [self.G, self.A, self.Q.reshape(B, n, d, k * g)]
         cut = [0, 0, 0]  # per part, how many of its last columns move one token
