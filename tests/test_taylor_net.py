@@ -661,3 +661,11 @@ def test_the_first_blocks_radii_from_each_patchs_columns():
         generic = S.token_radii(eps)
         torch.testing.assert_close(r, generic, rtol=1e-12, atol=0)
         torch.testing.assert_close(whole, S.radius(eps, generic), rtol=1e-12, atol=0)
+
+
+def test_a_one_class_network_is_refused_before_any_work():
+    """Only the classes j ≠ y are bounded: a network with one class has no margin, and is refused."""
+    net = random_vit(0)
+    net.head = torch.nn.Linear(net.head.in_features, 1).double()
+    with pytest.raises(InputError, match="one class"):
+        TaylorNet(net, torch.rand(2, 8, 8, dtype=torch.float64), torch.zeros(2, dtype=torch.long))

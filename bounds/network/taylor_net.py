@@ -711,6 +711,8 @@ class TaylorNet:
         check_certifiable(net)
         if net.head.weight.dtype != torch.float64:
             raise InputError("certify a float64 network (models.load_vit loads one)")
+        if net.head.weight.shape[0] < 2:
+            raise InputError("a network with one class has no margin to certify")
         self.net, self.labels = net, labels
         x = images.to(torch.float64)
         with torch.no_grad():
@@ -915,7 +917,10 @@ class TaylorNet:
         mapped = S if isinstance(S, Mapped) else None
         S = S.S if mapped else S
         n = S.c.shape[1]
-        rows = (W[y][:, None, :] - W[None]) / n  # [B, C, d]: the functional per token of m_j
+        # the classes j ≠ y alone (m_y ≡ 0 needs no bound): [B, C − 1], each image's in order
+        at = torch.arange(W.shape[0] - 1, device=y.device)[None]
+        others = at + (at >= y[:, None])
+        rows = (W[y][:, None, :] - W[others]) / n  # [B, C − 1, d]: the functional per token of m_j
         fro = rows.norm(dim=-1) * math.sqrt(n)  # ‖c_j‖_F over the n tokens
         balls = fro[..., None] * S.rho[:, None, :]  # [B, C, S]
         if mapped is None:
@@ -938,19 +943,21 @@ class TaylorNet:
             if names else balls
         lower = shift - first - kinks - balls.sum(-1)
         own = logits.gather(-1, y[:, None])
-        margins = own - logits
-        slack = ROUND * (own.abs() + logits.abs() + first + kinks + shift.abs() + balls.sum(-1))
+        logits_j = logits.gather(-1, others)
+        margins = own - logits_j
+        slack = ROUND * (own.abs() + logits_j.abs() + first + kinks + shift.abs() + balls.sum(-1))
         # the backward pass over the same ranges: CROWN's slopes per sign, remainders at their own
         # coefficients; each margin takes the better of the two sound bounds
         split: dict[str, Tensor] = {}
         back, mag = backward(log, rows[:, :, None, :].expand(-1, -1, n, -1), self.embed, eps, split)
-        back_slack = ROUND * (own.abs() + logits.abs() + mag)
+        back_slack = ROUND * (own.abs() + logits_j.abs() + mag)
         better = back - back_slack > lower - slack
         lower, slack = torch.where(better, back, lower), torch.where(better, back_slack, slack)
         total = margins + lower
-        ok = (total > slack).scatter(-1, y[:, None], True)
-        certified = ok.all(-1) & (logits.argmax(-1) == y)
-        worst = (total - slack).scatter(-1, y[:, None], math.inf).argmin(-1, keepdim=True)
+        verified = total > slack
+        ok = torch.ones_like(logits, dtype=torch.bool).scatter(-1, others, verified)  # True at j = y
+        certified = verified.all(-1) & (logits.argmax(-1) == y)
+        worst = (total - slack).argmin(-1, keepdim=True)
         pick = lambda T: T.gather(-1, worst)[:, 0]
         # the split of the bound each margin took: the forward set's or the backward pass's
         take = lambda b, f: pick(torch.where(better, b, f))
@@ -961,4 +968,4 @@ class TaylorNet:
                            take(split["kinks"], kinks - shift),
                            {s: take(split.get(s, zero), forward.get(s, zero)) for s in sources},
                            unstable, straddling, pick(better))
-        return lower.scatter(-1, y[:, None], math.inf), ok, certified, diag
+        return torch.full_like(logits, math.inf).scatter(-1, others, lower), ok, certified, diag
