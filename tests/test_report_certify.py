@@ -280,9 +280,12 @@ def test_fig2_on_the_baseline_recounts_the_pairwise_verdicts():
     cert = df[(df["sweep"] == "certify") & (df["role"] == "certify")]
     plot = rc.figure(df)
     assert len(plot.panels) == cert["model"].nunique()
-    names = {n: name_of(n) for n in cert["bound"].unique()}
+    # a merged curve's label may drop its lead's "(this suite)" tag to fit one line (its caption and
+    # ``also`` keep every full name)
+    bare = lambda name: name.removesuffix(" (this suite)")
+    names = {n: bare(name_of(n)) for n in cert["bound"].unique()}
     for p in plot.panels:  # every bound on every panel, once, merged or not
-        labels = [n for t in p.traces[:-1] for n in (t.label.split(" (+")[0], *t.also)]
+        labels = [bare(n) for t in p.traces[:-1] for n in (t.label.split(" (+")[0], *t.also)]
         assert sorted(labels) == sorted(names.values())
         for t in p.traces[:-1]:
             assert all(lo <= y <= hi for lo, y, hi in zip(t.lo, t.y, t.hi, strict=True)), t.label
@@ -359,3 +362,18 @@ def test_an_accuracy_over_fewer_images_says_how_many():
     assert t.loc[name_of("naive"), ["A: certified", "B: certified"]].tolist() == ["0.600", "0.500"]
     t2 = one(TABLES["table2_cascade"](df))[0].set_index("method")
     assert not t2.apply(lambda col: col.astype(str).str.contains("of 5")).any().any()
+
+
+def test_a_merged_curve_too_long_for_one_line_takes_its_shortest_name():
+    """Equal curves are drawn once under the first bound's name and "(+k equal)"; where that runs past
+    one legend line the shortest name leads, and where even that does, without its "(this suite)"
+    tag: the baseline's 2-block margin model, where taylor_net's three other splits tie."""
+    from bench.report.studies.certify_study import LEGEND_CHARS, _label, _lead
+
+    group = ["taylor_net_lofast", "taylor_net_lofast_half", "taylor_net_best"]
+    assert len(name_of(group[0]) + " (+2 equal)") > LEGEND_CHARS
+    led = _lead(group)
+    assert led[0] == "taylor_net_best" and sorted(led) == sorted(group)
+    assert _label(led) == "taylor_net, best split (+2 equal)"
+    assert _label(["naive", "lofast_M"]) == f"{name_of('naive')} (+1 equal)"  # fits: unchanged
+    assert _lead(["naive", "lofast_M"]) == ["naive", "lofast_M"]

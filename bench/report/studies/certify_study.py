@@ -52,6 +52,10 @@ def _above(c: pd.DataFrame, ref: pd.DataFrame) -> str:
     return "; above it, a soundness violation or a finding (docs/bounds.md §6): " + ", ".join(named)
 
 
+# a legend entry's most characters: one line under a panel a third of the page wide
+LEGEND_CHARS = 45
+
+
 def _names(c: pd.DataFrame) -> list[str]:
     return tr.order(c.index.get_level_values("bound"))
 
@@ -63,8 +67,24 @@ def _size(i: int) -> float:
 
 
 def _label(group: list[str]) -> str:
-    """One short line: the first bound's name and how many equal ones it stands for."""
-    return name_of(group[0]) + (f" (+{len(group) - 1} equal)" if len(group) > 1 else "")
+    """One short line: the first bound's name and how many equal ones it stands for; where that is
+    longer than :data:`LEGEND_CHARS`, the name without its "(this suite)" tag (the caption names
+    every bound of the group in full, and the curve's style marks the suite's own)."""
+    more = f" (+{len(group) - 1} equal)" if len(group) > 1 else ""
+    name = name_of(group[0])
+    if len(name + more) > LEGEND_CHARS:
+        name = name.removesuffix(" (this suite)")
+    return name + more
+
+
+def _lead(group: list[str]) -> list[str]:
+    """The group with the bound that names its curve first: the first in the registry's order, or
+    where its name and "(+k equal)" make more than :data:`LEGEND_CHARS` the one with the shortest
+    name (they are equal at every ε: any one stands for the rest)."""
+    if len(name_of(group[0]) + f" (+{len(group) - 1} equal)") <= LEGEND_CHARS:
+        return group
+    lead = min(group, key=lambda b: len(name_of(b)))
+    return [lead, *(b for b in group if b != lead)]
 
 
 def _curves(at: pd.DataFrame, keep=lambda e: True) -> list[tuple[list[str], pd.DataFrame]]:
@@ -73,7 +93,7 @@ def _curves(at: pd.DataFrame, keep=lambda e: True) -> list[tuple[list[str], pd.D
     curves = {b: tuple((e, int(r.k), int(r.n)) for e, r in at.xs(b, level="bound").iterrows())
               for b in _names(at)}
     out = []
-    for group in tr.merged(curves):
+    for group in map(_lead, tr.merged(curves)):
         rows = at.xs(group[0], level="bound").sort_index()
         out.append((group, rows[[keep(e) for e in rows.index]]))
     return out
@@ -95,8 +115,9 @@ def _equal(panels: list[Panel]) -> str:
             parts.append(f"in {p.title.split(' ')[0]} " + "; ".join(merged))
     if not parts:
         return ""
-    return (" Curves equal at every ε of a panel are drawn once, under the first bound's name and "
-            "“(+k equal)”, k the number of others: " + "; ".join(parts) + ".")
+    return (" Curves equal at every ε of a panel are drawn once, under the first bound's name (the "
+            "shortest, where the first's would not fit one line) and “(+k equal)”, k the number of "
+            "others: " + "; ".join(parts) + ".")
 
 
 def _rows_of(panels: list[Panel]) -> tuple[list[list[Panel]], float]:
