@@ -635,7 +635,7 @@ def test_the_frame_certifies_at_least_what_every_direction_does(monkeypatch):
     net, _ = load_vit(ONE_BLOCK)
     x, y = first_test_images("digits", net, 24)
     framed = TaylorNet(net, x.double(), y).certify(0.1)
-    monkeypatch.setattr(module, "patch_span", lambda embed: None)
+    monkeypatch.setattr(module, "patch_span", lambda cols: None)
     plain = TaylorNet(net, x.double(), y).certify(0.1)
     assert bool((framed.certified | ~plain.certified).all())
     both = torch.isfinite(framed.lower) & torch.isfinite(plain.lower)

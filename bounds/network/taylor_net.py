@@ -272,12 +272,11 @@ def patch_columns(embed: Tensor) -> Tensor | None:
     return embed.gather(2, order[:, None, :].expand(-1, embed.shape[1], -1))
 
 
-def patch_span(embed: Tensor) -> Tensor | None:
+def patch_span(cols: Tensor | None) -> Tensor | None:
     """The columns [n, d, m] whose range holds each first-block token's deviation: its patch's
     columns (:func:`patch_columns`) scaled to unit norm; None where there are none or m + 1 ≥ d (no
     columns to save)."""
-    cols = patch_columns(embed)
-    if cols is None or cols.shape[-1] + 1 >= embed.shape[1]:
+    if cols is None or cols.shape[-1] + 1 >= cols.shape[1]:
         return None
     return cols / cols.norm(dim=1, keepdim=True)
 
@@ -732,7 +731,8 @@ class TaylorNet:
         self.lip = net.ffn_lipschitz()
         self.embed = net.pixel_map().permute(1, 2, 0).contiguous()  # [n, d, P]: G₀, pixels to tokens
         self.embed_norm = net.embedding_norm()  # the tokens' ball: ‖E‖ε (a permutation, then E)
-        self.span = patch_span(self.embed)  # where the first block's deviations lie, per token
+        self.patch = patch_columns(self.embed)  # each token's pixels' columns of G₀, where separable
+        self.span = patch_span(self.patch)  # where the first block's deviations lie, per token
         # per block and batch slice, the remainder's parts that depend on the clean tokens alone
         # (two eigenproblems of four): computed at the first ε that needs them, reused at the others
         self.clean_parts: dict[tuple, dict] = {}
@@ -889,7 +889,7 @@ class TaylorNet:
         key = float(eps)
         if key not in self.entry:
             route = self.logits.new_full((1,), self.embed_norm * eps)
-            cols = patch_columns(self.embed)
+            cols = self.patch
             if cols is None:
                 S = DeviationSet.ball_of(self.embed[None], route)
                 r = S.token_radii(eps)
