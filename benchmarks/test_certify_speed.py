@@ -15,7 +15,8 @@ timed right after the method so that both see the same load. At the end of the m
 method's s/image and that ratio, one run for all. The Fashion-MNIST model needs Debian's
 dataset-fashion-mnist. α-CROWN beyond the 1-block model needs ``BENCH_HEAVY=1``: on the 3-block
 digits model one image ran out of 20 GB (CROWN alone takes ≈ 90 s an image on the Fashion-MNIST
-one). docs/crown.md has the numbers.
+one). docs/crown.md has the numbers. ``BENCH_DEVICE=cuda`` times every method on the GPU (the model,
+images and certificates there, float64; each round ends with a synchronize).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ torch.set_num_threads(1)
 keep_freed_memory()  # as python -m bench does: auto_LiRPA's large tensors are reused, not remapped
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
+DEVICE = torch.device(os.environ.get("BENCH_DEVICE", "cpu"))
 EPS = 0.02
 # (file stem, dataset, images): α-CROWN costs ≈ 16 s and 8 GB an image on the 1-block digits model
 MODELS = {"digits-d32-b1": ("digits-d32-b1-h2-c0.5-q1-m0.003", "digits", 8),
@@ -67,7 +69,9 @@ def _table(request):
     yield
     if not RESULTS:
         return
-    lines = [f"certify speed at ε = {EPS} (s/image of the whole batch; {torch.get_num_threads()} thread(s))",
+    threads = f"{torch.get_num_threads()} thread(s)"
+    where = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else threads
+    lines = [f"certify speed at ε = {EPS} (s/image of the whole batch; {where})",
              f"{'model':<18}{'method':<13}{'s/image':>10}{'fwd+bwd s':>12}{'× fwd+bwd':>11}{'certified':>11}"]
     lines += [f"{model:<18}{method:<13}{per:>10.4f}{base:>12.5f}{per / base:>11.1f}{share:>11.2f}"
               for (model, method), (per, base, share) in RESULTS.items()]
@@ -86,18 +90,18 @@ def _images(model: str):
         X, y = first_test_images(dataset, net, n)
     except InputError as e:  # Fashion-MNIST is a Debian package, not a dependency
         pytest.skip(str(e))
-    return net, X.double(), y
+    return net.to(DEVICE), X.to(DEVICE, torch.float64), y.to(DEVICE)
 
 
 def _suite(net, X, y, name: str) -> torch.Tensor:
     if name == "taylor_net":  # its clean trace and every stage from scratch
-        return TaylorNet(net, X, y).certify(EPS).certified
+        return TaylorNet(net, X, y).certify(EPS).certified.cpu()
     with reuse():  # a fresh cache: the certified norms are computed, not taken from another round
-        return Certifier(net, X, y).certify(name, EPS).pairwise
+        return Certifier(net, X, y).certify(name, EPS).pairwise.cpu()
 
 
 def _crown(net, X, y, name: str) -> torch.Tensor:
-    return verify(net, X, y, EPS, name, TracedViT(net)).certified
+    return verify(net, X, y, EPS, name, TracedViT(net)).certified.cpu()
 
 
 def forward_backward(net, X, y) -> float:
@@ -108,6 +112,8 @@ def forward_backward(net, X, y) -> float:
         start = time.perf_counter()
         images = X.clone().requires_grad_(True)
         torch.autograd.grad(F.cross_entropy(net(images), y), images)
+        if images.is_cuda:
+            torch.cuda.synchronize(images.device)
         times.append(time.perf_counter() - start)
     return statistics.median(times) / len(X)
 
