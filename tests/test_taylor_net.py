@@ -669,3 +669,48 @@ def test_a_one_class_network_is_refused_before_any_work():
     net.head = torch.nn.Linear(net.head.in_features, 1).double()
     with pytest.raises(InputError, match="one class"):
         TaylorNet(net, torch.rand(2, 8, 8, dtype=torch.float64), torch.zeros(2, dtype=torch.long))
+
+
+def test_hopeless_names_the_images_short_by_more_than_hopeless_margins():
+    """An image whose first-pass bound falls short of some clean margin by more than HOPELESS of it
+    skips the second pass; its own class, a bound that is not finite, and shortfalls within the
+    threshold do not count."""
+    from bounds.network.taylor_net import HOPELESS, hopeless
+
+    logits = torch.tensor([[3.0, 2.0, 1.0]] * 5, dtype=torch.float64)  # margins 1 and 2 against class 0
+    y = torch.zeros(5, dtype=torch.long)
+    inf = math.inf
+    low = torch.tensor([[inf, -1 - (HOPELESS + 0.5), -0.5],  # class 1 short by HOPELESS + 0.5 margins
+                        [inf, -1 - (HOPELESS - 0.5), -0.5],  # within it
+                        [inf, -0.5, -2 - 2 * (HOPELESS + 1)],  # class 2, in units of its margin 2
+                        [inf, -inf, -0.5],  # no finite bound: never hopeless
+                        [inf, 0.0, 0.0]], dtype=torch.float64)
+    assert hopeless(low, logits, y).tolist() == [True, False, True, False, False]
+
+
+@pytest.mark.parametrize("eps", [0.05, 0.1])
+def test_skipping_hopeless_second_passes_costs_no_verdict_on_a_zoo_model(monkeypatch, eps):
+    """The skip (HOPELESS) only saves time: on the 2-block margin model's first 24 test images the
+    verdicts are those of a second pass for every image the first leaves uncertified, and at ε 0.1
+    it skips some (so the test sees it act)."""
+    import bounds.network.taylor_net as module
+
+    net, _ = load_vit(ZOO / "digits-d32-b2-h2-c0.5-q1-m0.003.safetensors")
+    x, y = first_test_images("digits", net, 24)
+    skipped = TaylorNet(net, x.double(), y)
+    passes = []  # per pass: whether it refined, and how many images it left uncertified
+    real = skipped._once
+
+    def once(e, images, split, refine):
+        out = real(e, images, split, refine)
+        passes.append((refine, len(images) if refine else int((~out[2]).sum())))
+        return out
+
+    skipped._once = once
+    with_skip = skipped.certify(eps)
+    monkeypatch.setattr(module, "HOPELESS", math.inf)
+    every = TaylorNet(net, x.double(), y).certify(eps)
+    assert torch.equal(with_skip.certified, every.certified)
+    seconds = sum(k for refine, k in passes if refine)
+    left = sum(k for refine, k in passes if not refine)  # what the first passes left
+    assert seconds <= left and (eps < 0.1 or seconds < left)
