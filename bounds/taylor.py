@@ -95,11 +95,34 @@ def negligible_remainder(share: float) -> Iterator[None]:
         _NEGLIGIBLE.reset(token)
 
 
+# the inputs [B] bool at which no remainder can change what ``taylor`` is used for (set by
+# :func:`forms_not_needed`); None: every input needs its best remainder
+_NOT_NEEDED: ContextVar[Tensor | None] = ContextVar("forms_not_needed", default=None)
+
+
+@contextmanager
+def forms_not_needed(inputs: Tensor) -> Iterator[None]:
+    """Inside this block ``taylor`` skips the remainder's forms (§2.3.2, §2.3.4) at the inputs
+    ``inputs`` [B] bool, for a batch of B inputs: a network certificate names the images that the
+    first-order terms alone already fail to certify (docs/bounds.md §5, "What a network certificate
+    skips"), whose verdict no remainder can change. Their value stays a certified bound, looser."""
+    token = _NOT_NEEDED.set(inputs)
+    try:
+        yield
+    finally:
+        _NOT_NEEDED.reset(token)
+
+
 def taylor(layer: DotMHA, X: Tensor, eps) -> Tensor:
     """``σ̄_J ε + taylor_remainder``, docs/bounds.md §2.3 (inside :func:`negligible_remainder`, the
-    remainder without the forms where they are negligible)."""
+    remainder without the forms where they are negligible; inside :func:`forms_not_needed`, without
+    them at the inputs named)."""
     first = sigma_J(layer, X) * radius(eps, X)
     share = _NEGLIGIBLE.get()
-    return first + taylor_remainder(layer, X, eps, share * first if share else None)
+    negligible = share * first if share else None
+    skip = _NOT_NEEDED.get()
+    if skip is not None and skip.shape == first.shape and bool(skip.any()):
+        negligible = torch.where(skip, torch.inf, -torch.inf if negligible is None else negligible)
+    return first + taylor_remainder(layer, X, eps, negligible)
 
 
