@@ -6,6 +6,7 @@ objectives take X expanded to [B, h, n, d] so that every head gets its own pertu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -50,25 +51,37 @@ def delta2(layer, X: Tensor) -> Objective:
     return f
 
 
+def own_heads(layer: DotMHA, Xh: Tensor) -> Tensor:
+    """P_l of copy l alone, [..., h, n, n], for Xh [..., h, n, d] (copy l is head l's own input):
+    ``layer.attention`` on every copy would form all h heads of each, h² heads where h are read."""
+    Q = torch.einsum("...lnd,lde->...lne", Xh, layer.W_q)
+    K = torch.einsum("...lnd,lde->...lne", Xh, layer.W_k)
+    if layer.b_q is not None:
+        Q = Q + layer.b_q[:, None, :]
+    if layer.b_k is not None:
+        K = K + layer.b_k[:, None, :]
+    return torch.softmax(Q @ K.mT / math.sqrt(layer.d_h), dim=-1)
+
+
 def delta21(layer, Xh: Tensor) -> Objective:
     """Per head ‖P_l(X') − P_l(X)‖_F, on Xh = X expanded to [B, h, n, d]."""
     layer = _dot(layer, "delta21")
-    P0 = layer.attention(Xh).detach()
-
-    def f(Xp: Tensor) -> Tensor:
-        diff = _fro(layer.attention(Xp) - P0)  # [R, B, h(copies), h(heads)]
-        return torch.diagonal(diff, dim1=-2, dim2=-1)
-
-    return f
+    P0 = own_heads(layer, Xh).detach()
+    return lambda Xp: _fro(own_heads(layer, Xp) - P0)  # [R, B, h]
 
 
 def delta22(layer, Xh: Tensor) -> Objective:
-    """Per head ‖X' C_l‖ (spectral), on Xh = X expanded to [B, h, n, d]."""
-    C = _dot(layer, "delta22").C()
+    """Per head ‖X' C_l‖ (spectral), on Xh = X expanded to [B, h, n, d]: through its thin factors,
+    ‖X'C_l‖² = λ_max(V M Vᵀ) with V = X'W^V_l [n, d_h] and M = W^O_l W^O_lᵀ [d_h, d_h], the top
+    eigenvalue of the n×n Gram V M Vᵀ (C_l = W^V_l W^O_l), where an SVD of the n×d product X'C_l was
+    12× the work on MiniLM's layers."""
+    layer = _dot(layer, "delta22")
+    M = layer.W_o @ layer.W_o.mT  # [h, d_h, d_h]
 
     def f(Xp: Tensor) -> Tensor:
-        XC = torch.einsum("...lnd,lde->...lne", Xp, C)  # copy l times its own C_l
-        return torch.linalg.matrix_norm(XC, ord=2)
+        V = torch.einsum("...lnd,lde->...lne", Xp, layer.W_v)  # copy l through its own W^V_l
+        gram = V @ M @ V.mT
+        return torch.linalg.eigvalsh(gram)[..., -1].clamp_min(0).sqrt()
 
     return f
 

@@ -171,3 +171,23 @@ def test_taylor_and_best_are_sound_where_the_remainder_is_large(name, case):
     lower = attacks.attack(layer, X, eps, "output", steps=200, restarts=8)
     assert torch.all(lower > 0)
     assert torch.all(value >= lower * (1 - REL)), (label, value.tolist(), lower.tolist())
+
+
+@pytest.mark.parametrize(("h", "n", "d", "bias"), [(4, 6, 16, 0.0), (3, 5, 12, 1.5), (8, 4, 32, 0.0)])
+def test_per_head_objectives_match_their_dense_definitions(h, n, d, bias):
+    """δ₂,₁ through each copy's own head and δ₂,₂ through C_l's thin factors (attacks/objectives.py)
+    equal their definitions formed densely in float64: every head of every copy's attention with
+    the copy's own head read off, and the SVD of X'C_l."""
+    from attacks.objectives import delta21, delta22
+
+    layer = models.random_dot(d, h, seed=h + n, q_norm=2.0, bias_norm=bias) if bias else \
+        models.random_dot(d, h, seed=h + n, q_norm=2.0)
+    g = torch.Generator().manual_seed(n)
+    X = torch.randn(2, n, d, generator=g, dtype=torch.float64)
+    Xh = X.unsqueeze(1).expand(-1, h, -1, -1)
+    Xp = Xh + 0.3 * torch.randn(5, 2, h, n, d, generator=g, dtype=torch.float64)
+    every = layer.attention(Xp) - layer.attention(Xh)  # [R, B, copy, head, n, n]
+    want21 = torch.diagonal(every.flatten(-2).norm(dim=-1), dim1=-2, dim2=-1)
+    want22 = torch.linalg.matrix_norm(torch.einsum("...lnd,lde->...lne", Xp, layer.C()), ord=2)
+    torch.testing.assert_close(delta21(layer, Xh)(Xp), want21, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(delta22(layer, Xh)(Xp), want22, rtol=1e-12, atol=0)
