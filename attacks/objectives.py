@@ -54,12 +54,7 @@ def delta2(layer, X: Tensor) -> Objective:
 def own_heads(layer: DotMHA, Xh: Tensor) -> Tensor:
     """P_l of copy l alone, [..., h, n, n], for Xh [..., h, n, d] (copy l is head l's own input):
     ``layer.attention`` on every copy would form all h heads of each, h² heads where h are read."""
-    Q = torch.einsum("...lnd,lde->...lne", Xh, layer.W_q)
-    K = torch.einsum("...lnd,lde->...lne", Xh, layer.W_k)
-    if layer.b_q is not None:
-        Q = Q + layer.b_q[:, None, :]
-    if layer.b_k is not None:
-        K = K + layer.b_k[:, None, :]
+    Q, K = layer.queries_keys(Xh, own=True)
     return torch.softmax(Q @ K.mT / math.sqrt(layer.d_h), dim=-1)
 
 

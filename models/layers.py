@@ -128,12 +128,14 @@ class DotMHA(_Tensors):
         """``‖X C_l‖ = ‖(X W^V_l) W^O_l‖`` per input and head, shape [..., h] for X [..., n, d]."""
         return product_norm(torch.einsum("...nd,hde->...hne", X, self.W_v), self.W_o)
 
-    def queries_keys(self, X: Tensor) -> tuple[Tensor, Tensor]:
+    def queries_keys(self, X: Tensor, own: bool = False) -> tuple[Tensor, Tensor]:
         """``(Q_l, K_l)`` with ``Q_l = X W^Q_l (+ 1 b_{q,l}ᵀ)``, ``K_l = X W^K_l (+ 1 b_{k,l}ᵀ)``
         (docs/bounds.md §1.5), each shape [..., h, n, d_h]; a bias is added to the bias-free product,
-        so a zero bias changes no bit (class docstring)."""
-        Q = torch.einsum("...nd,hde->...hne", X, self.W_q)
-        K = torch.einsum("...nd,hde->...hne", X, self.W_k)
+        so a zero bias changes no bit (class docstring). With ``own``, X is [..., h, n, d], one input
+        per head, and head l reads its own (the per-head attacks' copies)."""
+        spec = "...lnd,lde->...lne" if own else "...nd,hde->...hne"
+        Q = torch.einsum(spec, X, self.W_q)
+        K = torch.einsum(spec, X, self.W_k)
         if self.b_q is not None:
             Q = Q + self.b_q[:, None, :]
         if self.b_k is not None:
