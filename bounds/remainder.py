@@ -419,6 +419,9 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
             out = torch.minimum(out, quad + ROUND_ABS * glob.sum(-1))
         elif bool(need.any()):  # those inputs alone, so that each input's value is its own
             idx = need.nonzero().squeeze(-1)
-            quad = quadratic_remainder(layer, X[idx], radius(eps, X)[idx])
+            # one tensor per (X, inputs) in a reuse block, so that the forms kept for it (keyed by the
+            # tensor) serve a second bound that needs the same inputs (taylor, then best)
+            sub = reused(("inputs", tuple(idx.tolist())), (X,), lambda: X[idx])
+            quad = quadratic_remainder(layer, sub, radius(eps, X)[idx])
             out[idx] = torch.minimum(out[idx], quad + ROUND_ABS * glob.sum(-1)[idx])
     return out

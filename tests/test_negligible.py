@@ -5,6 +5,8 @@ the remainder is not negligible."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -71,14 +73,16 @@ def test_inputs_named_not_needed_skip_the_forms_and_the_rest_keep_them(seed):
     assert bool((cut >= full * (1 - 1e-12)).all())
 
 
+@pytest.mark.parametrize("name", ["taylor", "best"])
 @pytest.mark.parametrize(("stem", "eps"), [("digits-d32-b2-h2-c0.5", 0.02),
                                            ("digits-d32-b2-h2-c0.5-q1", 0.005),
                                            ("digits-d32-b2-h2-c0.5-q1", 0.01)])
-def test_the_network_taylor_bound_skips_only_what_its_first_order_already_fails(monkeypatch, stem, eps):
-    """Certifier's ``taylor``: the images whose first-order chain L_N already fails the pairwise test
-    skip the forms. No full-bound verdict changes, the other images' δ_features are the full bound's
-    (to rounding), and a skipped image is never one the full bound certifies; on the recipe model at
-    ε 0.02 every image skips (its bound took 17.5 s on 32 images with the forms, 2.0 s without)."""
+def test_the_network_bound_skips_only_what_its_first_order_already_fails(monkeypatch, name, stem, eps):
+    """Certifier's ``taylor`` and ``best``: the images whose first-order chain L_N already fails the
+    pairwise test skip the forms. No full-bound verdict changes, the other images' δ_features are the
+    full bound's (to rounding), and a skipped image is never one the full bound certifies; on the
+    recipe model at ε 0.02 every image skips (``taylor`` took 17.5 s on 32 images with the forms,
+    2.0 s without)."""
     from helpers import ROOT
 
     from bench.nets.accuracy import first_test_images, load_model
@@ -90,14 +94,33 @@ def test_the_network_taylor_bound_skips_only_what_its_first_order_already_fails(
     with reuse():
         c = Certifier(net, x.double(), y)
         skip = c.first_order_fails(torch.full_like(c.logits[:, 0], c.embedding * eps))
-        cut = c.certify("taylor", eps)
+        cut = c.certify(name, eps)
     with reuse():
         c = Certifier(net, x.double(), y)
         monkeypatch.setattr(c, "first_order_fails", lambda r0: torch.zeros_like(r0, dtype=torch.bool))
-        full = c.certify("taylor", eps)
+        full = c.certify(name, eps)
     assert torch.equal(cut.pairwise, full.pairwise) and torch.equal(cut.prop1, full.prop1)
     assert not bool((skip & full.pairwise).any()) and bool(skip.any())
     torch.testing.assert_close(cut.delta[~skip], full.delta[~skip], rtol=1e-10, atol=0)
     assert bool((cut.delta[skip] >= full.delta[skip] * (1 - 1e-12)).all())
     if stem == "digits-d32-b2-h2-c0.5":
         assert bool(skip.all())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bests_other_ingredients_grow_with_the_radius(seed):
+    """What Certifier.first_order_fails assumes of ``best``: each of its ingredients but taylor is
+    non-decreasing in the radius, checked on random layers (with biases, sharp attention) at radii
+    from 1e-4 to 2 per input."""
+    from bounds.registry import best_ingredients
+
+    layer = random_dot(16, 2, seed=seed, q_norm=1.0 + 3 * seed, bias_norm=0.5 * seed) if seed else \
+        random_dot(16, 2, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(3, 6, 16, generator=g, dtype=torch.float64)
+    radii = torch.logspace(-4, math.log10(2.0), 25, dtype=torch.float64)
+    others = [b for b in best_ingredients(layer) if b.name != "taylor"]
+    assert {b.name for b in others} >= {"naive", "lofast_M", "lofast_xi"}
+    for b in others:
+        values = torch.stack([b.fn(layer, X, r.expand(3)) for r in radii])  # [radii, B]
+        assert bool((values[1:] >= values[:-1]).all()), b.name

@@ -33,7 +33,7 @@ from models.vit import ViT
 
 from ..base import Bound, propagate
 from ..certificates import Certificate, exact_norm, ledger
-from ..registry import BOUNDS, TAYLOR_NETS, get
+from ..registry import BOUNDS, TAYLOR_NETS, best_ingredients, get
 from ..taylor import forms_not_needed, negligible_remainder, sigma_J
 
 # Float64 rounding in the logits, in the products of the test and in the SVDs of ‖E‖ and Lip(FFN)
@@ -120,12 +120,12 @@ class Certifier:
 
     def delta(self, bound: Bound, eps: float) -> tuple[Tensor, Certificate, float]:
         """(δ_features [B], its certificate, seconds on its own) at image radius ``eps``. For
-        ``taylor`` the images that its first-order terms alone fail to certify
+        ``taylor`` and ``best`` the images that a first-order chain below both fails to certify
         (:meth:`first_order_fails`) skip the remainder's forms: their verdict cannot change."""
         start = time.perf_counter()
         with ledger() as book, negligible_remainder(NEGLIGIBLE):
             r0 = torch.full_like(self.logits[:, 0], self.embedding * eps)
-            skip = self.first_order_fails(r0) if bound.name == "taylor" else None
+            skip = self.first_order_fails(r0) if bound.name in ("taylor", "best") else None
             with forms_not_needed(skip) if skip is not None else contextlib.nullcontext():
                 radius = propagate(bound, self.layers, self.inputs, r0, self.ffn)
         seconds = time.perf_counter() - start + book.reused_seconds
@@ -133,13 +133,20 @@ class Certifier:
 
     def first_order_fails(self, r0: Tensor) -> Tensor:
         """[B] bool: the images that the pairwise test (which certifies all that Proposition 1 does)
-        refuses even at δ_features = pool·L_N with L_{k+1} = Lip(FFN_k)·σ̄_J,k·L_k, L_0 = ``r0``:
-        ``taylor``'s radius at block k is σ̄_J,k·r_k plus a remainder ≥ 0, so by induction it is ≥ L_k
-        whatever the remainders, and so is the final δ_features. σ̄_J is the norm ``taylor`` certifies
-        anyway (computed once within a :func:`bounds.certificates.reuse` block)."""
+        refuses even at δ_features = pool·L_N, with L_0 = ``r0`` and L_{k+1} = Lip(FFN_k)·min(σ̄_J,k·L_k,
+        f(L_k) for every other ingredient f of ``best``). Taylor's radius at block k is σ̄_J,k·r_k plus a
+        remainder ≥ 0, and each f is non-decreasing in the radius (tests/test_negligible.py), so by
+        induction both ``taylor``'s and ``best``'s radii stay ≥ L_k whatever the remainders, and so does
+        their δ_features. One chain for both, so that the two skip the same images and share the
+        forms computed for the others (bounds.certificates.reuse keys them by those images). σ̄_J and
+        the ingredients' norms are those the bounds certify anyway."""
         low = r0
         for layer, X, lip in zip(self.layers, self.inputs, self.ffn, strict=True):
-            low = lip * sigma_J(layer, X) * low
+            step = sigma_J(layer, X) * low
+            for other in best_ingredients(layer):
+                if other.name != "taylor":
+                    step = torch.minimum(step, other.fn(layer, X, low))
+            low = lip * step
         return ~pairwise(self.logits, self.labels, self.W, low * self.pool)
 
     def certify(self, bound: Bound | str, eps: float) -> NetworkCertificate:
