@@ -94,7 +94,12 @@ def test_certificate_is_embedding_times_blocks_times_ffn_times_pool(path, name):
             radius = attn * lip
         delta = radius / math.sqrt(inputs[0].shape[1])
         got = cert.certify(name, eps)
-        np.testing.assert_allclose(np_(got.delta), delta, rtol=1e-9)
+        # taylor skips the forms at the images its first-order chain already fails (docs/bounds.md
+        # §5): there its δ_features is looser, never smaller, and its verdicts below are the same
+        r0 = torch.full_like(cert.logits[:, 0], cert.embedding * eps)
+        skip = np_(cert.first_order_fails(r0)) > 0 if name == "taylor" else np.zeros(len(labels), bool)
+        np.testing.assert_allclose(np_(got.delta)[~skip], delta[~skip], rtol=1e-9)
+        assert np.all(np_(got.delta)[skip] >= delta[skip] * (1 - 1e-9))
         # exact, or deterministic where a Gram is large enough for the Cholesky check (p = 0 both)
         assert got.certificate.kind in ("exact", "deterministic") and got.certificate.p == 0
         y = np_(labels).astype(int)
