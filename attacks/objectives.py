@@ -6,7 +6,6 @@ objectives take X expanded to [B, h, n, d] so that every head gets its own pertu
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -51,18 +50,11 @@ def delta2(layer, X: Tensor) -> Objective:
     return f
 
 
-def own_heads(layer: DotMHA, Xh: Tensor) -> Tensor:
-    """P_l of copy l alone, [..., h, n, n], for Xh [..., h, n, d] (copy l is head l's own input):
-    ``layer.attention`` on every copy would form all h heads of each, h² heads where h are read."""
-    Q, K = layer.queries_keys(Xh, own=True)
-    return torch.softmax(Q @ K.mT / math.sqrt(layer.d_h), dim=-1)
-
-
 def delta21(layer, Xh: Tensor) -> Objective:
     """Per head ‖P_l(X') − P_l(X)‖_F, on Xh = X expanded to [B, h, n, d]."""
     layer = _dot(layer, "delta21")
-    P0 = own_heads(layer, Xh).detach()
-    return lambda Xp: _fro(own_heads(layer, Xp) - P0)  # [R, B, h]
+    P0 = layer.attention(Xh, own=True).detach()  # each copy through its own head alone
+    return lambda Xp: _fro(layer.attention(Xp, own=True) - P0)  # [R, B, h]
 
 
 def delta22(layer, Xh: Tensor) -> Objective:

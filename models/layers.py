@@ -149,10 +149,11 @@ class DotMHA(_Tensors):
         Q, K = self.queries_keys(X)
         return product_norm(K, self.W_q.mT), product_norm(Q, self.W_k.mT)
 
-    def attention(self, X: Tensor) -> Tensor:
+    def attention(self, X: Tensor, own: bool = False) -> Tensor:
         """``P_l(X) = softmax_rows(Q_l K_lᵀ / √d_h)``, ``Q_l = X W^Q_l (+ 1 b_{q,l}ᵀ)``, ``K_l = X W^K_l
-        (+ 1 b_{k,l}ᵀ)`` (docs/bounds.md §1.1, §1.5); shape [..., h, n, n]."""
-        Q, K = self.queries_keys(X)
+        (+ 1 b_{k,l}ᵀ)`` (docs/bounds.md §1.1, §1.5); shape [..., h, n, n]. ``own`` as in
+        :meth:`queries_keys`: head l of its own input X[..., l, :, :] alone (h heads, not h²)."""
+        Q, K = self.queries_keys(X, own)
         return torch.softmax(Q @ K.transpose(-1, -2) / math.sqrt(self.d_h), dim=-1)
 
     def forward(self, X: Tensor) -> Tensor:
