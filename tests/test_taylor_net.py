@@ -630,12 +630,13 @@ def test_the_frame_certifies_at_least_what_every_direction_does(monkeypatch):
     """The first block's groups in their frame are the same balls cut to V_t: on the 1-block model at
     ε 0.1 (24 images) they keep every verdict of R^d's groups and their margins' bounds are higher
     on the median (measured: one image more, 3–20 % higher)."""
-    import bounds.network.taylor_net as module
+    import bounds.network.constants as module
 
     net, _ = load_vit(ONE_BLOCK)
     x, y = first_test_images("digits", net, 24)
     framed = TaylorNet(net, x.double(), y).certify(0.1)
     monkeypatch.setattr(module, "patch_span", lambda cols: None)
+    net, _ = load_vit(ONE_BLOCK)  # another network object: its constants are computed anew
     plain = TaylorNet(net, x.double(), y).certify(0.1)
     assert bool((framed.certified | ~plain.certified).all())
     both = torch.isfinite(framed.lower) & torch.isfinite(plain.lower)
@@ -714,3 +715,29 @@ def test_skipping_hopeless_second_passes_costs_no_verdict_on_a_zoo_model(monkeyp
     seconds = sum(k for refine, k in passes if refine)
     left = sum(k for refine, k in passes if not refine)  # what the first passes left
     assert seconds <= left and (eps < 0.1 or seconds < left)
+
+
+def test_the_kept_weight_constants_follow_a_change_of_the_weights():
+    """bounds.network.constants keeps the weights' norms per network: the same object while nothing
+    changed, computed anew after an in-place change of a weight (an optimiser's step) or a
+    replaced one, equal to a fresh network's with the same weights."""
+    from bounds.network.constants import net_constants
+
+    net, _ = load_vit(ONE_BLOCK)
+    first = net_constants(net)
+    assert net_constants(net) is first
+    before = first.layers[0].C_norm().clone()
+    attn = net.blocks[0].attn
+    with torch.no_grad():
+        attn.W_v.mul_(0.5)  # in place: the version counter moves
+    moved = net_constants(net)
+    assert moved is not first
+    fresh, _ = load_vit(ONE_BLOCK)
+    with torch.no_grad():
+        fresh.blocks[0].attn.W_v.mul_(0.5)
+    torch.testing.assert_close(moved.layers[0].C_norm(), net_constants(fresh).layers[0].C_norm(),
+                               rtol=0, atol=0)
+    torch.testing.assert_close(moved.layers[0].C_norm(), 0.5 * before)
+    with torch.no_grad():
+        net.blocks[0].ffn.up.weight = torch.nn.Parameter(2 * net.blocks[0].ffn.up.weight)  # replaced
+    assert net_constants(net).lip[0] > moved.lip[0]
