@@ -53,9 +53,11 @@ def test_pgd(benchmark, size, objective):
 # the remainder's bounds beside `taylor` itself and `taylor_global`, the Taylor bound as it was before
 # the local remainders (σ̄_J·ε + §2.3's global remainder with its core norms), so that remainder ÷
 # taylor_global is the new remainder's cost against it: a sweep layer, a digits-ViT-like one
-# (h·n² ≈ n·d), a MiniLM-shaped one (n 10, d 384, h 12) and one at the suite's sentence length (n 6),
-# where the value forms are computed (4hn² ≤ nd)
+# (h·n² ≈ n·d: no form), the zoo's digits ViTs' blocks (n 16, d 32, h 2: h·n² = n·d, so the logit
+# forms are computed), a MiniLM-shaped one (n 10, d 384, h 12) and one at the suite's sentence length
+# (n 6), where the value forms are computed (4hn² ≤ nd)
 REMAINDER_CELLS = {"n16-d32-h4": Cell(n=16, d=32, h=4), "n17-d32-h2": Cell(n=17, d=32, h=2),
+                   "n16-d32-h2": Cell(n=16, d=32, h=2),
                    "n10-d384-h12": Cell(n=10, d=384, h=12), "n6-d384-h12": Cell(n=6, d=384, h=12)}
 
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from models import DotMHA
 
-from .certificates import verified_gram_norm
+from .certificates import gram_norm, verified_gram_norm
 
 # relative slack for the float64 rounding of sums, products and eigenvalues (docs/bounds.md §2.3.1)
 ROUND_REL = 1e-9
@@ -27,6 +27,13 @@ ROUND_REL = 1e-9
 # enters the remainder, itself ≥ 1.1× what an attack attains, so 1e-6 of it is nothing, and the
 # remainder takes 10–30% less time on the wide layers (MiniLM, the benchmark's d 384) than at 1e-9
 FORM_TAU = 1e-6
+# the side up to which a form's λ_max is an eigendecomposition (LAPACK's, batched) rather than the
+# guess and its Cholesky check: the guess's block Krylov loop is a few dozen small torch calls and
+# eigenproblems of its own, which small sides do not repay. Measured (one thread, the remainder's
+# forms on the digits ViTs' and the d 384 cells' shapes, best of 5): [32, 32, 32] 1.1 against
+# 8.4 ms, [4, 128, 128] 2.3 against 10.8, [4, 256, 256] 13 against 16, [6, 384, 384] 56 against
+# 65; at [2, 512, 512] the check is faster (21 against 41 ms)
+FORM_EIGH_MAX = 384
 
 
 def logit_gram(layer: DotMHA, X: Tensor, P: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -65,9 +72,12 @@ def logit_gram(layer: DotMHA, X: Tensor, P: Tensor | None = None) -> tuple[Tenso
 def top_eig(S: Tensor) -> Tensor:
     """λ_max of each [B, D, D] PSD matrix from above: a Cholesky factorisation of μI − S confirms
     a guess μ (bounds.certificates.verified_gram_norm, docs/bounds.md §2.4: D³/3 flops where an
-    eigendecomposition costs ≈ 4D³/3 and more), an eigendecomposition where it does not. Both read
+    eigendecomposition costs ≈ 4D³/3 and more), an eigendecomposition where it does not, and up to
+    side FORM_EIGH_MAX an eigendecomposition alone (bounds.certificates.gram_norm). Both read
     S's lower triangle: S is symmetric but for the rounding of its two halves' formation, which
     every caller's slack covers as it covers any entry's, so no symmetrised copy is made."""
+    if S.shape[-1] <= FORM_EIGH_MAX:
+        return gram_norm(S).square()
     return verified_gram_norm(S, FORM_TAU)[0].square()
 
 
