@@ -325,6 +325,9 @@ def gram_norm(G: Tensor) -> Tensor:
 GUESS_BLOCK = 4
 GUESS_STEPS = 64
 GUESS_RTOL = 1e-13
+# the largest |vᵀq| of a new Krylov column q against the basis so far that counts as orthogonal (a
+# column built properly is ~1e-16 off; one left from rounding noise is O(1e-3) to O(1))
+ORTHO_TOL = 1e-10
 
 
 def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL) -> Tensor:
@@ -344,16 +347,17 @@ def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL) -> Tensor:
     Q = torch.linalg.qr(start.to(G.device).expand(Bt, D, b)).Q
     basis, images = [], []
     theta = torch.full((Bt,), math.nan, dtype=torch.float64, device=G.device)
+    frozen = torch.zeros(Bt, dtype=torch.bool, device=G.device)
     scale = G.diagonal(dim1=-2, dim2=-1).abs().amax(-1)[:, None]
-    for _ in range(GUESS_STEPS):
+    for step in range(GUESS_STEPS):
         W = G @ Q
         basis.append(Q)
         images.append(W)
         V = torch.cat(basis, -1)
         T = V.mT @ torch.cat(images, -1)
         new = torch.linalg.eigvalsh(0.5 * (T + T.mT))[..., -1]
-        settled = (new - theta).abs() <= rtol * new.abs()
-        theta = new
+        settled = ((new - theta).abs() <= rtol * new.abs()) | frozen
+        theta = torch.where(frozen, theta, new)
         room = D - V.shape[-1]  # the last block fills the space: θ is then exact
         if bool(settled.all()) or room == 0:
             break
@@ -362,6 +366,20 @@ def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL) -> Tensor:
         if bool((W.norm(dim=-2) <= 1e-12 * scale).all()):  # the space is invariant: θ is exact
             break
         Q = torch.linalg.qr(W).Q[..., :room]
+        # a column of W that was (numerically) in span(V) — the space invariant there, as where G's
+        # rank is below the block's width — leaves the QR as normalised rounding noise, no longer
+        # orthogonal to V, and a Ritz value on such a basis can exceed λ_max (44× on a rank-7 Gram
+        # of side 300, which the check then confirmed: sound, and that loose). Such a column takes a
+        # fixed random direction orthogonalised against V; an element still not orthogonal keeps
+        # the Ritz value it had (the check or the fallback judges it)
+        lost = (V.mT @ Q).abs().amax(-2) > ORTHO_TOL  # [Bt, b]
+        if bool(lost.any()):
+            gen = torch.Generator().manual_seed(1 + step)
+            Z = torch.randn(D, Q.shape[-1], generator=gen, dtype=torch.float64).to(G.device).expand_as(Q)
+            for _ in range(2):
+                Z = Z - V @ (V.mT @ Z)
+            Q = torch.linalg.qr(torch.where(lost[:, None, :], Z, Q)).Q
+            frozen = frozen | ((V.mT @ Q).abs().amax((-2, -1)) > ORTHO_TOL)
     return torch.where(finite, theta, math.nan)
 
 
