@@ -215,9 +215,12 @@ def _value_side(layer: DotMHA, M: Tensor, Mabs: Tensor) -> Tensor:
     Wv = layer.W_v.permute(1, 0, 2).reshape(d, h * dh)  # [W^V_1 … W^V_h]
     WW = (Wv.mT @ Wv).reshape(h, dh, h, dh)
     R = torch.linalg.qr(layer.W_o.reshape(h * dh, d).mT, mode="r").R  # Ŵ^Oᵀ = Q R
-    Kh = (M[:, :, :, None, :, :, None] * WW[None, None, :, :, None]).reshape(B, n, h * dh, n, h * dh)
-    S = (R @ Kh.transpose(2, 3) @ R.mT).transpose(2, 3)  # [B, i, x, i', y]: two batched products
-    D = S.shape[1] * S.shape[2]
+    m, r = h * dh, R.shape[0]
+    Kh = (M[:, :, :, None, :, :, None] * WW[None, None, :, :, None]).reshape(B, n, m, n * m)
+    # (I ⊗ R) K̂ on each block row, then (I ⊗ Rᵀ) on each block column: two products on contiguous
+    # operands (per pair of rows, with a transposed copy each way, they took 1.5× as long)
+    S = (R @ Kh).reshape(B, n * r * n, m) @ R.mT  # [B, (i, x, i'), y]
+    D = n * r
     lam = top_eig(S.reshape(B, D, D))
     scale = R.square().sum() * WW.flatten().norm() * Mabs.flatten(1).norm(dim=-1)
     return (lam * (1 + ROUND_REL) + 1e-10 * scale).clamp_min(0).sqrt()
