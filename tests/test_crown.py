@@ -224,7 +224,9 @@ def test_importing_auto_lirpa_leaves_the_root_logger_alone():
     # auto_LiRPA's import calls logging.basicConfig(level=INFO); in a fresh process, so that it runs
     code = ("import logging; from bounds import crown; crown.check(); r = logging.getLogger(); "
             "print(r.level, len(r.handlers))")
+    # the checkout first, then whatever path auto_LiRPA came by (a lent GPU machine's PYTHONPATH)
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+                          env=dict(os.environ, PYTHONPATH=path), timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["30", "0"]

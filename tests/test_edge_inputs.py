@@ -190,7 +190,8 @@ def test_an_impossible_cell_is_refused_within_seconds(profile, no_cells, tmp_pat
     err = refused(capsys, tmp_path, "run", "--profile", profile, "--out", tmp_path / "out",
                   "--n", "100000000", words="sweep 'one' cell dot[n=100000000,d=4,h=2,")
     assert "needs at least 5.96e+08 GiB (the n×n attention of every head over PGD's restarts)" in err
-    assert "GiB of RAM available" in err
+    # the memory a run would use: a GPU's where --device auto finds one (a lent H100 said "of GPU")
+    assert f"GiB of {'GPU' if torch.cuda.is_available() else 'RAM'} available" in err
 
 
 def test_the_largest_cell_over_the_memory_is_named(profile, no_cells, tmp_path, capsys, monkeypatch):

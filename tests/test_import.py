@@ -467,3 +467,22 @@ def test_a_sequence_first_attention_in_a_static_batch_of_two(tmp_path, capsys, f
         ref = ctx @ Wo.T + bo
         exact = 1e-12 if fmt == "pt2" else 1e-6
         assert float((layer(X) - ref).abs().max() / ref.abs().max()) <= exact
+
+
+def test_a_view_traced_at_other_strides_still_runs():
+    """torch 2.11's export of nn.MultiheadAttention reshapes with aten.view what was contiguous at the
+    traced batch only; fed other strides (another batch, a probe's own layout) it raised "view size is
+    not compatible" (an H100 lease, torch 2.11). The runtime reshapes, which is that view where one
+    exists: here the view's input is handed in transposed."""
+    from models.imported.export_source import from_module
+
+    class Flat(nn.Module):
+        def forward(self, x):
+            return (x * 2.0).view(-1)
+
+    graph = from_module(Flat(), (torch.randn(3, 4),))
+    names = {op.kind: op.name for op in graph.ops}
+    given = torch.arange(12.0).reshape(4, 3).t()  # [3, 4], not contiguous
+    for float64 in (False, True):
+        got = graph.run({names["mul"]: given}, [names["layout"]], float64)[names["layout"]]
+        assert torch.equal(got, given.reshape(-1).to(got.dtype))

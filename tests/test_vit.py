@@ -276,7 +276,7 @@ def test_cli_train_out_must_be_safetensors(tmp_path, capsys):
 def test_cli_trains_a_model_and_its_card_retrains_it(tmp_path, capsys):
     out = tmp_path / "m.safetensors"
     code, stdout, _ = main_inprocess(capsys, "train", "--d", "8", "--depth", "1", "--heads", "1",
-                                     "--epochs", "1", "--seed", "5", "--out", out)
+                                     "--epochs", "1", "--seed", "5", "--device", "cpu", "--out", out)
     assert code == 0 and str(out) in stdout
     _, card = load_vit(out)
     assert (card["seed"], card["epochs"], card["dataset"], card["device"]) == (5, 1, "digits", "cpu")
@@ -289,7 +289,8 @@ def test_cli_trains_a_model_and_its_card_retrains_it(tmp_path, capsys):
 def test_cli_margin_training_records_its_recipe_and_retrains_bit_for_bit(tmp_path, capsys):
     out = tmp_path / "m.safetensors"
     code, _, _ = main_inprocess(capsys, "train", "--d", "8", "--depth", "1", "--heads", "1", "--epochs", "1",
-                                "--qk-constraint", "0.5", "--margin-eps", "0.01", "--out", out)
+                                "--qk-constraint", "0.5", "--margin-eps", "0.01", "--device", "cpu",
+                                "--out", out)
     assert code == 0
     net, card = load_vit(out)
     assert card["architecture"]["qk_constraint"] == 0.5 and card["margin_eps"] == 0.01

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GPU checks of a short device lease (docs/scale.md, "On a GPU"): the CUDA tests, the certify speed
 # and scale benchmarks on the GPU, a slice of the paper profile (tools/gpu-check.toml) and the whole
-# test suite on that machine's own packages. Steps: STEPS="tests speed scale paper suite" (each with
+# test suite on that machine's own packages. Steps: STEPS="tests speed batch scale paper suite" (each with
 # its own timeout, T_TESTS ...). Run from the repository root with $OUT set (the device tool's); it
 # reads .dev/ (git-ignored, carried), prepared once here:
 #   mkdir -p .dev/fmnist && cp ../shared/wheels/*.whl .dev/ && pip download --no-deps --only-binary=:all:
@@ -23,11 +23,14 @@ for step in ${STEPS:-tests speed scale paper}; do
   speed) BENCH_DEVICE=cuda timeout ${T_SPEED:-170} python3 -m pytest -q -p no:cacheprovider benchmarks/test_certify_speed.py \
            --benchmark-enable --benchmark-only -k "not alpha_crown or digits-d32-b1" --benchmark-json=$OUT/certify_speed.json \
            --benchmark-columns=median,rounds 2>&1 | tee $OUT/certify_speed.txt | tail -25 ;;
+  batch) BENCH_DEVICE=cuda BENCH_IMAGES=${IMAGES:-64} timeout ${T_BATCH:-150} python3 -m pytest -q -p no:cacheprovider benchmarks/test_certify_speed.py \
+           --benchmark-enable --benchmark-only -k "taylor_net or lofast_M or (crown and not alpha and digits-d32-b1)" --benchmark-json=$OUT/certify_batch.json \
+           --benchmark-columns=median,rounds 2>&1 | tee $OUT/certify_batch.txt | tail -25 ;;
   scale) timeout ${T_SCALE:-80} python3 -m pytest -q -p no:cacheprovider benchmarks/test_scale.py -k "vit_b or network" \
            --benchmark-enable --benchmark-only --benchmark-json=$OUT/scale.json --benchmark-columns=median,rounds 2>&1 | tee $OUT/scale.txt | tail -12 ;;
   paper) timeout ${T_PAPER:-110} python3 -m bench run --profile tools/gpu-check.toml --device cuda --out /tmp/gpu-run --fresh 2>&1 | tail -15 | tee $OUT/paper_slice.txt
          tar czf $OUT/gpu-run.tgz -C /tmp gpu-run ;;
-  suite) BENCH_THREADS=1 timeout ${T_SUITE:-240} python3 -m pytest -p no:cacheprovider -n ${WORKERS:-14} -v tests --timeout 150 2>&1 | tee $OUT/suite.txt | grep -E "FAILED|ERROR|passed|failed" | tail -40 ;;
+  suite) BENCH_THREADS=1 timeout ${T_SUITE:-240} python3 -m pytest -p no:cacheprovider -n ${WORKERS:-14} -v -rfE --junitxml=$OUT/suite.xml tests --timeout 400 2>&1 | tee $OUT/suite.txt | grep -E "FAILED|ERROR|passed|failed" | tail -40 ;;
   esac
 done
 t done

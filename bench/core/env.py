@@ -8,6 +8,7 @@ import os
 import platform
 import subprocess
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -145,11 +146,16 @@ def glibc():
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
     if name not in ("cpu", "cuda"):
         raise InputError(f"unknown device {name!r}; expected auto, cpu or cuda")
+    if name == "cuda":
+        # autograd's CUDA worker thread starts without a current context, and cuBLAS says so on
+        # stderr before it takes the primary one (seen on torch 2.11, an H100): a notice, not a fault,
+        # that would be the one line besides a command's own on a GPU
+        warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA")
     return torch.device(name)
 
 

@@ -245,13 +245,16 @@ def command(cfg: ViTConfig, card: dict, out: str | Path) -> str:
              *(["--margin-eps", repr(card["margin_eps"])] if card.get("margin_eps") else []),
              "--epochs", card["epochs"], "--batch-size", card["batch_size"], "--lr", repr(card["lr"]),
              "--head-lr-scale", repr(card["head_lr_scale"]),
-             "--seed", card["seed"], "--device", "cpu", "--threads", card["threads"], "--out", out]
+             "--seed", card["seed"], "--device", card.get("device", "cpu"), "--threads", card["threads"],
+             "--out", out]
     return shlex.join(map(str, parts))
 
 
-def train_from_card(card: dict, device: str = "cpu", progress: bool = False) -> tuple[ViT, dict]:
-    """Retrains the model a card describes (set torch's threads to ``card['threads']`` first to get
-    the same bits on the CPU)."""
+def train_from_card(card: dict, device: str | None = None, progress: bool = False) -> tuple[ViT, dict]:
+    """Retrains the model a card describes, on the card's device unless ``device`` says otherwise (set
+    torch's threads to ``card['threads']`` first to get the same bits on the CPU; the bits of a CUDA
+    training are those of the same GPU and torch)."""
+    device = device or card.get("device", "cpu")
     cfg = ViTConfig.from_dict(card["architecture"])
     return train(cfg, card["dataset"], seed=card["seed"], epochs=card["epochs"],
                  batch_size=card["batch_size"], lr=card["lr"], head_lr_scale=card["head_lr_scale"],

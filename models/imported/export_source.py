@@ -36,6 +36,11 @@ KINDS = {
     **dict.fromkeys(["sin", "cos", "neg"], "rotary"),
 }
 SHAPE_OPS = {"sym_size", "size"}
+# A view traced at one batch holds for that batch's strides only: a program exported at a batch of 1
+# reshapes a transposed [n, 1, d] with aten.view, which fails at a batch of 2 (torch 2.11's export of
+# nn.MultiheadAttention). reshape returns that very view wherever the strides allow one, and copies
+# only where view would raise.
+VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
 
 
 def op_name(node: fx.Node) -> str:
@@ -84,6 +89,8 @@ def extract(gm: fx.GraphModule, graph: Graph, given: list[str], wanted: list[str
             env[n.name] = sizes[n.name]
         elif n.op == "get_attr" or (n.op == "call_function" and n.name in ops):
             env[n.name] = sub.node_copy(n, lambda a: env[a.name])
+            if n.target in VIEWS:  # see VIEWS
+                env[n.name].target = torch.ops.aten.reshape.default
         elif n.op == "placeholder" and n.name in ops:
             raise InputError(f"the program needs its input {n.name!r} to compute {wanted[0]!r}")
     sub.output(tuple(env[w] for w in wanted))
