@@ -330,12 +330,14 @@ GUESS_RTOL = 1e-13
 ORTHO_TOL = 1e-10
 
 
-def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL) -> Tensor:
+def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL,
+                  vector: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """λ_max of each [Bt, D, D] symmetric G from below, to where rounding stops it: the top Ritz value
     of a block Krylov space (block Lanczos with full reorthogonalisation, from a fixed start so that
     a value is the same bits on every run). Only a guess for :func:`verified_gram_norm` to check;
     nothing certified rests on it (a start blind to the top direction, or a space stopped short,
-    only sends that element to the fallback)."""
+    only sends that element to the fallback). ``vector``: with its Ritz vector, [Bt, D], a start for
+    estimates of nearby problems (bounds.forms.spread_estimate)."""
     Bt, D, _ = G.shape
     # a NaN or ∞ element gets no guess (NaN below); its sum says so in one pass over G (a finite G
     # whose sum overflows only loses its guess, and takes the fallback)
@@ -355,9 +357,15 @@ def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL) -> Tensor:
         images.append(W)
         V = torch.cat(basis, -1)
         T = V.mT @ torch.cat(images, -1)
-        new = torch.linalg.eigvalsh(0.5 * (T + T.mT))[..., -1]
+        if vector:
+            values, vectors = torch.linalg.eigh(0.5 * (T + T.mT))
+            new, top = values[..., -1], vectors[..., -1:]
+        else:
+            new = torch.linalg.eigvalsh(0.5 * (T + T.mT))[..., -1]
         settled = ((new - theta).abs() <= rtol * new.abs()) | frozen
         theta = torch.where(frozen, theta, new)
+        if vector:  # a frozen element's vector is whatever the last space gave: an estimate's start only
+            x = (V @ top)[..., 0]
         room = D - V.shape[-1]  # the last block fills the space: θ is then exact
         if bool(settled.all()) or room == 0:
             break
@@ -380,7 +388,8 @@ def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL) -> Tensor:
                 Z = Z - V @ (V.mT @ Z)
             Q = torch.linalg.qr(torch.where(lost[:, None, :], Z, Q)).Q
             frozen = frozen | ((V.mT @ Q).abs().amax((-2, -1)) > ORTHO_TOL)
-    return torch.where(finite, theta, math.nan)
+    theta = torch.where(finite, theta, math.nan)
+    return (theta, x) if vector else theta
 
 
 def _gamma(m: int) -> float:
@@ -403,7 +412,7 @@ def cholesky_check(G: Tensor, mu: Tensor) -> tuple[Tensor, Tensor]:
     return ok, lam * (1 + 8 * _U)  # and the few roundings of the line above
 
 
-def verified_gram_norm(G: Tensor, tau: float = VERIFY_TAU) -> tuple[Tensor, bool]:
+def verified_gram_norm(G: Tensor, tau: float = VERIFY_TAU, vector: bool = False) -> tuple:
     """√λ_max of each trailing PSD Gram matrix, certified by a Cholesky factorisation rather than
     an eigendecomposition (docs/bounds.md §2.4, "deterministic"), and whether every element took
     the exact fallback.
@@ -416,12 +425,14 @@ def verified_gram_norm(G: Tensor, tau: float = VERIFY_TAU) -> tuple[Tensor, bool
     for any order of the inner products), so λ_max(G) ≤ μ + γ'·tr|Â| + u·max(μ + |G_ii|). An
     element whose factorisation breaks down (θ was not the top eigenvalue, or there was none) takes
     :func:`gram_norm`'s eigendecomposition instead. Cholesky costs D³/3 flops against the ≈ 4D³/3
-    and the memory-bound tridiagonal reduction of ``eigvalsh``.
+    and the memory-bound tridiagonal reduction of ``eigvalsh``. ``vector``: a third item, the guess's
+    Ritz vector [*batch, D] (an approximation, nothing certified rests on it).
     """
     G = G.to(torch.float64)
     batch, D = G.shape[:-2], G.shape[-1]
     Gf = G.reshape(-1, D, D)
-    theta = _top_estimate(Gf, max(GUESS_RTOL, tau / 100)).to(G.device)
+    rtol = max(GUESS_RTOL, tau / 100)
+    theta, x = _top_estimate(Gf, rtol, vector=True) if vector else (_top_estimate(Gf, rtol), None)
     top_diag = Gf.diagonal(dim1=-2, dim2=-1).abs().amax(-1)
     mu = theta.clamp_min(0) * (1 + tau) + tau * top_diag
     guessed = torch.isfinite(mu) & (mu > 0)
@@ -432,6 +443,8 @@ def verified_gram_norm(G: Tensor, tau: float = VERIFY_TAU) -> tuple[Tensor, bool
     failed = ~ok
     if bool(failed.any()):  # only those elements pay for the eigendecomposition
         value[failed] = gram_norm(Gf[failed])
+    if vector:
+        return value.reshape(batch), not bool(ok.any()), x.reshape(*batch, D)
     return value.reshape(batch), not bool(ok.any())
 
 

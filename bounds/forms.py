@@ -13,6 +13,8 @@ docs/bounds.md §2.4) and raised for float64 rounding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -69,36 +71,94 @@ def logit_gram(layer: DotMHA, X: Tensor, P: Tensor | None = None) -> tuple[Tenso
     return G.reshape(B, n * m, n * m) / layer.d_h, P
 
 
-def top_eig(S: Tensor) -> Tensor:
+def top_eig(S: Tensor, vector: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """λ_max of each [B, D, D] PSD matrix from above: a Cholesky factorisation of μI − S confirms
     a guess μ (bounds.certificates.verified_gram_norm, docs/bounds.md §2.4: D³/3 flops where an
     eigendecomposition costs ≈ 4D³/3 and more), an eigendecomposition where it does not, and up to
     side FORM_EIGH_MAX an eigendecomposition alone (bounds.certificates.gram_norm). Both read
     S's lower triangle: S is symmetric but for the rounding of its two halves' formation, which
-    every caller's slack covers as it covers any entry's, so no symmetrised copy is made."""
+    every caller's slack covers as it covers any entry's, so no symmetrised copy is made.
+    ``vector``: with an approximate top eigenvector [B, D] (a start for :func:`spread_estimate`)."""
+    if not vector:
+        if S.shape[-1] <= FORM_EIGH_MAX:
+            return gram_norm(S).square()
+        return verified_gram_norm(S, FORM_TAU)[0].square()
     if S.shape[-1] <= FORM_EIGH_MAX:
-        return gram_norm(S).square()
-    return verified_gram_norm(S, FORM_TAU)[0].square()
+        values, vectors = torch.linalg.eigh(S.to(torch.float64))
+        lam = values[..., -1].clamp_min(0) * (1 + 4 * S.shape[-1] * torch.finfo(torch.float64).eps)
+        return lam, vectors[..., -1]  # gram_norm's rounding margin, squared no further
+    value, _, x = verified_gram_norm(S, FORM_TAU, vector=True)
+    return value.square(), x
 
 
-def weighted_spread(G: Tensor, P: Tensor, w: Tensor | None = None) -> Tensor:
-    """λ_max(Σ_α w_α p_α f̂_α f̂_αᵀ) = λ_max(D^½ G D^½), D = diag(w_α p_α), rounded up, [B]: for
-    every ‖Γ‖_F = 1 it bounds Σ_{l,i} w_li Var_{p_li}(δ_li), the (weighted) energy of every head's
-    and row's linear logit spread at once (docs/bounds.md §2.3.2). ``w`` [B, h, n] per (head, row)
-    or [B, h, n, n] per (head, row, key), default 1; P [B, h, n, n]."""
+def _weighted(G: Tensor, P: Tensor, w: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(D, finite): D = diag(√(w p)) G diag(√(w p)) [B, D, D], zero where it is not finite."""
     B = P.shape[0]
     wp = P if w is None else P * (w if w.dim() == 4 else w[..., None])
     wp = wp.permute(0, 2, 1, 3)  # [B, i, h, k]
     root = wp.reshape(B, -1).clamp_min(0).sqrt()
     D = root[:, :, None] * G * root[:, None, :]
+    finite = torch.isfinite(D).flatten(1).all(-1)
+    return torch.where(finite[:, None, None], D, torch.zeros_like(D)), finite
+
+
+def weighted_spread(G: Tensor, P: Tensor, w: Tensor | None = None,
+                    vector: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """λ_max(Σ_α w_α p_α f̂_α f̂_αᵀ) = λ_max(D^½ G D^½), D = diag(w_α p_α), rounded up, [B]: for
+    every ‖Γ‖_F = 1 it bounds Σ_{l,i} w_li Var_{p_li}(δ_li), the (weighted) energy of every head's
+    and row's linear logit spread at once (docs/bounds.md §2.3.2). ``w`` [B, h, n] per (head, row)
+    or [B, h, n, n] per (head, row, key), default 1; P [B, h, n, n]. ``vector``: with an
+    approximate top eigenvector [B, D] of D, a start for :func:`spread_estimate`."""
     # weights that overflowed (e^s at a saturating scale) bound nothing: +inf, never an eigensolver
     # failure; the other bounds of the remainder serve there
-    finite = torch.isfinite(D).flatten(1).all(-1)
-    D = torch.where(finite[:, None, None], D, torch.zeros_like(D))
-    top = top_eig(D)
+    D, finite = _weighted(G, P, w)
+    top, x = top_eig(D, vector=True) if vector else (top_eig(D), None)
     # rounding: far below 1e-10 of ‖D‖_F ≥ λ_max
     top = top * (1 + ROUND_REL) + 1e-10 * D.flatten(1).norm(dim=-1)
+    top = torch.where(finite, top, torch.full_like(top, torch.inf))
+    return (top, x) if vector else top
+
+
+# steps of :func:`spread_estimate`'s block Krylov space (4 columns each)
+ESTIMATE_STEPS = 2
+
+
+def spread_estimate(G: Tensor, P: Tensor, w: Tensor, x: Tensor) -> Tensor:
+    """λ_max(D_w) of :func:`weighted_spread` from *below*, [B], and cheaply: the top Ritz value of a
+    small block Krylov space (ESTIMATE_STEPS steps) started at x, √w∘x and w∘x, with x the top
+    eigenvector of the unweighted D (``weighted_spread(..., vector=True)``). Not a certificate: it
+    only tells the remainder whether a weighted spread is worth certifying (bounds.remainder,
+    SPREAD_SLACK). +inf where the weights are not finite."""
+    D, finite = _weighted(G, P, w)
+    B, N, _ = D.shape
+    wa = torch.broadcast_to(w if w.dim() == 4 else w[..., None], P.shape).permute(0, 2, 1, 3).reshape(B, N)
+    wa = torch.where(torch.isfinite(wa), wa, torch.zeros_like(wa)).clamp_min(0)
+    start = torch.stack([x, wa.sqrt() * x, wa * x, torch.ones_like(x)], -1)  # [B, N, 4]
+    top = ritz_below(lambda Q: D @ Q, start, ESTIMATE_STEPS)
     return torch.where(finite, top, torch.full_like(top, torch.inf))
+
+
+def ritz_below(apply: Callable[[Tensor], Tensor], start: Tensor, steps: int) -> Tensor:
+    """The top Ritz value of the symmetric operator ``apply`` ([B, D, k] → [B, D, k]) on the block
+    Krylov space of ``steps`` blocks from ``start`` [B, D, k], [B]: an estimate from *below*, never a
+    bound. A Ritz value is at most λ_max on an orthonormal basis; a basis that lost orthogonality (a
+    space invariant early, its new columns rounding noise) can give more
+    (bounds.certificates.ORTHO_TOL), so there it is 0: a caller then certifies what it would skip."""
+    Q = torch.linalg.qr(start).Q
+    basis, images = [Q], [apply(Q)]
+    for _ in range(steps - 1):
+        W, V = images[-1], torch.cat(basis, -1)
+        for _ in range(2):
+            W = W - V @ (V.mT @ W)
+        Q = torch.linalg.qr(W).Q
+        basis.append(Q)
+        images.append(apply(Q))
+    V = torch.cat(basis, -1)
+    T = V.mT @ torch.cat(images, -1)
+    top = torch.linalg.eigvalsh(0.5 * (T + T.mT))[..., -1].clamp_min(0)
+    eye = torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
+    orthonormal = (V.mT @ V - eye).abs().flatten(1).amax(-1) <= 1e-10
+    return torch.where(orthonormal & torch.isfinite(top), top, torch.zeros_like(top))
 
 
 def logit_form_norm(layer: DotMHA, X: Tensor) -> tuple[Tensor, Tensor]:
@@ -154,13 +214,14 @@ def cubic_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
     Σ_{β∈b} p_β G_αβ² and T_{b,b'} = Σ_{α∈b} p_α S_{α,b'}; ‖𝒞‖² = λ_max(N^½ K N^½) as for ‖𝒜‖."""
     B, Nn, _ = G.shape
     n = X.shape[-2]
+    nb = Nn // n  # the (i, l) blocks, each of n consecutive α = (i, l, k)
     p = P.permute(0, 2, 1, 3).reshape(B, Nn)  # α = (i, l, k)
-    blk = torch.arange(Nn, device=G.device) // n  # α's (i, l) block
     G2 = G.square()
-    S = torch.zeros(B, Nn, Nn // n, dtype=G.dtype, device=G.device).index_add_(2, blk, G2 * p[:, None, :])
-    T = torch.zeros(B, Nn // n, Nn // n, dtype=G.dtype, device=G.device).index_add_(1, blk, S * p[:, :, None])
-    Sb = S[:, :, blk]  # S_{α, block of β}
-    K = G * (G2 / 36 - (Sb + Sb.mT) / 12 + T[:, blk][:, :, blk] / 4)
+    S = (G2 * p[:, None, :]).reshape(B, Nn, nb, n).sum(-1)  # [B, α, block]
+    T = (S * p[:, :, None]).reshape(B, nb, n, nb).sum(2)  # [B, block, block]
+    Sb = S[..., None].expand(B, Nn, nb, n).reshape(B, Nn, Nn)  # S_{α, block of β}
+    Tb = T[:, :, None, :, None].expand(B, nb, n, nb, n).reshape(B, Nn, Nn)
+    K = G * (G2 / 36 - (Sb + Sb.mT) / 12 + Tb / 4)
     # every term is at most max|G|³ in size (the p sum to 1 over a block), so K's entries carry
     # errors far below 1e-12·max|G|³ and ‖ΔK‖₂ ≤ h·n²·max|ΔK| (as form_norm's slack, G's own rounding
     # is taken relative to G's largest entry)
@@ -168,27 +229,30 @@ def cubic_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
     return _flattened(layer, X, K, P, scale).clamp_min(0).sqrt()
 
 
-def value_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
+def value_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, below: bool = False) -> Tensor:
     """‖𝓑‖, [B] (docs/bounds.md §2.3.2): the value term V(Γ) = Σ_l dP_l[Γ] Γ C_l is the bilinear form
     B(Γ, Γ) with row i of B(Γ, Γ') = Σ_{l,k} p_lik (f̂_αᵀ vec Γ) Γ'_k C_l, and ‖V(Γ)‖_F ≤ ‖𝓑‖‖Γ‖_F² with
     ‖𝓑‖ the norm of its (n·d) × (n·d)² flattening: :func:`_value_side` with
-    M^{ll'}_{ii'} = Σ_k p_lik p_l'i'k G_{(i,l,k),(i',l',k)}."""
+    M^{ll'}_{ii'} = Σ_k p_lik p_l'i'k G_{(i,l,k),(i',l',k)}. ``below``: an estimate of ‖𝓑‖ from below
+    instead (:func:`value_side_below`), to tell whether it is worth certifying."""
     B, n, _ = X.shape
     h = layer.h
     Gd = torch.diagonal(G.reshape(B, n, h, n, n, h, n), dim1=3, dim2=6)  # [B, i, l, i', l', k]: k = k'
     p = P.permute(0, 2, 1, 3)  # [B, i, l, k]
     M = torch.einsum("bilk,bjgk,biljgk->biljg", p, p, Gd)
+    if below:
+        return value_side_below(layer, M)
     # the same sum on √(G_αα G_ββ) ≥ |G_αβ|: a scale of M's entries and of their rounding errors
     sd = torch.diagonal(G, dim1=-2, dim2=-1).clamp_min(0).sqrt().reshape(B, n, h, n) * p
     return _value_side(layer, M, torch.einsum("bilk,bjgk->biljg", sd, sd))
 
 
-def value_cubic_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
+def value_cubic_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, below: bool = False) -> Tensor:
     """‖𝓑₂‖, [B] (docs/bounds.md §2.3.4): the value side's third order, row i of which is
     Σ_l ½ E_p[δ̃² Z̃] = Σ_{l,k} ½ p_lik (f̂_αᵀγ)² (Γ_k − γ̄_li) C_l (Z = ΓC_l centred under the clean
     row), ≤ ‖𝓑₂‖‖Γ‖_F³. Its atoms are ½ f̂_α^{⊗2} ⊗ (e_k − p_li) ⊗ C_l e_c, so :func:`_value_side`
     takes M^{ll'}_{ii'} = ¼ Σ_{k,k'} p_α p_β G_αβ² ⟨e_k − p_li, e_k' − p_l'i'⟩ (α = (i,l,k),
-    β = (i',l',k'))."""
+    β = (i',l',k')). ``below`` as in :func:`value_form_norm`."""
     B, n, _ = X.shape
     h = layer.h
     p = P.permute(0, 2, 1, 3)  # [B, i, l, k]
@@ -199,6 +263,8 @@ def value_cubic_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
          - torch.einsum("bilkjgq,bjgk->biljg", W2, p)
          - torch.einsum("bilkjgq,bilq->biljg", W2, p)
          + W2.sum((3, 6)) * torch.einsum("bilk,bjgk->biljg", p, p))
+    if below:
+        return value_side_below(layer, 0.25 * M)
     # |⟨e_k − p_li, e_k' − p_l'i'⟩| ≤ 4 and G_αβ² ≤ G_αα G_ββ: a scale of M's entries and errors
     sd = torch.diagonal(G, dim1=-2, dim2=-1).clamp_min(0).reshape(B, n, h, n) * p
     return _value_side(layer, 0.25 * M, torch.einsum("bil,bjg->biljg", sd.sum(-1), sd.sum(-1)))
@@ -225,6 +291,35 @@ def _value_side(layer: DotMHA, M: Tensor, Mabs: Tensor) -> Tensor:
     lam = top_eig(S.reshape(B, D, D))
     scale = R.square().sum() * WW.flatten().norm() * Mabs.flatten(1).norm(dim=-1)
     return (lam * (1 + ROUND_REL) + 1e-10 * scale).clamp_min(0).sqrt()
+
+
+# block Krylov steps (4 columns each, from a fixed random start) of :func:`value_side_below`
+VALUE_ESTIMATE_STEPS = 4
+
+
+def value_side_below(layer: DotMHA, M: Tensor) -> Tensor:
+    """:func:`_value_side`'s √λ_max from *below*, [B], without forming its n·min(d, h·d_h)-square
+    matrix S = (I ⊗ R) K̂ (I ⊗ Rᵀ): the top Ritz value of a few block Krylov steps
+    (:func:`ritz_below`), each product with S through its factors (n²h²d_h operations a column, where
+    forming S takes n²·h·d_h·d·(h·d_h)). An estimate, never a bound: it tells the remainder that the
+    form cannot beat its Cauchy–Schwarz alternative, so that the form is not certified for nothing."""
+    B, n = M.shape[:2]
+    h, dh, d = layer.h, layer.d_h, layer.W_v.shape[1]
+    Wv = layer.W_v.permute(1, 0, 2).reshape(d, h * dh)
+    WW = (Wv.mT @ Wv).reshape(h, dh, h, dh)  # [l, a, l', c]
+    R = torch.linalg.qr(layer.W_o.reshape(h * dh, d).mT, mode="r").R  # [r, h·d_h]
+    r = R.shape[0]
+
+    def apply(Q: Tensor) -> Tensor:  # [B, n·r, k] → S Q
+        k = Q.shape[-1]
+        u = (Q.reshape(B, n, r, k).transpose(-1, -2) @ R).reshape(B, n, k, h, dh)  # (I ⊗ Rᵀ) Q
+        t = torch.einsum("layc,bjkyc->bjkyla", WW, u)
+        w = torch.einsum("biljy,bjkyla->bikla", M, t).reshape(B, n, k, h * dh)  # K̂ ·
+        return (w @ R.mT).transpose(-1, -2).reshape(B, n * r, k)  # (I ⊗ R) ·
+
+    g = torch.Generator().manual_seed(0)
+    start = torch.randn(n * r, 4, generator=g, dtype=torch.float64).to(M.device).expand(B, n * r, 4)
+    return ritz_below(apply, start, VALUE_ESTIMATE_STEPS).sqrt()
 
 
 def spectral_spread(layer: DotMHA, X: Tensor, P: Tensor, sigma: Tensor) -> Tensor:

@@ -17,6 +17,7 @@ head (docs/bounds.md §2.3 and §2.3.1). ``taylor`` and ``taylor_net`` pay the s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -34,6 +35,7 @@ from .forms import (
     logit_form_norm,
     logit_gram,
     spectral_spread,
+    spread_estimate,
     value_cubic_norm,
     value_form_norm,
     weighted_spread,
@@ -178,14 +180,19 @@ def _assemble(rows: dict[str, Tensor], alpha: Tensor, beta: Tensor, r: Tensor, d
                                    + r * rows["A"] * (beta * lam.sqrt()).amax(-1))
 
 
-def _weighted_x(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, w: Tensor, r: Tensor) -> Tensor:
+# λ_max(D_w) of bounds.forms.weighted_spread for weights w, [B]: one of _Spreads' three
+Spread = Callable[[Tensor], Tensor]
+
+
+def _weighted_x(layer: DotMHA, rows: dict[str, Tensor], spread: Spread, w: Tensor, r: Tensor) -> Tensor:
     """√Λ_w·r + (max_i Σ_l max_k w λ_li ‖A_l‖²/d_h)^½·r² ≥ (Σ_{l,i,k} w p x²)^½ over the ball, [B]
     (docs/bounds.md §2.3.2): x = δ̃ + q̃ split by Minkowski, the δ part a weighted λ_max of the logit
-    Gram (:func:`bounds.forms.weighted_spread`), the q part through Var_p(q_li) ≤ λ_li‖A_l‖²r²‖Γ_i‖²/d_h.
-    ``w`` [B, h, n] per (head, row) or [B, h, n, n] per key; ``r`` [B]."""
+    Gram (:func:`bounds.forms.weighted_spread`, through ``spread``), the q part through
+    Var_p(q_li) ≤ λ_li‖A_l‖²r²‖Γ_i‖²/d_h. ``w`` [B, h, n] per (head, row) or [B, h, n, n] per key;
+    ``r`` [B]."""
     per_row = w.amax(-1) if w.dim() == 4 else w
     var_q = (per_row * rows["lam"] * rows["A"][None, :, None].square()).sum(1).amax(-1) / layer.d_h
-    return weighted_spread(G, P, w).sqrt() * r + var_q.sqrt() * r**2
+    return spread(w).sqrt() * r + var_q.sqrt() * r**2
 
 
 def local_remainder(layer: DotMHA, X: Tensor, eps, rows: dict[str, Tensor] | None = None) -> Tensor:
@@ -248,27 +255,70 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     # jointly: Σ_{l,i} c_li Var(u_li) ≤ (√(Σ c Var δ) + √(Σ c Var q))², Var(q_li) ≤ λ_li‖A_l‖²r²‖Γ_i‖²/d_h
     c = CUMULANT4 * s * rows["diamY"][..., None] * _g3(s)  # [B, h, n]
     r1 = r[:, 0, 0]
-    joint = _weighted_x(layer, rows, G, P, c, r1).square()
-    joint = joint + _assemble(rows, _g2(s) * value, beta, r, layer.d_h).sum(-1)
-    joint = _nan_inf(joint)
+    joint_q = _assemble(rows, _g2(s) * value, beta, r, layer.d_h).sum(-1)
     cv = _value_c(layer, rows)
-    shared = _shared_value(layer, rows, G, P, r, cv)
     if cache is not None:
         if "form" not in cache:
-            cache.update(_clean_forms(layer, X, G, P, sigma))
+            cache.update(_clean_forms(layer, X, G, P, sigma, cv))
         clean = cache
     else:  # the certify runs ask every ε on one trace, inside a reuse block
         names, tensors = layer_key(layer)
         clean = reused(("quadratic_parts", names), (*tensors, X),
-                       lambda: _clean_forms(layer, X, G, P, sigma))
+                       lambda: _clean_forms(layer, X, G, P, sigma, cv))
     # the value term: Cauchy–Schwarz (√(cΛ)) or the bilinear form itself (‖𝓑‖), the smaller
     value_term = torch.minimum(cv.sqrt() * clean["spread"], clean["bilinear"])
     second = (clean["form"] + value_term) * r1**2
-    cubic = _cubic_rest(layer, rows, G, P, r, shared, clean)
-    rest = torch.minimum(torch.minimum(per_head, joint), cubic)
-    # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
-    # that the smaller of the remainders (:func:`remainder`) never takes a NaN
-    return _nan_inf((second + rest) * (1 + ROUND_REL))
+    spreads = _Spreads(G, P, clean)
+    value3 = _value3(layer, X, G, P, clean, r1, _shared_value(layer, rows, spreads.upper, r, cv))
+    cubic = _cubic_rest(layer, rows, r, clean, value3)
+
+    def assemble(spread: Spread) -> Tensor:
+        joint = _nan_inf(_weighted_x(layer, rows, spread, c, r1).square() + joint_q)
+        shared = _shared_value(layer, rows, spread, r, cv)
+        rest = torch.minimum(torch.minimum(per_head, joint), cubic(spread, shared))
+        # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
+        # that the smaller of the remainders (:func:`remainder`) never takes a NaN
+        return _nan_inf((second + rest) * (1 + ROUND_REL))
+
+    # every weighted spread by monotonicity first; certified only where that could cost more than
+    # SPREAD_SLACK of the remainder, judged against the spreads' estimates from below
+    upper = assemble(spreads.upper)
+    if bool((upper <= (1 + SPREAD_SLACK) * assemble(spreads.lower)).all()):
+        return upper
+    return torch.minimum(upper, assemble(spreads.exact))
+
+
+# the remainder with each weighted spread λ_max(D_w) bounded by max(w)·Λ (no eigenproblem) is kept
+# where it is at most this much above the remainder with every spread's estimate from below, itself
+# at most the remainder with the spreads certified (the remainder grows with each spread): so it is
+# within this of what certifying them all would give (docs/bounds.md §2.3.2, "What it costs")
+SPREAD_SLACK = 0.01
+
+
+class _Spreads:
+    """λ_max(D_w) = λ_max(diag(√(w∘p)) G diag(√(w∘p))) for the weights w the quadratic remainder asks
+    (:func:`bounds.forms.weighted_spread`), three ways, each [B]:
+
+    * ``exact``: certified, an eigenproblem of side h·n² each;
+    * ``upper``: max(w)·Λ, certified without one: λ_max(D_w) = λ_max(G^½ diag(w∘p) G^½) and
+      diag(w∘p) ⪯ max(w)·diag(p), with Λ = λ_max(D_1) as certified for the second-order term;
+    * ``lower``: an estimate from below (:func:`bounds.forms.spread_estimate`), never a bound of
+      anything: it tells whether ``upper`` is close enough."""
+
+    def __init__(self, G: Tensor, P: Tensor, clean: dict[str, Tensor]) -> None:
+        self.G, self.P, self.top, self.vector = G, P, clean["Lambda"], clean["spread_vector"]
+
+    def exact(self, w: Tensor) -> Tensor:
+        return weighted_spread(self.G, self.P, w)
+
+    def upper(self, w: Tensor) -> Tensor:
+        most = w.flatten(1).amax(-1)
+        finite = torch.isfinite(w).flatten(1).all(-1)
+        value = torch.where(most > 0, most.clamp_min(0) * self.top * (1 + ROUND_REL), torch.zeros_like(most))
+        return torch.where(finite, value, torch.full_like(value, torch.inf))
+
+    def lower(self, w: Tensor) -> Tensor:
+        return spread_estimate(self.G, self.P, w, self.vector)
 
 
 # ‖𝓑‖ and ‖𝓑₂‖ are n·min(d, h·d_h)-square eigenproblems: computed only on a layer wide for its tokens
@@ -278,21 +328,45 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
 VALUE_FORM_LIMIT = 2560
 
 
-def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor) -> dict[str, Tensor]:
+def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor,
+                 cv: Tensor) -> dict[str, Tensor]:
     """What the quadratic remainder takes from the clean point alone, [B] or [B, h, n] each: ‖𝒜‖,
-    √Λ, ‖𝓑‖ and ‖𝓑₂‖ (+inf above VALUE_FORM_LIMIT), ‖𝒞‖ and σ₂ (bounds.forms)."""
+    √Λ, ‖𝓑‖ and ‖𝓑₂‖ (+inf above VALUE_FORM_LIMIT), ‖𝒞‖ and σ₂ (bounds.forms); ``cv`` is
+    :func:`_value_c`'s.
+
+    The value forms are certified only where they can win. ‖𝓑‖ is not where its estimate from below
+    (bounds.forms.value_side_below, a few products with its factors) is already at least its
+    alternative √(cv·Λ): the value term is then √(cv·Λ) whatever ‖𝓑‖ is. ‖𝓑₂‖ waits for a radius
+    (:func:`_value3`), with its estimate from below kept as ``value3_below``."""
     B, n, d = X.shape
+    none = torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
+    Lambda, vector = weighted_spread(G, P, vector=True)
+    out = {"form": form_norm(layer, X, G, P), "Lambda": Lambda, "spread": Lambda.sqrt(),
+           "spread_vector": vector, "bilinear": none, "value3_below": none,
+           "cubic": cubic_form_norm(layer, X, G, P), "sigma2": spectral_spread(layer, X, P, sigma)}
     if 4 * layer.h * n * n <= n * d and n * min(d, layer.h * layer.d_h) <= VALUE_FORM_LIMIT:
-        bilinear, value3 = value_form_norm(layer, X, G, P), value_cubic_norm(layer, X, G, P)
-    else:
-        bilinear = value3 = torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
-    return {"form": form_norm(layer, X, G, P), "spread": weighted_spread(G, P).sqrt(),
-            "bilinear": bilinear, "cubic": cubic_form_norm(layer, X, G, P), "value3": value3,
-            "sigma2": spectral_spread(layer, X, P, sigma)}
+        if bool((value_form_norm(layer, X, G, P, below=True) < cv.sqrt() * out["spread"]).any()):
+            out["bilinear"] = value_form_norm(layer, X, G, P)
+        out["value3_below"] = value_cubic_norm(layer, X, G, P, below=True)
+    return out
 
 
-def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r: Tensor,
-                shared: Tensor, clean: dict[str, Tensor]) -> Tensor:
+def _value3(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, clean: dict[str, Tensor], r: Tensor,
+            shared: Tensor) -> Tensor:
+    """‖𝓑₂‖ (bounds.forms.value_cubic_norm) where it can win at radius ``r`` [B], else +inf, [B]: the
+    value side is min(shared, ‖𝓑₂‖r³ + terms ≥ 0), so where ‖𝓑₂‖'s estimate from below times r³ is
+    already at least ``shared`` (the value side with every weighted spread at its bound from above,
+    :class:`_Spreads`) the form cannot lower it. Certified once per clean point, kept in ``clean``."""
+    below = clean["value3_below"]
+    if not bool(torch.isfinite(below).any()) or not bool((below * r**3 < shared).any()):
+        return torch.full_like(below, torch.inf)
+    if "value3" not in clean:
+        clean["value3"] = value_cubic_norm(layer, X, G, P)
+    return clean["value3"]
+
+
+def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor, clean: dict[str, Tensor],
+                value3: Tensor) -> Callable[[Spread, Tensor], Tensor]:
     """R − L − V with the third order at the clean point as the form it is, [B] (docs/bounds.md
     §2.3.4): ‖𝒞‖r³ for (1/6)E[δ̃³Ỹ] − ½E[δ̃²]E[δ̃Ỹ], and every other term (Cov_p(q, Y), the third
     order's q and value parts, the fourth order) jointly over heads and rows, in three kinds:
@@ -306,8 +380,10 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
     each term of the form ‖E_p[a Ỹ]‖ paid with σ₂ (the values' widest spread) in place of σ. The
     value side's E[(e^x − 1 − x)Z̃] is the smaller of two bounds: with the heads sharing Γ as
     §2.3.2's assembly under the clean row did, or ‖𝓑₂‖r³ for its third order ½E[δ̃²Z̃] and the rest
-    (q's part and e^x's cubic remainder) in the two linear kinds above. ``clean`` is :func:`_clean_forms`'s,
-    ``shared`` :func:`_shared_value`'s."""
+    (q's part and e^x's cubic remainder) in the two linear kinds above. ``clean`` is
+    :func:`_clean_forms`'s, ``value3`` ‖𝓑₂‖ or +inf (:func:`_value3`). Returned as a function of the
+    weighted spreads and of ``shared`` (:func:`_shared_value`'s), [B], what does not depend on them
+    computed once."""
     sigma2 = clean["sigma2"]
     s, lam, v = rows["s"], rows["lam"], rows["v"]
     r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
@@ -322,11 +398,10 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
     # (1/Z − 1)E[(e^x − 1)Z̃] (≤ h₂m₂·g₁ std(x) v), with m₂ = E_p x² ≤ sx²
     per_row = (h2.square() * sx.square() + g3 * s) * sx * sigma2 + h2 * g1 * sx * v
     w = (g4 * s.square() + h2.square() * sx.square())[..., None] * rows["Yc"] + per_row[..., None]
-    moments = _weighted_x(layer, rows, G, P, w, r1).square()
     # × std(δ): E[δ̃q̃Ỹ] ≤ σ₂ qm std(δ); over heads and rows Σ_l α std(δ_li) ≤ (Σ_l α_li)^½
     # (Σ_l α_li Var δ_li)^½, and Σ_{l,i} α_li Var(δ_li) ≤ Λ_α r²; or per head (:func:`_assemble`)
-    def lin_d(alpha: Tensor) -> Tensor:
-        return torch.minimum(alpha.sum(1).amax(-1).sqrt() * weighted_spread(G, P, alpha).sqrt() * r1,
+    def lin_d(spread: Spread, alpha: Tensor) -> Tensor:
+        return torch.minimum(alpha.sum(1).amax(-1).sqrt() * spread(alpha).sqrt() * r1,
                              _assemble(rows, alpha, torch.zeros_like(alpha), r, layer.d_h).sum(-1))
 
     keys = heads_top(layer.W_k, lam)  # max over Γ of Σ_l Var_{p_li}(Γ W^K_l)/‖Γ‖²: one per row i
@@ -346,22 +421,29 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r:
     # E[(e^x − 1 − x)Z̃] ≤ g₂ std(x) std(Z̃), the heads sharing Γ (:func:`_shared_value`), or
     # ½E[δ̃²Z̃] ≤ ‖𝓑₂‖r³ (jointly), ½E[(x² − δ̃²)Z̃] = ½E[q̃(2δ̃ + q̃)Z̃] ≤ ½qm(2 std δ + std q)v and
     # E[ρ₃(x)Z̃] ≤ g₃s² std(x) v (|ρ₃(x)| = |e^x − 1 − x − x²/2| ≤ g₃|x|³ ≤ g₃s²|x|)
-    value = _nan_inf(shared)
-    if bool(torch.isfinite(clean["value3"]).any()):  # ‖𝓑₂‖ is computed on wide layers only
-        e3 = g3 * s.square()
-        third = clean["value3"] * r1**3 + lin_d((qm + e3) * v) + lin_q((0.5 * qm + e3) * v)
-        value = torch.minimum(value, _nan_inf(third))
-    return _nan_inf(clean["cubic"] * r1**3 + moments + lin_d(qm * sigma2) + lin_q(beta) + value)
+    wide = bool(torch.isfinite(value3).any())  # ‖𝓑₂‖ is computed on wide layers only, where it can win
+    e3 = g3 * s.square()
+    q_beta = lin_q(beta)
+    q_third = lin_q((0.5 * qm + e3) * v) if wide else None
+
+    def rest(spread: Spread, shared: Tensor) -> Tensor:
+        moments = _weighted_x(layer, rows, spread, w, r1).square()
+        value = _nan_inf(shared)
+        if wide:
+            third = value3 * r1**3 + lin_d(spread, (qm + e3) * v) + q_third
+            value = torch.minimum(value, _nan_inf(third))
+        return _nan_inf(clean["cubic"] * r1**3 + moments + lin_d(spread, qm * sigma2) + q_beta + value)
+
+    return rest
 
 
-def _shared_value(layer: DotMHA, rows: dict[str, Tensor], G: Tensor, P: Tensor, r: Tensor,
-                  cv: Tensor) -> Tensor:
+def _shared_value(layer: DotMHA, rows: dict[str, Tensor], spread: Spread, r: Tensor, cv: Tensor) -> Tensor:
     """E[(e^x − 1 − x)Z̃] over heads and rows with the heads sharing Γ, [B] (docs/bounds.md §2.3.2):
     over the heads of row i, Σ_l g₂(X_li) std(x_li) std(Z̃_li) ≤ (Σ_l g₂² Var x_li)^½ (Σ_l Var Z_li)^½
     (Cauchy–Schwarz), the second factor ≤ √cv·r (:func:`_value_c`), and over rows by ℓ2,
     √cv·r·(√Λ_{g₂²}·r + (max_i Σ_l g₂² λ_li‖A_l‖²/d_h)^½ r²)."""
     r1 = r[:, 0, 0]
-    return cv.sqrt() * r1 * _weighted_x(layer, rows, G, P, _g2(rows["s"]).square(), r1)
+    return cv.sqrt() * r1 * _weighted_x(layer, rows, spread, _g2(rows["s"]).square(), r1)
 
 
 def _value_c(layer: DotMHA, rows: dict[str, Tensor]) -> Tensor:

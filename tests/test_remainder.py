@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from attacks.pgd import attack_remainder
+from bounds import remainder as R
 from bounds.remainder import (
     _g1,
     _g3,
@@ -234,8 +235,7 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     """The quadratic bound's fourth assembly (docs/bounds.md §2.3.4) on its own, as it need not be the
     smallest: (‖𝒜‖ + min(√(cΛ), ‖𝓑‖))r² + ‖𝒞‖r³ + the rest ≥ the attained remainder; on the wide
     cases with the value forms."""
-    from bounds import remainder as R
-    from bounds.forms import logit_gram
+    from bounds.forms import logit_gram, value_cubic_norm, value_form_norm
     n, d, h, w, xn, r, bias = case
     seed = int(1000 * w + 10 * n + d)
     layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
@@ -245,12 +245,21 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     rows = R._rows(layer, X, rr)
     G, P = logit_gram(layer, X, rows["P"])
     cv = R._value_c(layer, rows)
-    clean = R._clean_forms(layer, X, G, P, rows["sigma"])
+    clean = R._clean_forms(layer, X, G, P, rows["sigma"], cv)
+    wide = 4 * h * n * n <= n * d
+    assert torch.isfinite(clean["value3_below"]).all() == wide
+    if wide:  # the value forms certified whether or not they can win, so that each is tested
+        clean["bilinear"] = value_form_norm(layer, X, G, P)
+        assert (clean["bilinear"] >= value_form_norm(layer, X, G, P, below=True)).all()
+        clean["value3"] = value_cubic_norm(layer, X, G, P)
+        assert (clean["value3"] >= clean["value3_below"]).all()
     second = (clean["form"] + torch.minimum(cv.sqrt() * clean["spread"], clean["bilinear"])) * r**2
-    assert torch.isfinite(clean["value3"]).all() == (4 * h * n * n <= n * d)
-    alone = second + R._cubic_rest(layer, rows, G, P, rr, R._shared_value(layer, rows, G, P, rr, cv), clean)
+    value3 = clean["value3"] if wide else clean["value3_below"]
     tol = 1e-12 * (1 + X.flatten(1).norm(dim=1))
-    assert (alone + tol >= attained).all(), (alone, attained)
+    cubic, spreads = R._cubic_rest(layer, rows, rr, clean, value3), R._Spreads(G, P, clean)
+    for spread in (spreads.exact, spreads.upper):  # the spreads certified, and by monotonicity
+        alone = second + cubic(spread, R._shared_value(layer, rows, spread, rr, cv))
+        assert (alone + tol >= attained).all(), (alone, attained)
 
 
 def _block_inputs(stem: str, images: int) -> list:
@@ -332,6 +341,58 @@ def test_the_weighted_logit_spread_against_the_dense_jacobian(seed, bias, weight
     # a λ_max, not a norm: θ(1 + τ) + τ·max G_ii raises it by up to about 2·FORM_TAU
     assert float(ours[0]) == pytest.approx(float(dense), rel=3e-6)
     assert float(ours[0]) >= float(dense)
+
+
+@pytest.mark.parametrize("case", [CASES[k] for k in (0, 1, 3, 4, 7, 8, 11)])
+def test_the_spreads_by_monotonicity_above_and_their_estimates_below(case):
+    """The weighted spreads the quadratic remainder asks without an eigenproblem of their own: max(w)·Λ
+    bounds λ_max(D_w) from above, spread_estimate from below, both against a dense float64 eigvalsh
+    of D_w, for weights per row and per key, spread over orders of magnitude, with zeros, and ∞."""
+    from bounds.forms import _weighted, logit_gram, spread_estimate, weighted_spread
+    n, d, h, w, xn, _, bias = case
+    seed = int(1000 * w + 10 * n + d)
+    layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
+    X = _case(n, d, h, w, xn, seed)
+    G, P = logit_gram(layer, X)
+    Lambda, vector = weighted_spread(G, P, vector=True)
+    spreads = R._Spreads(G, P, {"Lambda": Lambda, "spread_vector": vector})
+    gen = torch.Generator().manual_seed(seed)
+    for shape in ((2, h, n), (2, h, n, n)):
+        for k in range(4):
+            weights = torch.rand(shape, dtype=torch.float64, generator=gen) ** (1 + 4 * k)
+            weights = weights * 10.0 ** (3 - 2 * k)
+            if k == 3:
+                weights[0] = 0.0
+            D, _ = _weighted(G, P, weights)
+            truth = torch.linalg.eigvalsh(0.5 * (D + D.mT))[..., -1]
+            assert (spreads.upper(weights) >= truth * (1 - 1e-12)).all()
+            below = spread_estimate(G, P, weights, vector)
+            assert (below <= truth * (1 + 1e-9) + 1e-300).all(), (below, truth)
+    weights = torch.ones(2, h, n, dtype=torch.float64)
+    weights[1, 0, 0] = torch.inf
+    assert torch.isinf(spreads.upper(weights)[1]) and torch.isinf(spread_estimate(G, P, weights, vector)[1])
+
+
+@pytest.mark.parametrize("case", [CASES[k] for k in (0, 1, 2, 3, 9, 11)] + WIDE)
+def test_the_spreads_by_monotonicity_cost_at_most_their_slack(case):
+    """quadratic_remainder keeps max(w)·Λ for the weighted spreads only where that is within
+    SPREAD_SLACK of certifying each: it is never below the remainder with every spread certified, and
+    at most 1 + SPREAD_SLACK times it."""
+    n, d, h, w, xn, r, bias = case
+    seed = int(1000 * w + 10 * n + d)
+    layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
+    X = _case(n, d, h, w, xn, seed)
+    ours = quadratic_remainder(layer, X, r)
+    slack = R.SPREAD_SLACK
+    try:
+        R.SPREAD_SLACK = -1.0  # never good enough: every weighted spread certified
+        certified = quadratic_remainder(layer, X, r)
+    finally:
+        R.SPREAD_SLACK = slack
+    finite = torch.isfinite(certified)
+    assert torch.equal(finite, torch.isfinite(ours))
+    assert (ours[finite] >= certified[finite]).all()
+    assert (ours[finite] <= (1 + slack) * certified[finite] * (1 + 1e-12)).all(), ours / certified
 
 
 def test_an_overflowing_weight_gives_inf_never_nan():
