@@ -336,6 +336,80 @@ def spectral_spread(layer: DotMHA, X: Tensor, P: Tensor, sigma: Tensor) -> Tenso
     return torch.minimum((top * (1 + ROUND_REL)).clamp_min(0).sqrt() + 1e-9 * raw, sigma)
 
 
+def head_factors(F: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(‖F̄‖², ‖F_l‖² [h], an approximate top right singular vector of F̄ as [h, e]) for F [h, d, e],
+    F̄ = [F_1 … F_h]: the norms rounded up (bounds.certificates.gram_norm), the vector (a few power
+    steps) for estimates from below only."""
+    h, d, e = F.shape
+    Fb = F.permute(1, 0, 2).reshape(d, h * e)
+    K = Fb.mT @ Fb
+    whole = gram_norm(K).square() * (1 + ROUND_REL)
+    each = gram_norm(F.mT @ F).square() * (1 + ROUND_REL)  # [h]
+    u = torch.ones(h * e, dtype=K.dtype, device=K.device)
+    for _ in range(8):  # power steps: only a direction for a start
+        u = K @ u
+        u = u / u.norm().clamp_min(1e-300)
+    return whole, each, u.reshape(h, e)
+
+
+def heads_above(factors: tuple[Tensor, Tensor, Tensor], w: Tensor) -> Tensor:
+    """:func:`heads_top` from above without an eigenproblem, [B, n]: by monotonicity in w ≥ 0,
+    λ_max(Σ_l w_li F_l F_lᵀ) ≤ min(max_l w_li·‖F̄‖², Σ_l w_li‖F_l‖²); ``factors`` of
+    :func:`head_factors`. +inf where a weight is."""
+    whole, each, _ = factors
+    finite = torch.isfinite(w).all(1)
+    w = torch.where(finite[:, None], w, torch.zeros_like(w)).clamp_min(0)
+    top = torch.minimum(w.amax(1) * whole, (w * each[None, :, None]).sum(1)) * (1 + ROUND_REL)
+    return torch.where(finite, top, torch.full_like(top, torch.inf))
+
+
+def heads_below(F: Tensor, factors: tuple[Tensor, Tensor, Tensor], w: Tensor) -> Tensor:
+    """:func:`heads_top` from *below*, [B, n], without an eigenproblem a row: the top Ritz value of
+    two block Krylov steps (:func:`ritz_below`) on D_i^½ F̄ᵀF̄ D_i^½ from D_i^½u, u, the heaviest
+    head's block of u and D_i u, with u F̄'s top direction (``factors``, :func:`head_factors`). An
+    estimate, never a bound; +inf where a weight is."""
+    h, d, e = F.shape
+    B, _, n = w.shape
+    finite = torch.isfinite(w).all(1)
+    w = torch.where(finite[:, None], w, torch.zeros_like(w)).clamp_min(0)
+    Fb = F.permute(1, 0, 2).reshape(d, h * e)
+    K = Fb.mT @ Fb
+    root = w.sqrt().repeat_interleave(e, 1).mT.reshape(B * n, h * e)  # D_i^½ on the diagonal
+    u = factors[2].reshape(h * e)
+    heavy = torch.nn.functional.one_hot(w.argmax(1).reshape(B * n), h).to(K.dtype).repeat_interleave(e, 1)
+    start = torch.stack([root * u, u.expand(B * n, -1), heavy * u, root.square() * u], -1)
+    top = ritz_below(lambda Q: root[..., None] * (K @ (root[..., None] * Q)), start, 2).reshape(B, n)
+    return torch.where(finite, top, torch.full_like(top, torch.inf))
+
+
+def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor]) -> Tensor:
+    """max over rows of ``value(heads)`` [B, n] → [B], where ``value`` combines :func:`heads_top`
+    values (``heads(F, w)``, [B, n]) monotonically, each certified only on the rows that can attain
+    the maximum: every row's value from above (:func:`heads_above`) and from below
+    (:func:`heads_below`), then :func:`heads_top` on the rows whose value from above reaches the
+    largest from below; the others keep their bound from above, which is below that maximum. The
+    same as certifying every row where the estimates are below the truth; certified wherever."""
+    factors: dict = {}
+
+    def of(F: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if id(F) not in factors:
+            factors[id(F)] = (F, head_factors(F))
+        return factors[id(F)][1]
+
+    above = value(lambda F, w: heads_above(of(F), w))
+    below = value(lambda F, w: heads_below(F, of(F), w))
+    rows = ~(above < below.amax(-1, keepdim=True))  # [B, n]; NaN-safe: a NaN row is computed
+
+    def certified(F: Tensor, w: Tensor) -> Tensor:
+        out = heads_above(of(F), w)
+        if bool(rows.any()):
+            out = out.clone()
+            out[rows] = heads_top(F, w.permute(0, 2, 1)[rows].mT[None])[0]
+        return out
+
+    return value(certified).amax(-1)
+
+
 def heads_top(F: Tensor, w: Tensor) -> Tensor:
     """λ_max(Σ_l w_li F_l F_lᵀ) for every row i, rounded up, [B, n]: F [h, d, e] per head, w [B, h, n]
     ≥ 0. Through F̄ = [F_1 … F_h] (d × h·e): the top eigenvalue of D_i^½ F̄ᵀF̄ D_i^½, D_i = w_li on

@@ -31,7 +31,7 @@ from .forms import (
     ROUND_REL,
     cubic_form_norm,
     form_norm,
-    heads_top,
+    heads_top_max,
     logit_form_norm,
     logit_gram,
     spectral_spread,
@@ -291,7 +291,7 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
 # the remainder with each weighted spread λ_max(D_w) bounded by max(w)·Λ (no eigenproblem) is kept
 # where it is at most this much above the remainder with every spread's estimate from below, itself
 # at most the remainder with the spreads certified (the remainder grows with each spread): so it is
-# within this of what certifying them all would give (docs/bounds.md §2.3.2, "What it costs")
+# within this of what certifying them all would give (docs/bounds.md §2.3.4, "Eigenproblems left out")
 SPREAD_SLACK = 0.01
 
 
@@ -404,14 +404,16 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor, clean: dict[s
         return torch.minimum(alpha.sum(1).amax(-1).sqrt() * spread(alpha).sqrt() * r1,
                              _assemble(rows, alpha, torch.zeros_like(alpha), r, layer.d_h).sum(-1))
 
-    keys = heads_top(layer.W_k, lam)  # max over Γ of Σ_l Var_{p_li}(Γ W^K_l)/‖Γ‖²: one per row i
-
     def lin_q(beta: Tensor) -> Tensor:
         # std_p(q_li) ≤ ‖Γ_i W^Q_l‖ std_p(Γ W^K_l)/√d_h; Σ_l β ‖Γ_i W^Q_l‖ std(ΓW^K_l) by Cauchy–Schwarz
-        # over heads, two ways of splitting β; Var_{p_li}(Γ W^K_l) ≤ λ_li ‖Γ W^K_l‖_F² (fact iv)
-        one = heads_top(layer.W_q, beta.square()) * keys
-        two = heads_top(layer.W_q, beta) * heads_top(layer.W_k, lam * beta)
-        return torch.minimum(torch.minimum(one, two).sqrt().amax(-1) * r1**2 / rd,
+        # over heads, two ways of splitting β; Var_{p_li}(Γ W^K_l) ≤ λ_li ‖Γ W^K_l‖_F² (fact iv), the
+        # keys' factor max over Γ of Σ_l Var_{p_li}(Γ W^K_l)/‖Γ‖², one per row i; the largest row's
+        # value certified (bounds.forms.heads_top_max)
+        def row(heads: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+            one = heads(layer.W_q, beta.square()) * heads(layer.W_k, lam)
+            return torch.minimum(one, heads(layer.W_q, beta) * heads(layer.W_k, lam * beta))
+
+        return torch.minimum(heads_top_max(row).sqrt() * r1**2 / rd,
                              _assemble(rows, torch.zeros_like(beta), beta, r, layer.d_h).sum(-1))
 
     # × std(q): Cov_p(q, Y) ≤ σ₂ std q; ½E[q̃²Ỹ] ≤ ½σ₂ qm std q; (1/6)E[(x³ − δ̃³)Ỹ] ≤ ½ s² σ₂ std q
@@ -462,7 +464,8 @@ def _value_gram(layer: DotMHA, rows: dict[str, Tensor]) -> Tensor:
     bounds Σ_l λ_li ‖Γ C_l‖_F² for ‖Γ‖_F = 1 with the heads sharing Γ, where Σ_l λ_li ‖C_l‖² lets each
     head take all of it. Through the d_h-wide factors F_l = W^V_l R_lᵀ (W^O_lᵀ = Q_l R_l, so
     C_l C_lᵀ = F_l F_lᵀ; :func:`bounds.forms.heads_top`); λ and R from :func:`_rows`."""
-    return heads_top(layer.W_v @ rows["Ro"].mT, rows["lam"]).amax(-1)
+    F = layer.W_v @ rows["Ro"].mT
+    return heads_top_max(lambda heads: heads(F, rows["lam"]))
 
 
 def _nan_inf(t: Tensor) -> Tensor:
