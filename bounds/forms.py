@@ -8,7 +8,12 @@ docs/bounds.md §2.4) and raised for float64 rounding.
 * :func:`cubic_form_norm`: ‖𝒞‖, the pure-logit third-order term, and :func:`value_cubic_norm`, ‖𝓑₂‖,
   the value side's;
 * :func:`spectral_spread`: σ₂, the values' spread along their widest direction, per head and row;
-* :func:`heads_top`: λ_max(Σ_l w_li F_l F_lᵀ) per row, the heads sharing Γ.
+* :func:`heads_top`: λ_max(Σ_l w_li F_l F_lᵀ) per row, the heads sharing Γ, and
+  :func:`heads_top_max`, its largest row with only the rows that can be the largest certified.
+
+Beside them, estimates from *below* (:func:`ritz_below`, :func:`spread_estimate`,
+:func:`value_side_below`, :func:`heads_below`) that never enter a bound: they tell the remainder which
+eigenproblems cannot matter (docs/bounds.md §2.3.4, "Eigenproblems left out").
 """
 
 from __future__ import annotations
