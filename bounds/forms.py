@@ -187,19 +187,47 @@ def _value_rows(layer: DotMHA, X: Tensor, P: Tensor) -> Tensor:
     return (Yt * P.permute(0, 2, 1, 3)[..., None]).reshape(B, n, layer.h * n, d)
 
 
-def _flattened(layer: DotMHA, X: Tensor, K: Tensor, P: Tensor, scale: Tensor) -> Tensor:
+def _flattened(layer: DotMHA, X: Tensor, K: Tensor, P: Tensor, scale: Tensor,
+               deferred: bool = False) -> Tensor | Deferred:
     """λ_max(N^½ K N^½) rounded up, [B]: the squared norm of a form whose row (i, c) is
     Σ_{α∈i} p_α Ỹ_α[c] a_α, given the Gram K [B, h·n², h·n²] of its atoms a_α (docs/bounds.md §2.3.2);
     N = ΩΩᵀ is block-diagonal over rows, N_αβ = p_α p_β ⟨Ỹ_α, Ỹ_β⟩. ``scale`` [B] bounds the
-    magnitude of K's entries and their rounding errors; the slack is 1e-10 of ‖N‖·scale."""
+    magnitude of K's entries and their rounding errors; the slack is 1e-10 of ‖N‖·scale.
+    ``deferred``: the matrix formed and its eigenproblem left for when it is asked (:class:`Deferred`)."""
     B, n, _ = X.shape
     m = layer.h * n
     M = _value_rows(layer, X, P)
     mu, W = torch.linalg.eigh(M @ M.mT)  # N_i = M_i M_iᵀ, [B, n, m, m]
     root = (W * mu.clamp_min(0).sqrt()[..., None, :]) @ W.mT
-    S = torch.einsum("biax,bixjy,bjyc->biajc", root, K.reshape(B, n, m, n, m), root)
-    lam = top_eig(S.reshape(B, n * m, n * m))
-    return lam * (1 + ROUND_REL) + 1e-10 * mu.amax((-1, -2)).clamp_min(0) * scale
+    S = torch.einsum("biax,bixjy,bjyc->biajc", root, K.reshape(B, n, m, n, m), root).reshape(B, n * m, n * m)
+    slack = 1e-10 * mu.amax((-1, -2)).clamp_min(0) * scale
+    if deferred:
+        return Deferred(S, slack)
+    return top_eig(S) * (1 + ROUND_REL) + slack
+
+
+# block Krylov steps of :class:`Deferred`'s estimate from below (4 columns each, a fixed start)
+DEFERRED_ESTIMATE_STEPS = 3
+
+
+class Deferred:
+    """λ_max of a formed symmetric S [B, D, D], rounded up as :func:`_flattened` rounds it (``slack``
+    [B]), three ways: ``upper``, from ‖S‖_F (certified, no eigenproblem: |λ| ≤ ‖S‖_F for a symmetric
+    S); ``below``, a Ritz estimate (:func:`ritz_below`), never a bound; ``value()``, certified
+    (:func:`top_eig`), computed at its first call and kept."""
+
+    def __init__(self, S: Tensor, slack: Tensor) -> None:
+        self.S, self.slack, self._value = S, slack, None
+        # the norm's own rounding is below D²·u relative, far under ROUND_REL
+        self.upper = S.flatten(1).norm(dim=-1) * (1 + ROUND_REL) + slack
+        g = torch.Generator().manual_seed(0)
+        start = torch.randn(S.shape[-1], 4, generator=g, dtype=torch.float64).to(S.device)
+        self.below = ritz_below(lambda Q: S @ Q, start.expand(S.shape[0], -1, 4), DEFERRED_ESTIMATE_STEPS)
+
+    def value(self) -> Tensor:
+        if self._value is None:
+            self._value = top_eig(self.S) * (1 + ROUND_REL) + self.slack
+        return self._value
 
 
 def form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
@@ -210,13 +238,15 @@ def form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
     return 0.5 * _flattened(layer, X, Kp, P, Kp.flatten(1).norm(dim=-1)).sqrt()
 
 
-def cubic_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
+def cubic_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor,
+                    deferred: bool = False) -> Tensor | Deferred:
     """‖𝒞‖, [B] (docs/bounds.md §2.3.4): with δ the linear logit change, row i of the pure-logit third
     order is C(Γ)_i = Σ_l [(1/6) E_p[δ̃³ Ỹ] − ½ E_p[δ̃²] E_p[δ̃ Ỹ]] (every moment under the clean row
     p_li, δ̃ = δ − E_p δ), and ‖C(Γ)‖_F ≤ ‖𝒞‖‖Γ‖_F³. Its atoms are a_α = (1/6) f̂_α^{⊗3} −
     ½ b_{li} ⊗ f̂_α with b_li = Σ_{β∈(l,i)} p_β f̂_β^{⊗2}, so their Gram is
     K = G∘G∘G/36 − (S_{α,(l',i')} + S_{β,(l,i)})·G/12 + T_{(l,i),(l',i')}·G/4 with S_{α,b} =
-    Σ_{β∈b} p_β G_αβ² and T_{b,b'} = Σ_{α∈b} p_α S_{α,b'}; ‖𝒞‖² = λ_max(N^½ K N^½) as for ‖𝒜‖."""
+    Σ_{β∈b} p_β G_αβ² and T_{b,b'} = Σ_{α∈b} p_α S_{α,b'}; ‖𝒞‖² = λ_max(N^½ K N^½) as for ‖𝒜‖.
+    ``deferred``: ‖𝒞‖² as a :class:`Deferred`, whose caller takes the root of the value it uses."""
     B, Nn, _ = G.shape
     n = X.shape[-2]
     nb = Nn // n  # the (i, l) blocks, each of n consecutive α = (i, l, k)
@@ -231,6 +261,8 @@ def cubic_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
     # errors far below 1e-12·max|G|³ and ‖ΔK‖₂ ≤ h·n²·max|ΔK| (as form_norm's slack, G's own rounding
     # is taken relative to G's largest entry)
     scale = Nn * G.abs().flatten(1).amax(-1) ** 3
+    if deferred:
+        return _flattened(layer, X, K, P, scale, deferred=True)
     return _flattened(layer, X, K, P, scale).clamp_min(0).sqrt()
 
 

@@ -272,20 +272,24 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     value3 = _value3(layer, X, G, P, clean, r1, _shared_value(layer, rows, spreads.upper, r, cv))
     cubic = _cubic_rest(layer, rows, r, clean, value3)
 
-    def assemble(spread: Spread) -> Tensor:
+    def assemble(mode: str) -> Tensor:
+        spread = getattr(spreads, mode)
+        form = clean["cubic"]  # ‖𝒞‖² from above (‖S‖_F), from below, or certified: bounds.forms.Deferred
+        third = form.value() if mode == "exact" else form.upper if mode == "upper" else form.below
+        third = third.clamp_min(0)
         joint = _nan_inf(_weighted_x(layer, rows, spread, c, r1).square() + joint_q)
         shared = _shared_value(layer, rows, spread, r, cv)
-        rest = torch.minimum(torch.minimum(per_head, joint), cubic(spread, shared))
+        rest = torch.minimum(torch.minimum(per_head, joint), cubic(spread, shared, third.sqrt()))
         # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
         # that the smaller of the remainders (:func:`remainder`) never takes a NaN
         return _nan_inf((second + rest) * (1 + ROUND_REL))
 
     # every weighted spread by monotonicity first; certified only where that could cost more than
     # SPREAD_SLACK of the remainder, judged against the spreads' estimates from below
-    upper = assemble(spreads.upper)
-    if bool((upper <= (1 + SPREAD_SLACK) * assemble(spreads.lower)).all()):
+    upper = assemble("upper")
+    if bool((upper <= (1 + SPREAD_SLACK) * assemble("lower")).all()):
         return upper
-    return torch.minimum(upper, assemble(spreads.exact))
+    return torch.minimum(upper, assemble("exact"))
 
 
 # the remainder with each weighted spread λ_max(D_w) bounded by max(w)·Λ (no eigenproblem) is kept
@@ -343,7 +347,8 @@ def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor,
     Lambda, vector = weighted_spread(G, P, vector=True)
     out = {"form": form_norm(layer, X, G, P), "Lambda": Lambda, "spread": Lambda.sqrt(),
            "spread_vector": vector, "bilinear": none, "value3_below": none,
-           "cubic": cubic_form_norm(layer, X, G, P), "sigma2": spectral_spread(layer, X, P, sigma)}
+           "cubic": cubic_form_norm(layer, X, G, P, deferred=True),
+           "sigma2": spectral_spread(layer, X, P, sigma)}
     if 4 * layer.h * n * n <= n * d and n * min(d, layer.h * layer.d_h) <= VALUE_FORM_LIMIT:
         if bool((value_form_norm(layer, X, G, P, below=True) < cv.sqrt() * out["spread"]).any()):
             out["bilinear"] = value_form_norm(layer, X, G, P)
@@ -366,7 +371,7 @@ def _value3(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, clean: dict[str, Ten
 
 
 def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor, clean: dict[str, Tensor],
-                value3: Tensor) -> Callable[[Spread, Tensor], Tensor]:
+                value3: Tensor) -> Callable[[Spread, Tensor, Tensor], Tensor]:
     """R − L − V with the third order at the clean point as the form it is, [B] (docs/bounds.md
     §2.3.4): ‖𝒞‖r³ for (1/6)E[δ̃³Ỹ] − ½E[δ̃²]E[δ̃Ỹ], and every other term (Cov_p(q, Y), the third
     order's q and value parts, the fourth order) jointly over heads and rows, in three kinds:
@@ -382,8 +387,8 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor, clean: dict[s
     §2.3.2's assembly under the clean row did, or ‖𝓑₂‖r³ for its third order ½E[δ̃²Z̃] and the rest
     (q's part and e^x's cubic remainder) in the two linear kinds above. ``clean`` is
     :func:`_clean_forms`'s, ``value3`` ‖𝓑₂‖ or +inf (:func:`_value3`). Returned as a function of the
-    weighted spreads and of ``shared`` (:func:`_shared_value`'s), [B], what does not depend on them
-    computed once."""
+    weighted spreads, of ``shared`` (:func:`_shared_value`'s) and of ‖𝒞‖ (from above, from below or
+    certified: the same choice as the spreads'), [B], what does not depend on them computed once."""
     sigma2 = clean["sigma2"]
     s, lam, v = rows["s"], rows["lam"], rows["v"]
     r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
@@ -428,13 +433,13 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor, clean: dict[s
     q_beta = lin_q(beta)
     q_third = lin_q((0.5 * qm + e3) * v) if wide else None
 
-    def rest(spread: Spread, shared: Tensor) -> Tensor:
+    def rest(spread: Spread, shared: Tensor, third: Tensor) -> Tensor:
         moments = _weighted_x(layer, rows, spread, w, r1).square()
         value = _nan_inf(shared)
         if wide:
             third = value3 * r1**3 + lin_d(spread, (qm + e3) * v) + q_third
             value = torch.minimum(value, _nan_inf(third))
-        return _nan_inf(clean["cubic"] * r1**3 + moments + lin_d(spread, qm * sigma2) + q_beta + value)
+        return _nan_inf(third * r1**3 + moments + lin_d(spread, qm * sigma2) + q_beta + value)
 
     return rest
 

@@ -257,8 +257,11 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     value3 = clean["value3"] if wide else clean["value3_below"]
     tol = 1e-12 * (1 + X.flatten(1).norm(dim=1))
     cubic, spreads = R._cubic_rest(layer, rows, rr, clean, value3), R._Spreads(G, P, clean)
-    for spread in (spreads.exact, spreads.upper):  # the spreads certified, and by monotonicity
-        alone = second + cubic(spread, R._shared_value(layer, rows, spread, rr, cv))
+    form = clean["cubic"]  # ‖𝒞‖², deferred: certified, and from ‖S‖_F
+    assert (form.below <= form.value() * (1 + 1e-9)).all() and (form.value() <= form.upper).all()
+    for spread, third in ((spreads.exact, form.value()), (spreads.upper, form.upper)):
+        shared = R._shared_value(layer, rows, spread, rr, cv)
+        alone = second + cubic(spread, shared, third.clamp_min(0).sqrt())
         assert (alone + tol >= attained).all(), (alone, attained)
 
 
