@@ -275,11 +275,11 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     def assemble(mode: str) -> Tensor:
         spread = getattr(spreads, mode)
         form = clean["cubic"]  # ‖𝒞‖² from above (‖S‖_F), from below, or certified: bounds.forms.Deferred
-        third = form.value() if mode == "exact" else form.upper if mode == "upper" else form.below
-        third = third.clamp_min(0)
+        cubic_sq = form.value() if mode == "exact" else form.upper if mode == "upper" else form.below
+        cubic_sq = cubic_sq.clamp_min(0)
         joint = _nan_inf(_weighted_x(layer, rows, spread, c, r1).square() + joint_q)
         shared = _shared_value(layer, rows, spread, r, cv)
-        rest = torch.minimum(torch.minimum(per_head, joint), cubic(spread, shared, third.sqrt()))
+        rest = torch.minimum(torch.minimum(per_head, joint), cubic(spread, shared, cubic_sq.sqrt()))
         # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
         # that the smaller of the remainders (:func:`remainder`) never takes a NaN
         return _nan_inf((second + rest) * (1 + ROUND_REL))
@@ -433,13 +433,13 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor, clean: dict[s
     q_beta = lin_q(beta)
     q_third = lin_q((0.5 * qm + e3) * v) if wide else None
 
-    def rest(spread: Spread, shared: Tensor, third: Tensor) -> Tensor:
+    def rest(spread: Spread, shared: Tensor, cubic_norm: Tensor) -> Tensor:
         moments = _weighted_x(layer, rows, spread, w, r1).square()
         value = _nan_inf(shared)
         if wide:
             third = value3 * r1**3 + lin_d(spread, (qm + e3) * v) + q_third
             value = torch.minimum(value, _nan_inf(third))
-        return _nan_inf(third * r1**3 + moments + lin_d(spread, qm * sigma2) + q_beta + value)
+        return _nan_inf(cubic_norm * r1**3 + moments + lin_d(spread, qm * sigma2) + q_beta + value)
 
     return rest
 
