@@ -307,6 +307,14 @@ def value_cubic_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, below: bool
     return _value_side(layer, 0.25 * M, torch.einsum("bil,bjg->biljg", sd.sum(-1), sd.sum(-1)))
 
 
+def _value_factors(layer: DotMHA) -> tuple[Tensor, Tensor]:
+    """(W^V_lᵀ W^V_l' as [h, d_h, h, d_h], R of Ŵ^Oᵀ = [W^O_1; …; W^O_h]ᵀ = Q R): the value side's
+    factors, for :func:`_value_side` and :func:`value_side_below`."""
+    h, dh, d = layer.h, layer.d_h, layer.W_v.shape[1]
+    Wv = layer.W_v.permute(1, 0, 2).reshape(d, h * dh)  # [W^V_1 … W^V_h]
+    return (Wv.mT @ Wv).reshape(h, dh, h, dh), torch.linalg.qr(layer.W_o.reshape(h * dh, d).mT, mode="r").R
+
+
 def _value_side(layer: DotMHA, M: Tensor, Mabs: Tensor) -> Tensor:
     """√λ_max(Σ_{l,l'} M^{ll'} ⊗ C_lᵀC_l'), rounded up, [B], for M [B, i, l, i', l'] (the output-side
     Gram of a form whose atoms end in ⊗ C_l e_c, docs/bounds.md §2.3.2): with C_l = W^V_l W^O_l and
@@ -314,10 +322,8 @@ def _value_side(layer: DotMHA, M: Tensor, Mabs: Tensor) -> Tensor:
     M^{ll'}_{ii'} (W^V_lᵀ W^V_l')_{ab}: an n·min(d, h·d_h)-square eigenproblem. ``Mabs`` bounds the
     size of M's entries and of their rounding errors."""
     B, n = M.shape[:2]
-    h, dh, d = layer.h, layer.d_h, layer.W_v.shape[1]
-    Wv = layer.W_v.permute(1, 0, 2).reshape(d, h * dh)  # [W^V_1 … W^V_h]
-    WW = (Wv.mT @ Wv).reshape(h, dh, h, dh)
-    R = torch.linalg.qr(layer.W_o.reshape(h * dh, d).mT, mode="r").R  # Ŵ^Oᵀ = Q R
+    h, dh = layer.h, layer.d_h
+    WW, R = _value_factors(layer)
     m, r = h * dh, R.shape[0]
     Kh = (M[:, :, :, None, :, :, None] * WW[None, None, :, :, None]).reshape(B, n, m, n * m)
     # (I ⊗ R) K̂ on each block row, then (I ⊗ Rᵀ) on each block column: two products on contiguous
@@ -341,10 +347,8 @@ def value_side_below(layer: DotMHA, M: Tensor) -> Tensor:
     forming S takes n²·h·d_h·d·(h·d_h)). An estimate, never a bound: it tells the remainder that the
     form cannot beat its Cauchy–Schwarz alternative, so that the form is not certified for nothing."""
     B, n = M.shape[:2]
-    h, dh, d = layer.h, layer.d_h, layer.W_v.shape[1]
-    Wv = layer.W_v.permute(1, 0, 2).reshape(d, h * dh)
-    WW = (Wv.mT @ Wv).reshape(h, dh, h, dh)  # [l, a, l', c]
-    R = torch.linalg.qr(layer.W_o.reshape(h * dh, d).mT, mode="r").R  # [r, h·d_h]
+    h, dh = layer.h, layer.d_h
+    WW, R = _value_factors(layer)  # [l, a, l', c], [r, h·d_h]
     r = R.shape[0]
 
     def apply(Q: Tensor) -> Tensor:  # [B, n·r, k] → S Q
@@ -373,10 +377,10 @@ def spectral_spread(layer: DotMHA, X: Tensor, P: Tensor, sigma: Tensor) -> Tenso
     return torch.minimum((top * (1 + ROUND_REL)).clamp_min(0).sqrt() + 1e-9 * raw, sigma)
 
 
-def head_factors(F: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(‖F̄‖², ‖F_l‖² [h], an approximate top right singular vector of F̄ as [h, e]) for F [h, d, e],
-    F̄ = [F_1 … F_h]: the norms rounded up (bounds.certificates.gram_norm), the vector (a few power
-    steps) for estimates from below only."""
+def head_factors(F: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(‖F̄‖², ‖F_l‖² [h], an approximate top right singular vector of F̄ as [h, e], F̄ᵀF̄) for
+    F [h, d, e], F̄ = [F_1 … F_h]: the norms rounded up (bounds.certificates.gram_norm), the vector
+    (a few power steps) for estimates from below only."""
     h, d, e = F.shape
     Fb = F.permute(1, 0, 2).reshape(d, h * e)
     K = Fb.mT @ Fb
@@ -386,31 +390,30 @@ def head_factors(F: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     for _ in range(8):  # power steps: only a direction for a start
         u = K @ u
         u = u / u.norm().clamp_min(1e-300)
-    return whole, each, u.reshape(h, e)
+    return whole, each, u.reshape(h, e), K
 
 
-def heads_above(factors: tuple[Tensor, Tensor, Tensor], w: Tensor) -> Tensor:
+def heads_above(factors: tuple[Tensor, ...], w: Tensor) -> Tensor:
     """:func:`heads_top` from above without an eigenproblem, [B, n]: by monotonicity in w ≥ 0,
     λ_max(Σ_l w_li F_l F_lᵀ) ≤ min(max_l w_li·‖F̄‖², Σ_l w_li‖F_l‖²); ``factors`` of
     :func:`head_factors`. +inf where a weight is."""
-    whole, each, _ = factors
+    whole, each = factors[:2]
     finite = torch.isfinite(w).all(1)
     w = torch.where(finite[:, None], w, torch.zeros_like(w)).clamp_min(0)
     top = torch.minimum(w.amax(1) * whole, (w * each[None, :, None]).sum(1)) * (1 + ROUND_REL)
     return torch.where(finite, top, torch.full_like(top, torch.inf))
 
 
-def heads_below(F: Tensor, factors: tuple[Tensor, Tensor, Tensor], w: Tensor) -> Tensor:
+def heads_below(F: Tensor, factors: tuple[Tensor, ...], w: Tensor) -> Tensor:
     """:func:`heads_top` from *below*, [B, n], without an eigenproblem a row: the top Ritz value of
     two block Krylov steps (:func:`ritz_below`) on D_i^½ F̄ᵀF̄ D_i^½ from D_i^½u, u, the heaviest
     head's block of u and D_i u, with u F̄'s top direction (``factors``, :func:`head_factors`). An
     estimate, never a bound; +inf where a weight is."""
-    h, d, e = F.shape
+    h, _, e = F.shape
     B, _, n = w.shape
     finite = torch.isfinite(w).all(1)
     w = torch.where(finite[:, None], w, torch.zeros_like(w)).clamp_min(0)
-    Fb = F.permute(1, 0, 2).reshape(d, h * e)
-    K = Fb.mT @ Fb
+    K = factors[3]
     root = w.sqrt().repeat_interleave(e, 1).mT.reshape(B * n, h * e)  # D_i^½ on the diagonal
     u = factors[2].reshape(h * e)
     heavy = torch.nn.functional.one_hot(w.argmax(1).reshape(B * n), h).to(K.dtype).repeat_interleave(e, 1)
@@ -428,7 +431,7 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor])
     same as certifying every row where the estimates are below the truth; certified wherever."""
     factors: dict = {}
 
-    def of(F: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def of(F: Tensor) -> tuple[Tensor, ...]:
         if id(F) not in factors:
             factors[id(F)] = (F, head_factors(F))
         return factors[id(F)][1]
