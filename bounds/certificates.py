@@ -330,14 +330,15 @@ GUESS_RTOL = 1e-13
 ORTHO_TOL = 1e-10
 
 
-def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL,
-                  vector: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL, vector: bool = False,
+                  apply: Callable[[Tensor], Tensor] | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """λ_max of each [Bt, D, D] symmetric G from below, to where rounding stops it: the top Ritz value
     of a block Krylov space (block Lanczos with full reorthogonalisation, from a fixed start so that
     a value is the same bits on every run). Only a guess for :func:`verified_gram_norm` to check;
     nothing certified rests on it (a start blind to the top direction, or a space stopped short,
     only sends that element to the fallback). ``vector``: with its Ritz vector, [Bt, D], a start for
-    estimates of nearby problems (bounds.forms.spread_estimate)."""
+    estimates of nearby problems (bounds.forms.spread_estimate). ``apply``: the products G @ Q
+    [Bt, D, k] computed another way (bounds.forms.heads_top's, through a factor every element shares)."""
     Bt, D, _ = G.shape
     # a NaN or ∞ element gets no guess (NaN below); its sum says so in one pass over G (a finite G
     # whose sum overflows only loses its guess, and takes the fallback)
@@ -352,7 +353,7 @@ def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL,
     frozen = torch.zeros(Bt, dtype=torch.bool, device=G.device)
     scale = G.diagonal(dim1=-2, dim2=-1).abs().amax(-1)[:, None]
     for step in range(GUESS_STEPS):
-        W = G @ Q
+        W = G @ Q if apply is None else apply(Q)
         basis.append(Q)
         images.append(W)
         V = torch.cat(basis, -1)
@@ -412,7 +413,8 @@ def cholesky_check(G: Tensor, mu: Tensor) -> tuple[Tensor, Tensor]:
     return ok, lam * (1 + 8 * _U)  # and the few roundings of the line above
 
 
-def verified_gram_norm(G: Tensor, tau: float = VERIFY_TAU, vector: bool = False) -> tuple:
+def verified_gram_norm(G: Tensor, tau: float = VERIFY_TAU, vector: bool = False,
+                       apply: Callable[[Tensor], Tensor] | None = None) -> tuple:
     """√λ_max of each trailing PSD Gram matrix, certified by a Cholesky factorisation rather than
     an eigendecomposition (docs/bounds.md §2.4, "deterministic"), and whether every element took
     the exact fallback.
@@ -426,13 +428,15 @@ def verified_gram_norm(G: Tensor, tau: float = VERIFY_TAU, vector: bool = False)
     element whose factorisation breaks down (θ was not the top eigenvalue, or there was none) takes
     :func:`gram_norm`'s eigendecomposition instead. Cholesky costs D³/3 flops against the ≈ 4D³/3
     and the memory-bound tridiagonal reduction of ``eigvalsh``. ``vector``: a third item, the guess's
-    Ritz vector [*batch, D] (an approximation, nothing certified rests on it).
+    Ritz vector [*batch, D] (an approximation, nothing certified rests on it). ``apply``: the guess's
+    products with G another way (:func:`_top_estimate`); the check is on G itself.
     """
     G = G.to(torch.float64)
     batch, D = G.shape[:-2], G.shape[-1]
     Gf = G.reshape(-1, D, D)
     rtol = max(GUESS_RTOL, tau / 100)
-    theta, x = _top_estimate(Gf, rtol, vector=True) if vector else (_top_estimate(Gf, rtol), None)
+    theta, x = (_top_estimate(Gf, rtol, vector=True, apply=apply) if vector
+                else (_top_estimate(Gf, rtol, apply=apply), None))
     top_diag = Gf.diagonal(dim1=-2, dim2=-1).abs().amax(-1)
     mu = theta.clamp_min(0) * (1 + tau) + tau * top_diag
     guessed = torch.isfinite(mu) & (mu > 0)

@@ -269,8 +269,7 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     value_term = torch.minimum(cv.sqrt() * clean["spread"], clean["bilinear"])
     second = (clean["form"] + value_term) * r1**2
     spreads = _Spreads(G, P, clean)
-    value3 = _value3(layer, X, G, P, clean, r1, _shared_value(layer, rows, spreads.upper, r, cv))
-    cubic = _cubic_rest(layer, rows, r, clean, value3)
+    cubic = _cubic_rest(layer, rows, r, clean)
 
     def assemble(mode: str) -> Tensor:
         spread = getattr(spreads, mode)
@@ -279,7 +278,15 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
         cubic_sq = cubic_sq.clamp_min(0)
         joint = _nan_inf(_weighted_x(layer, rows, spread, c, r1).square() + joint_q)
         shared = _shared_value(layer, rows, spread, r, cv)
-        rest = torch.minimum(torch.minimum(per_head, joint), cubic(spread, shared, cubic_sq.sqrt()))
+        # ‖𝓑₂‖ in the same choice: left out (+inf, unless certified at an earlier radius), its
+        # estimate from below, or certified where it can win (:func:`_value3`)
+        if mode == "exact":
+            value3 = _value3(layer, X, G, P, clean, r1, _shared_value(layer, rows, spreads.upper, r, cv))
+        elif mode == "lower":
+            value3 = clean["value3_below"]
+        else:
+            value3 = clean.get("value3", torch.full_like(r1, torch.inf))
+        rest = torch.minimum(torch.minimum(per_head, joint), cubic(spread, shared, cubic_sq.sqrt(), value3))
         # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
         # that the smaller of the remainders (:func:`remainder`) never takes a NaN
         return _nan_inf((second + rest) * (1 + ROUND_REL))
@@ -370,8 +377,8 @@ def _value3(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, clean: dict[str, Ten
     return clean["value3"]
 
 
-def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor, clean: dict[str, Tensor],
-                value3: Tensor) -> Callable[[Spread, Tensor, Tensor], Tensor]:
+def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
+                clean: dict[str, Tensor]) -> Callable[[Spread, Tensor, Tensor, Tensor], Tensor]:
     """R − L − V with the third order at the clean point as the form it is, [B] (docs/bounds.md
     §2.3.4): ‖𝒞‖r³ for (1/6)E[δ̃³Ỹ] − ½E[δ̃²]E[δ̃Ỹ], and every other term (Cov_p(q, Y), the third
     order's q and value parts, the fourth order) jointly over heads and rows, in three kinds:
@@ -386,9 +393,9 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor, clean: dict[s
     value side's E[(e^x − 1 − x)Z̃] is the smaller of two bounds: with the heads sharing Γ as
     §2.3.2's assembly under the clean row did, or ‖𝓑₂‖r³ for its third order ½E[δ̃²Z̃] and the rest
     (q's part and e^x's cubic remainder) in the two linear kinds above. ``clean`` is
-    :func:`_clean_forms`'s, ``value3`` ‖𝓑₂‖ or +inf (:func:`_value3`). Returned as a function of the
-    weighted spreads, of ``shared`` (:func:`_shared_value`'s) and of ‖𝒞‖ (from above, from below or
-    certified: the same choice as the spreads'), [B], what does not depend on them computed once."""
+    :func:`_clean_forms`'s. Returned as a function of the weighted spreads, of ``shared``
+    (:func:`_shared_value`'s), of ‖𝒞‖ and of ‖𝓑₂‖ (+inf where left out; each from above, from below
+    or certified: the same choice as the spreads'), [B], what does not depend on them computed once."""
     sigma2 = clean["sigma2"]
     s, lam, v = rows["s"], rows["lam"], rows["v"]
     r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
@@ -428,16 +435,17 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor, clean: dict[s
     # E[(e^x − 1 − x)Z̃] ≤ g₂ std(x) std(Z̃), the heads sharing Γ (:func:`_shared_value`), or
     # ½E[δ̃²Z̃] ≤ ‖𝓑₂‖r³ (jointly), ½E[(x² − δ̃²)Z̃] = ½E[q̃(2δ̃ + q̃)Z̃] ≤ ½qm(2 std δ + std q)v and
     # E[ρ₃(x)Z̃] ≤ g₃s² std(x) v (|ρ₃(x)| = |e^x − 1 − x − x²/2| ≤ g₃|x|³ ≤ g₃s²|x|)
-    wide = bool(torch.isfinite(value3).any())  # ‖𝓑₂‖ is computed on wide layers only, where it can win
     e3 = g3 * s.square()
     q_beta = lin_q(beta)
-    q_third = lin_q((0.5 * qm + e3) * v) if wide else None
+    q_third: list[Tensor] = []  # computed once, where ‖𝓑₂‖ is first taken (wide layers only)
 
-    def rest(spread: Spread, shared: Tensor, cubic_norm: Tensor) -> Tensor:
+    def rest(spread: Spread, shared: Tensor, cubic_norm: Tensor, value3: Tensor) -> Tensor:
         moments = _weighted_x(layer, rows, spread, w, r1).square()
         value = _nan_inf(shared)
-        if wide:
-            third = value3 * r1**3 + lin_d(spread, (qm + e3) * v) + q_third
+        if bool(torch.isfinite(value3).any()):
+            if not q_third:
+                q_third.append(lin_q((0.5 * qm + e3) * v))
+            third = value3 * r1**3 + lin_d(spread, (qm + e3) * v) + q_third[0]
             value = torch.minimum(value, _nan_inf(third))
         return _nan_inf(cubic_norm * r1**3 + moments + lin_d(spread, qm * sigma2) + q_beta + value)
 

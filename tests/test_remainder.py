@@ -256,16 +256,16 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     second = (clean["form"] + torch.minimum(cv.sqrt() * clean["spread"], clean["bilinear"])) * r**2
     value3 = clean["value3"] if wide else clean["value3_below"]
     tol = 1e-12 * (1 + X.flatten(1).norm(dim=1))
-    cubic, spreads = R._cubic_rest(layer, rows, rr, clean, value3), R._Spreads(G, P, clean)
+    cubic, spreads = R._cubic_rest(layer, rows, rr, clean), R._Spreads(G, P, clean)
     form = clean["cubic"]  # ‖𝒞‖², deferred: certified, and from ‖S‖_F
     assert (form.below <= form.value() * (1 + 1e-9)).all() and (form.value() <= form.upper).all()
     for spread, third in ((spreads.exact, form.value()), (spreads.upper, form.upper)):
         shared = R._shared_value(layer, rows, spread, rr, cv)
-        alone = second + cubic(spread, shared, third.clamp_min(0).sqrt())
+        alone = second + cubic(spread, shared, third.clamp_min(0).sqrt(), value3)
         assert (alone + tol >= attained).all(), (alone, attained)
         # it pays ‖𝒞‖r³ itself, on the wide layers too (where a name of the value side's once took
         # ‖𝒞‖'s place: the remainder of MiniLM's layer 2 came out 0.484 for 0.518)
-        bumped = cubic(spread, shared, third.clamp_min(0).sqrt() + 1.0) + second
+        bumped = cubic(spread, shared, third.clamp_min(0).sqrt() + 1.0, value3) + second
         finite = torch.isfinite(alone)
         torch.testing.assert_close(bumped[finite], alone[finite] + r**3, rtol=1e-9, atol=0)
 
@@ -383,9 +383,10 @@ def test_the_spreads_by_monotonicity_above_and_their_estimates_below(case):
 
 @pytest.mark.parametrize("case", [CASES[k] for k in (0, 1, 2, 3, 9, 11)] + WIDE)
 def test_the_spreads_by_monotonicity_cost_at_most_their_slack(case):
-    """quadratic_remainder keeps max(w)·Λ for the weighted spreads only where that is within
-    SPREAD_SLACK of certifying each: it is not below the remainder with every spread certified (but
-    for the checks' raise of 1e-6), and at most 1 + SPREAD_SLACK times it."""
+    """quadratic_remainder keeps max(w)·Λ for the weighted spreads (and leaves ‖𝒞‖ and ‖𝓑₂‖
+    uncertified) only where that is within SPREAD_SLACK of certifying each: it is not below the
+    remainder with every spread certified (but for the checks' raise of 1e-6), and at most
+    1 + SPREAD_SLACK times it; the wide cases take ‖𝓑₂‖."""
     n, d, h, w, xn, r, bias = case
     seed = int(1000 * w + 10 * n + d)
     layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
@@ -431,6 +432,29 @@ def test_the_heads_tops_of_the_rows_that_can_be_the_largest(seed):
         torch.testing.assert_close(ours, every, rtol=1e-12, atol=0)
     w[0, 1, 2] = torch.inf
     assert torch.isinf(heads_top_max(lambda heads: heads(F, w))[0])
+
+
+@pytest.mark.parametrize("d", [40, 120])
+def test_the_heads_tops_checked_by_cholesky_are_just_above_the_truth(d):
+    """heads_top above side HEADS_EIGH_MAX (its guess through the shared F̄ᵀF̄, then a Cholesky check)
+    against a dense float64 eigvalsh of Σ_l w_li F_l F_lᵀ: never below it, at most HEADS_TAU above;
+    F̄ of rank 40 < h·e (the guess's space invariant early) and of full rank; weights spread over
+    heads, on one head alone, zero, and ∞."""
+    from bounds.forms import HEADS_EIGH_MAX, HEADS_TAU, heads_top
+    g = torch.Generator().manual_seed(d)
+    h, e, n = 6, 16, 5
+    assert h * e > HEADS_EIGH_MAX
+    F = torch.randn(h, d, e, generator=g, dtype=torch.float64)
+    F = F * torch.rand(h, 1, 1, generator=g, dtype=torch.float64)
+    for k in range(3):
+        w = torch.rand(2, h, n, generator=g, dtype=torch.float64) ** (1 + 3 * k)
+        w[1, :, 0] = 0.0
+        w[1, 1:, 1] = 0.0  # one head alone: a rank-e row
+        truth = torch.linalg.eigvalsh(torch.einsum("bln,lde,lfe->bndf", w, F, F))[..., -1]
+        ours = heads_top(F, w)
+        assert (ours >= truth).all() and (ours <= truth * (1 + 2 * HEADS_TAU) + 1e-12).all(), ours / truth
+    w[0, 1, 2] = torch.inf
+    assert torch.isinf(heads_top(F, w)[0, 2]) and torch.isfinite(heads_top(F, w)[0, :2]).all()
 
 
 def test_an_overflowing_weight_gives_inf_never_nan():
