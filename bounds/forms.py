@@ -134,12 +134,15 @@ def spread_estimate(G: Tensor, P: Tensor, w: Tensor, x: Tensor) -> Tensor:
     eigenvector of the unweighted D (``weighted_spread(..., vector=True)``). Not a certificate: it
     only tells the remainder whether a weighted spread is worth certifying (bounds.remainder,
     SPREAD_SLACK). +inf where the weights are not finite."""
-    D, finite = _weighted(G, P, w)
-    B, N, _ = D.shape
+    B, N, _ = G.shape
     wa = torch.broadcast_to(w if w.dim() == 4 else w[..., None], P.shape).permute(0, 2, 1, 3).reshape(B, N)
+    finite = torch.isfinite(wa).all(-1)
     wa = torch.where(torch.isfinite(wa), wa, torch.zeros_like(wa)).clamp_min(0)
+    # D_w Q through G itself, never D_w formed: a product overflowing there gives a Ritz value that
+    # is not finite, which ritz_below reports as 0, an estimate from below still
+    root = (wa * P.permute(0, 2, 1, 3).reshape(B, N)).clamp_min(0).sqrt()[..., None]
     start = torch.stack([x, wa.sqrt() * x, wa * x, torch.ones_like(x)], -1)  # [B, N, 4]
-    top = ritz_below(lambda Q: D @ Q, start, ESTIMATE_STEPS)
+    top = ritz_below(lambda Q: root * (G @ (root * Q)), start, ESTIMATE_STEPS)
     return torch.where(finite, top, torch.full_like(top, torch.inf))
 
 
@@ -187,20 +190,27 @@ def _value_rows(layer: DotMHA, X: Tensor, P: Tensor) -> Tensor:
     return (Yt * P.permute(0, 2, 1, 3)[..., None]).reshape(B, n, layer.h * n, d)
 
 
+def value_root(layer: DotMHA, X: Tensor, P: Tensor) -> tuple[Tensor, Tensor]:
+    """(N_i^½ [B, n, h·n, h·n], max_i λ_max(N_i) [B]) for N = ΩΩᵀ of :func:`_flattened`, block-diagonal
+    over rows, N_i = M_i M_iᵀ with M_i = (p_α Ỹ_α)_α: what ‖𝒜‖ and ‖𝒞‖ share."""
+    M = _value_rows(layer, X, P)
+    mu, W = torch.linalg.eigh(M @ M.mT)  # [B, n, m, m]
+    return (W * mu.clamp_min(0).sqrt()[..., None, :]) @ W.mT, mu.amax((-1, -2)).clamp_min(0)
+
+
 def _flattened(layer: DotMHA, X: Tensor, K: Tensor, P: Tensor, scale: Tensor,
-               deferred: bool = False) -> Tensor | Deferred:
+               deferred: bool = False, root: tuple[Tensor, Tensor] | None = None) -> Tensor | Deferred:
     """λ_max(N^½ K N^½) rounded up, [B]: the squared norm of a form whose row (i, c) is
     Σ_{α∈i} p_α Ỹ_α[c] a_α, given the Gram K [B, h·n², h·n²] of its atoms a_α (docs/bounds.md §2.3.2);
     N = ΩΩᵀ is block-diagonal over rows, N_αβ = p_α p_β ⟨Ỹ_α, Ỹ_β⟩. ``scale`` [B] bounds the
     magnitude of K's entries and their rounding errors; the slack is 1e-10 of ‖N‖·scale.
-    ``deferred``: the matrix formed and its eigenproblem left for when it is asked (:class:`Deferred`)."""
+    ``deferred``: the matrix formed and its eigenproblem left for when it is asked (:class:`Deferred`).
+    ``root``: :func:`value_root`'s, if at hand."""
     B, n, _ = X.shape
     m = layer.h * n
-    M = _value_rows(layer, X, P)
-    mu, W = torch.linalg.eigh(M @ M.mT)  # N_i = M_i M_iᵀ, [B, n, m, m]
-    root = (W * mu.clamp_min(0).sqrt()[..., None, :]) @ W.mT
+    root, top_n = value_root(layer, X, P) if root is None else root
     S = torch.einsum("biax,bixjy,bjyc->biajc", root, K.reshape(B, n, m, n, m), root).reshape(B, n * m, n * m)
-    slack = 1e-10 * mu.amax((-1, -2)).clamp_min(0) * scale
+    slack = 1e-10 * top_n * scale
     if deferred:
         return Deferred(S, slack)
     return top_eig(S) * (1 + ROUND_REL) + slack
@@ -230,40 +240,44 @@ class Deferred:
         return self._value
 
 
-def form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> Tensor:
+def form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor,
+              root: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """‖𝒜‖ from the Gram G and the attention P (:func:`logit_form_norm`), [B]: the atoms are
     ½ f̂_α ⊗ f̂_α, whose Gram is ¼ G∘G (PSD by Schur's product theorem); S's entries carry errors far
-    below 1e-10 of ‖N‖·‖G∘G‖_F ≥ λ_max(S) (§2.3.2)."""
+    below 1e-10 of ‖N‖·‖G∘G‖_F ≥ λ_max(S) (§2.3.2). ``root`` as in :func:`_flattened`."""
     Kp = G.square()
-    return 0.5 * _flattened(layer, X, Kp, P, Kp.flatten(1).norm(dim=-1)).sqrt()
+    return 0.5 * _flattened(layer, X, Kp, P, Kp.flatten(1).norm(dim=-1), root=root).sqrt()
 
 
-def cubic_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor,
-                    deferred: bool = False) -> Tensor | Deferred:
+def cubic_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, deferred: bool = False,
+                    root: tuple[Tensor, Tensor] | None = None) -> Tensor | Deferred:
     """‖𝒞‖, [B] (docs/bounds.md §2.3.4): with δ the linear logit change, row i of the pure-logit third
     order is C(Γ)_i = Σ_l [(1/6) E_p[δ̃³ Ỹ] − ½ E_p[δ̃²] E_p[δ̃ Ỹ]] (every moment under the clean row
     p_li, δ̃ = δ − E_p δ), and ‖C(Γ)‖_F ≤ ‖𝒞‖‖Γ‖_F³. Its atoms are a_α = (1/6) f̂_α^{⊗3} −
     ½ b_{li} ⊗ f̂_α with b_li = Σ_{β∈(l,i)} p_β f̂_β^{⊗2}, so their Gram is
     K = G∘G∘G/36 − (S_{α,(l',i')} + S_{β,(l,i)})·G/12 + T_{(l,i),(l',i')}·G/4 with S_{α,b} =
     Σ_{β∈b} p_β G_αβ² and T_{b,b'} = Σ_{α∈b} p_α S_{α,b'}; ‖𝒞‖² = λ_max(N^½ K N^½) as for ‖𝒜‖.
-    ``deferred``: ‖𝒞‖² as a :class:`Deferred`, whose caller takes the root of the value it uses."""
+    ``deferred``: ‖𝒞‖² as a :class:`Deferred`, whose caller takes the root of the value it uses.
+    ``root`` as in :func:`_flattened`."""
     B, Nn, _ = G.shape
     n = X.shape[-2]
     nb = Nn // n  # the (i, l) blocks, each of n consecutive α = (i, l, k)
-    p = P.permute(0, 2, 1, 3).reshape(B, Nn)  # α = (i, l, k)
-    G2 = G.square()
-    S = (G2 * p[:, None, :]).reshape(B, Nn, nb, n).sum(-1)  # [B, α, block]
-    T = (S * p[:, :, None]).reshape(B, nb, n, nb).sum(2)  # [B, block, block]
-    Sb = S[..., None].expand(B, Nn, nb, n).reshape(B, Nn, Nn)  # S_{α, block of β}
-    Tb = T[:, :, None, :, None].expand(B, nb, n, nb, n).reshape(B, Nn, Nn)
-    K = G * (G2 / 36 - (Sb + Sb.mT) / 12 + Tb / 4)
+    p = P.permute(0, 2, 1, 3).reshape(B, nb, n)  # α = (i, l, k) as (block, k)
+    G5 = G.reshape(B, nb, n, nb, n)
+    G2 = G5.square()
+    S = (G2 * p[:, None, None]).sum(-1)  # [B, block α, k, block]: S_{α, block}
+    T = (S * p[..., None]).sum(2)  # [B, block, block]
+    # K = G∘(G²/36 − (S_{α,blk β} + S_{β,blk α})/12 + T_{blk α, blk β}/4), by broadcasting in place
+    K = G2.div_(36)
+    K.sub_(S[..., None] / 12).sub_(S.permute(0, 3, 1, 2)[:, :, None] / 12).add_(T[:, :, None, :, None] / 4)
+    K = K.mul_(G5).reshape(B, Nn, Nn)
     # every term is at most max|G|³ in size (the p sum to 1 over a block), so K's entries carry
     # errors far below 1e-12·max|G|³ and ‖ΔK‖₂ ≤ h·n²·max|ΔK| (as form_norm's slack, G's own rounding
     # is taken relative to G's largest entry)
     scale = Nn * G.abs().flatten(1).amax(-1) ** 3
     if deferred:
-        return _flattened(layer, X, K, P, scale, deferred=True)
-    return _flattened(layer, X, K, P, scale).clamp_min(0).sqrt()
+        return _flattened(layer, X, K, P, scale, deferred=True, root=root)
+    return _flattened(layer, X, K, P, scale, root=root).clamp_min(0).sqrt()
 
 
 def value_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, below: bool = False) -> Tensor:

@@ -38,6 +38,7 @@ from .forms import (
     spread_estimate,
     value_cubic_norm,
     value_form_norm,
+    value_root,
     weighted_spread,
 )
 from .lofast import layer_key, xi
@@ -352,9 +353,10 @@ def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor,
     B, n, d = X.shape
     none = torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
     Lambda, vector = weighted_spread(G, P, vector=True)
-    out = {"form": form_norm(layer, X, G, P), "Lambda": Lambda, "spread": Lambda.sqrt(),
+    root = value_root(layer, X, P)  # N^½, which ‖𝒜‖ and ‖𝒞‖ share
+    out = {"form": form_norm(layer, X, G, P, root), "Lambda": Lambda, "spread": Lambda.sqrt(),
            "spread_vector": vector, "bilinear": none, "value3_below": none,
-           "cubic": cubic_form_norm(layer, X, G, P, deferred=True),
+           "cubic": cubic_form_norm(layer, X, G, P, deferred=True, root=root),
            "sigma2": spectral_spread(layer, X, P, sigma)}
     if 4 * layer.h * n * n <= n * d and n * min(d, layer.h * layer.d_h) <= VALUE_FORM_LIMIT:
         if bool((value_form_norm(layer, X, G, P, below=True) < cv.sqrt() * out["spread"]).any()):
