@@ -29,6 +29,7 @@ from .base import radius
 from .certificates import reused
 from .forms import (
     ROUND_REL,
+    Deferred,
     cubic_form_norm,
     form_norm,
     heads_top_max,
@@ -271,11 +272,15 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     second = (clean["form"] + value_term) * r1**2
     spreads = _Spreads(G, P, clean)
     cubic = _cubic_rest(layer, rows, r, clean)
+    crude = _cubic_crude(G, clean, spreads)
 
-    def assemble(mode: str) -> Tensor:
+    def assemble(mode: str, formed: bool) -> Tensor:
         spread = getattr(spreads, mode)
-        form = clean["cubic"]  # ‖𝒞‖² from above (‖S‖_F), from below, or certified: bounds.forms.Deferred
-        cubic_sq = form.value() if mode == "exact" else form.upper if mode == "upper" else form.below
+        if formed:  # ‖𝒞‖² from above (‖S‖_F), from below, or certified: bounds.forms.Deferred
+            form = cubic_form(layer, X, G, P, clean)
+            cubic_sq = form.value() if mode == "exact" else form.upper if mode == "upper" else form.below
+        else:  # its matrix not formed: :func:`_cubic_crude`'s bound, or 0 from below
+            cubic_sq = crude if mode == "upper" else torch.zeros_like(crude)
         cubic_sq = cubic_sq.clamp_min(0)
         joint = _nan_inf(_weighted_x(layer, rows, spread, c, r1).square() + joint_q)
         shared = _shared_value(layer, rows, spread, r, cv)
@@ -292,12 +297,16 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
         # that the smaller of the remainders (:func:`remainder`) never takes a NaN
         return _nan_inf((second + rest) * (1 + ROUND_REL))
 
-    # every weighted spread by monotonicity first; certified only where that could cost more than
-    # SPREAD_SLACK of the remainder, judged against the spreads' estimates from below
-    upper = assemble("upper")
-    if bool((upper <= (1 + SPREAD_SLACK) * assemble("lower")).all()):
+    # every weighted spread by monotonicity first, and ‖𝒞‖ without its matrix; then with ‖𝒞‖'s matrix
+    # formed; certified only where that could cost more than SPREAD_SLACK of the remainder, judged
+    # each time against the estimates from below
+    upper = assemble("upper", False)
+    if bool((upper <= (1 + SPREAD_SLACK) * assemble("lower", False)).all()):
         return upper
-    return torch.minimum(upper, assemble("exact"))
+    upper = torch.minimum(upper, assemble("upper", True))
+    if bool((upper <= (1 + SPREAD_SLACK) * assemble("lower", True)).all()):
+        return upper
+    return torch.minimum(upper, assemble("exact", True))
 
 
 # the remainder with each weighted spread λ_max(D_w) bounded by max(w)·Λ (no eigenproblem) is kept
@@ -356,13 +365,34 @@ def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor,
     root = value_root(layer, X, P)  # N^½, which ‖𝒜‖ and ‖𝒞‖ share
     out = {"form": form_norm(layer, X, G, P, root), "Lambda": Lambda, "spread": Lambda.sqrt(),
            "spread_vector": vector, "bilinear": none, "value3_below": none,
-           "cubic": cubic_form_norm(layer, X, G, P, deferred=True, root=root),
+           "root": root,
            "sigma2": spectral_spread(layer, X, P, sigma)}
     if 4 * layer.h * n * n <= n * d and n * min(d, layer.h * layer.d_h) <= VALUE_FORM_LIMIT:
         if bool((value_form_norm(layer, X, G, P, below=True) < cv.sqrt() * out["spread"]).any()):
             out["bilinear"] = value_form_norm(layer, X, G, P)
         out["value3_below"] = value_cubic_norm(layer, X, G, P, below=True)
     return out
+
+
+def cubic_form(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, clean: dict) -> Deferred:
+    """‖𝒞‖² as a :class:`bounds.forms.Deferred` (its matrix formed at the first call, kept in
+    ``clean``, :func:`_clean_forms`'s)."""
+    if "cubic" not in clean:
+        clean["cubic"] = cubic_form_norm(layer, X, G, P, deferred=True, root=clean["root"])
+    return clean["cubic"]
+
+
+def _cubic_crude(G: Tensor, clean: dict[str, Tensor], spreads: _Spreads) -> Tensor:
+    """‖𝒞‖² from above without its matrix, [B] (docs/bounds.md §2.3.4, "Eigenproblems left out"):
+    with m_li = max_k ‖f̂_α‖ ≥ max_k |δ̃_lik| and σ₂ (:func:`bounds.forms.spectral_spread`), each head's
+    share of row i is at most a_li std_p(δ_li), a_li = (2/3) m_li² σ₂_li, so ‖C(Γ)‖_F² ≤
+    max_i Σ_l a_li · Σ_{l,i} a_li Var(δ_li) ≤ max_i Σ_l a_li · max(a)·Λ. Ten to sixty times ‖𝒞‖²'s
+    root, and enough wherever ‖𝒞‖r³ is far below the remainder (the margin-trained ViTs)."""
+    sigma2 = clean["sigma2"]  # [B, h, n]
+    B, h, n = sigma2.shape
+    m2 = G.diagonal(dim1=-2, dim2=-1).reshape(B, n, h, n).amax(-1).permute(0, 2, 1).clamp_min(0)
+    a = (2 / 3) * m2 * sigma2 * (1 + ROUND_REL)
+    return a.sum(1).amax(-1) * (1 + ROUND_REL) * spreads.upper(a)
 
 
 def _value3(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, clean: dict[str, Tensor], r: Tensor,

@@ -257,8 +257,12 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     value3 = clean["value3"] if wide else clean["value3_below"]
     tol = 1e-12 * (1 + X.flatten(1).norm(dim=1))
     cubic, spreads = R._cubic_rest(layer, rows, rr, clean), R._Spreads(G, P, clean)
-    form = clean["cubic"]  # ‖𝒞‖², deferred: certified, and from ‖S‖_F
+    form = R.cubic_form(layer, X, G, P, clean)  # ‖𝒞‖², deferred: certified, and from ‖S‖_F
     assert (form.below <= form.value() * (1 + 1e-9)).all() and (form.value() <= form.upper).all()
+    # and without its matrix (the first assembly's), from above: not below the certified value less
+    # what the check raised it by (τ 1e-6) and its rounding slack
+    crude = R._cubic_crude(G, clean, R._Spreads(G, P, clean))
+    assert (crude * (1 + 1e-5) + form.slack >= form.value()).all(), (crude, form.value())
     for spread, third in ((spreads.exact, form.value()), (spreads.upper, form.upper)):
         shared = R._shared_value(layer, rows, spread, rr, cv)
         alone = second + cubic(spread, shared, third.clamp_min(0).sqrt(), value3)
