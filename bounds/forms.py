@@ -63,17 +63,17 @@ def logit_gram(layer: DotMHA, X: Tensor, P: Tensor | None = None) -> tuple[Tenso
     m = h * n
     # ⟨f̂_α, f̂_β⟩·d_h = δ_ii'⟨Ũ_α, Ũ_β⟩ + (e_k' − p_l'i')_i ⟨Ũ_α, V_l'i'⟩ + (its transpose)
     #                   + ⟨e_k − p_li, e_k' − p_l'i'⟩⟨V_li, V_l'i'⟩
-    G = torch.zeros(B, n, m, n, m, dtype=X.dtype, device=X.device)
-    UU = torch.einsum("bihkd,bigjd->bihkgj", Ut, Ut).reshape(B, n, m, m)
-    G[:, torch.arange(n), :, torch.arange(n), :] = UU.permute(1, 0, 2, 3)
-    UV = torch.einsum("bihkd,bjgd->bihkjg", Ut, Vi)  # [B, i, h, k, i', l']
-    T2 = torch.einsum("bihkjg,bjgqi->bihkjgq", UV, E)  # × (e_k' − p_l'i')_i
-    G = G + T2.reshape(B, n, m, n, m)
-    G = G + T2.reshape(B, n, m, n, m).permute(0, 3, 4, 1, 2)
     EE = torch.einsum("bihkx,bjgqx->bihkjgq", E, E)
     VV = torch.einsum("bihd,bjgd->bihjg", Vi, Vi)
-    G = G + (EE * VV[:, :, :, None, :, :, None]).reshape(B, n, m, n, m)
-    return G.reshape(B, n * m, n * m) / layer.d_h, P
+    G = EE.mul_(VV[:, :, :, None, :, :, None]).reshape(B, n * m, n * m)
+    UV = torch.einsum("bihkd,bjgd->bihkjg", Ut, Vi)  # [B, i, h, k, i', l']
+    T2 = torch.einsum("bihkjg,bjgqi->bihkjgq", UV, E).reshape(B, n * m, n * m)  # × (e_k' − p_l'i')_i
+    G += T2
+    G += T2.mT
+    # the row-diagonal blocks i = i', added in place through a view of them
+    UU = torch.einsum("bihkd,bigjd->bihkgj", Ut, Ut).reshape(B, n, m, m)
+    torch.diagonal(G.view(B, n, m, n, m), dim1=1, dim2=3).add_(UU.permute(0, 2, 3, 1))
+    return G.div_(layer.d_h), P
 
 
 def top_eig(S: Tensor, vector: bool = False) -> Tensor | tuple[Tensor, Tensor]:
