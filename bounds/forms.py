@@ -436,14 +436,16 @@ def heads_below(F: Tensor, factors: tuple[Tensor, ...], w: Tensor) -> Tensor:
     return torch.where(finite, top, torch.full_like(top, torch.inf))
 
 
-def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor]) -> Tensor:
+def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
+                  factors: dict | None = None) -> Tensor:
     """max over rows of ``value(heads)`` [B, n] → [B], where ``value`` combines :func:`heads_top`
     values (``heads(F, w)``, [B, n]) monotonically, each certified only on the rows that can attain
     the maximum: every row's value from above (:func:`heads_above`) and from below
     (:func:`heads_below`), then :func:`heads_top` on the rows whose value from above reaches the
     largest from below; the others keep their bound from above, which is below that maximum. The
-    same as certifying every row where the estimates are below the truth; certified wherever."""
-    factors: dict = {}
+    same as certifying every row where the estimates are below the truth; certified wherever.
+    ``factors``: a dict (empty at first) that keeps :func:`head_factors` for calls on the same F."""
+    factors = {} if factors is None else factors
 
     def of(F: Tensor) -> tuple[Tensor, ...]:
         if id(F) not in factors:

@@ -448,6 +448,8 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
         return torch.minimum(alpha.sum(1).amax(-1).sqrt() * spread(alpha).sqrt() * r1,
                              _assemble(rows, alpha, torch.zeros_like(alpha), r, layer.d_h).sum(-1))
 
+    factors: dict = {}  # W^Q's and W^K's head factors, for every call of lin_q
+
     def lin_q(beta: Tensor) -> Tensor:
         # std_p(q_li) ≤ ‖Γ_i W^Q_l‖ std_p(Γ W^K_l)/√d_h; Σ_l β ‖Γ_i W^Q_l‖ std(ΓW^K_l) by Cauchy–Schwarz
         # over heads, two ways of splitting β; Var_{p_li}(Γ W^K_l) ≤ λ_li ‖Γ W^K_l‖_F² (fact iv), the
@@ -457,7 +459,7 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
             one = heads(layer.W_q, beta.square()) * heads(layer.W_k, lam)
             return torch.minimum(one, heads(layer.W_q, beta) * heads(layer.W_k, lam * beta))
 
-        return torch.minimum(heads_top_max(row).sqrt() * r1**2 / rd,
+        return torch.minimum(heads_top_max(row, factors).sqrt() * r1**2 / rd,
                              _assemble(rows, torch.zeros_like(beta), beta, r, layer.d_h).sum(-1))
 
     # × std(q): Cov_p(q, Y) ≤ σ₂ std q; ½E[q̃²Ỹ] ≤ ½σ₂ qm std q; (1/6)E[(x³ − δ̃³)Ỹ] ≤ ½ s² σ₂ std q
