@@ -386,8 +386,8 @@ def _cubic_crude(G: Tensor, clean: dict[str, Tensor], spreads: _Spreads) -> Tens
     """‖𝒞‖² from above without its matrix, [B] (docs/bounds.md §2.3.4, "Eigenproblems left out"):
     with m_li = max_k ‖f̂_α‖ ≥ max_k |δ̃_lik| and σ₂ (:func:`bounds.forms.spectral_spread`), each head's
     share of row i is at most a_li std_p(δ_li), a_li = (2/3) m_li² σ₂_li, so ‖C(Γ)‖_F² ≤
-    max_i Σ_l a_li · Σ_{l,i} a_li Var(δ_li) ≤ max_i Σ_l a_li · max(a)·Λ. Ten to sixty times ‖𝒞‖²'s
-    root, and enough wherever ‖𝒞‖r³ is far below the remainder (the margin-trained ViTs)."""
+    max_i Σ_l a_li · Σ_{l,i} a_li Var(δ_li) ≤ max_i Σ_l a_li · max(a)·Λ. Its root is ten to sixty
+    times ‖𝒞‖, and enough wherever ‖𝒞‖r³ is far below the remainder (the margin-trained ViTs)."""
     sigma2 = clean["sigma2"]  # [B, h, n]
     B, h, n = sigma2.shape
     m2 = G.diagonal(dim1=-2, dim2=-1).reshape(B, n, h, n).amax(-1).permute(0, 2, 1).clamp_min(0)

@@ -60,6 +60,25 @@ def test_every_remainder_bound_is_above_the_attack(case):
     assert (remainder(layer, X, r, quadratic=True) <= glob * (1 + 1e-9)).all()
 
 
+# heads wider than HEADS_EIGH_MAX (h·d_h > 64), so that the heads' tops go through their Cholesky
+# check: plain, saturated with biases, and at a zero input
+HEADS_WIDE = [(4, 96, 4, 1.0, 5.0, 0.1, 0.0), (3, 80, 2, 6.0, 4.0, 0.3, 0.5), (5, 72, 3, 2.0, 0.0, 0.2, 1.0)]
+
+
+@pytest.mark.parametrize("case", HEADS_WIDE)
+def test_the_remainder_with_heads_checked_by_cholesky_is_above_the_attack(case):
+    from bounds.forms import HEADS_EIGH_MAX
+    n, d, h, w, xn, r, bias = case
+    assert d > HEADS_EIGH_MAX
+    seed = int(1000 * w + 10 * n + d)
+    layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
+    X = _case(n, d, h, w, xn, seed)
+    attained = attack_remainder(layer, X, r, steps=150, restarts=6)
+    tol = 1e-12 * (1 + X.flatten(1).norm(dim=1))
+    for value in (quadratic_remainder(layer, X, r), remainder(layer, X, r, quadratic=True)):
+        assert (value + tol >= attained).all(), (value, attained)
+
+
 @pytest.mark.parametrize("X", [1e-9, 1e-5, 1e-4, 1e-3, 1e-2, 0.05, 0.3, 1.0, 3.0, 10.0])
 def test_the_clean_rows_constants_bound_their_functions_on_the_whole_interval(X):
     """g₁, h₂ and X·g₃ (docs/bounds.md §2.3.2, "under the clean row") bound (e^x − 1)/x, (e^x − 1 − x)/x²
