@@ -102,7 +102,13 @@ def _weighted(G: Tensor, P: Tensor, w: Tensor | None) -> tuple[Tensor, Tensor]:
     wp = P if w is None else P * (w if w.dim() == 4 else w[..., None])
     wp = wp.permute(0, 2, 1, 3)  # [B, i, h, k]
     root = wp.reshape(B, -1).clamp_min(0).sqrt()
-    D = root[:, :, None] * G * root[:, None, :]
+    D = G * root[:, None, :]
+    D.mul_(root[:, :, None])
+    # a finite sum says every entry is finite (an ∞ or NaN entry makes it ∞ or NaN), in one pass and
+    # without a mask of D's size; only where it does not is each entry asked
+    finite = torch.isfinite(D.sum((-2, -1)))
+    if bool(finite.all()):
+        return D, finite
     finite = torch.isfinite(D).flatten(1).all(-1)
     return torch.where(finite[:, None, None], D, torch.zeros_like(D)), finite
 
