@@ -331,14 +331,17 @@ ORTHO_TOL = 1e-10
 
 
 def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL, vector: bool = False,
-                  apply: Callable[[Tensor], Tensor] | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                  apply: Callable[[Tensor], Tensor] | None = None,
+                  start: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """λ_max of each [Bt, D, D] symmetric G from below, to where rounding stops it: the top Ritz value
     of a block Krylov space (block Lanczos with full reorthogonalisation, from a fixed start so that
     a value is the same bits on every run). Only a guess for :func:`verified_gram_norm` to check;
     nothing certified rests on it (a start blind to the top direction, or a space stopped short,
     only sends that element to the fallback). ``vector``: with its Ritz vector, [Bt, D], a start for
     estimates of nearby problems (bounds.forms.spread_estimate). ``apply``: the products G @ Q
-    [Bt, D, k] computed another way (bounds.forms.heads_top's, through a factor every element shares)."""
+    [Bt, D, k] computed another way (bounds.forms.heads_top's, through a factor every element shares).
+    ``start`` [Bt, D, GUESS_BLOCK]: the first block, where a caller has directions near the top one
+    (a start blind to it only costs steps: the guess is checked)."""
     Bt, D, _ = G.shape
     # a NaN or ∞ element gets no guess (NaN below); its sum says so in one pass over G (a finite G
     # whose sum overflows only loses its guess, and takes the fallback)
@@ -346,8 +349,10 @@ def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL, vector: bool = False,
     if not bool(finite.all()):
         G = torch.where(torch.isfinite(G).flatten(1).all(-1)[:, None, None], G, 0.0)
     b = min(GUESS_BLOCK, D)
-    start = torch.randn(D, b, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    Q = torch.linalg.qr(start.to(G.device).expand(Bt, D, b)).Q
+    if start is None:
+        start = torch.randn(D, b, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        start = start.to(G.device).expand(Bt, D, b)
+    Q = torch.linalg.qr(start[..., :b]).Q
     basis, images = [], []
     theta = torch.full((Bt,), math.nan, dtype=torch.float64, device=G.device)
     frozen = torch.zeros(Bt, dtype=torch.bool, device=G.device)
@@ -414,7 +419,8 @@ def cholesky_check(G: Tensor, mu: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def verified_gram_norm(G: Tensor, tau: float = VERIFY_TAU, vector: bool = False,
-                       apply: Callable[[Tensor], Tensor] | None = None) -> tuple:
+                       apply: Callable[[Tensor], Tensor] | None = None,
+                       start: Tensor | None = None, rtol: float | None = None) -> tuple:
     """√λ_max of each trailing PSD Gram matrix, certified by a Cholesky factorisation rather than
     an eigendecomposition (docs/bounds.md §2.4, "deterministic"), and whether every element took
     the exact fallback.
@@ -429,14 +435,15 @@ def verified_gram_norm(G: Tensor, tau: float = VERIFY_TAU, vector: bool = False,
     :func:`gram_norm`'s eigendecomposition instead. Cholesky costs D³/3 flops against the ≈ 4D³/3
     and the memory-bound tridiagonal reduction of ``eigvalsh``. ``vector``: a third item, the guess's
     Ritz vector [*batch, D] (an approximation, nothing certified rests on it). ``apply``: the guess's
-    products with G another way (:func:`_top_estimate`); the check is on G itself.
+    products with G another way, ``start`` its first block (:func:`_top_estimate`), ``rtol`` where its
+    run stops (default τ/100); the check is on G itself.
     """
     G = G.to(torch.float64)
     batch, D = G.shape[:-2], G.shape[-1]
     Gf = G.reshape(-1, D, D)
-    rtol = max(GUESS_RTOL, tau / 100)
-    theta, x = (_top_estimate(Gf, rtol, vector=True, apply=apply) if vector
-                else (_top_estimate(Gf, rtol, apply=apply), None))
+    rtol = max(GUESS_RTOL, tau / 100) if rtol is None else rtol
+    theta, x = (_top_estimate(Gf, rtol, vector=True, apply=apply, start=start) if vector
+                else (_top_estimate(Gf, rtol, apply=apply, start=start), None))
     top_diag = Gf.diagonal(dim1=-2, dim2=-1).abs().amax(-1)
     mu = theta.clamp_min(0) * (1 + tau) + tau * top_diag
     guessed = torch.isfinite(mu) & (mu > 0)

@@ -241,7 +241,7 @@ def test_a_wrong_guess_falls_back_to_the_eigendecomposition(monkeypatch, guess):
     G = M.mT @ M
     eigs = torch.linalg.eigvalsh(G)
     wrong = eigs[:, -2] if guess == "second" else torch.full((3,), float("nan"), dtype=torch.float64)
-    monkeypatch.setattr(certify, "_top_estimate", lambda G, rtol, apply=None: wrong)
+    monkeypatch.setattr(certify, "_top_estimate", lambda G, rtol, apply=None, start=None: wrong)
     value, all_exact = verified_gram_norm(G)
     assert all_exact
     torch.testing.assert_close(value, gram_norm(G), rtol=0, atol=0)
