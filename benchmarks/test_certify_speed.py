@@ -86,7 +86,10 @@ def _table(request):
 def _images(model: str):
     stem, dataset, n = MODELS[model]
     # BENCH_IMAGES: a larger batch, where a GPU's unit of work is the batch rather than one image
-    n = int(os.environ.get("BENCH_IMAGES", n))
+    raw = os.environ.get("BENCH_IMAGES", str(n))
+    if not (raw.isdigit() and int(raw) > 0):
+        pytest.fail(f"error: BENCH_IMAGES must be a positive integer, not {raw!r}", pytrace=False)
+    n = int(raw)
     net, _ = load_model(ZOO / f"{stem}.safetensors")
     try:
         X, y = first_test_images(dataset, net, n)

@@ -142,8 +142,9 @@ def spread_estimate(G: Tensor, P: Tensor, w: Tensor, x: Tensor) -> Tensor:
     SPREAD_SLACK). +inf where the weights are not finite."""
     B, N, _ = G.shape
     wa = torch.broadcast_to(w if w.dim() == 4 else w[..., None], P.shape).permute(0, 2, 1, 3).reshape(B, N)
-    finite = torch.isfinite(wa).all(-1)
-    wa = torch.where(torch.isfinite(wa), wa, torch.zeros_like(wa)).clamp_min(0)
+    each = torch.isfinite(wa)
+    finite = each.all(-1)
+    wa = torch.where(each, wa, torch.zeros_like(wa)).clamp_min(0)
     # D_w Q through G itself, never D_w formed: a product overflowing there gives a Ritz value that
     # is not finite, which ritz_below reports as 0, an estimate from below still
     root = (wa * P.permute(0, 2, 1, 3).reshape(B, N)).clamp_min(0).sqrt()[..., None]

@@ -59,9 +59,15 @@ def layers():
         yield f"MiniLM layer {k}", layer.to(X), X, 0.01 * float(X[0].norm(dim=-1).median())
 
 
+def _positive(text: str) -> int:
+    if not (text.isdigit() and int(text) > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=_positive, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
     for name, layer, X, eps in layers():
