@@ -464,8 +464,17 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
     values (``heads(F, w)``, [B, n]) monotonically, each certified only on the rows that can attain
     the maximum: every row's value from above (:func:`heads_above`) and from below
     (:func:`heads_below`), then :func:`heads_top` on the rows whose value from above reaches the
-    largest from below; the others keep their bound from above, which is below that maximum. The
-    same as certifying every row where the estimates are below the truth; certified wherever.
+    largest from below; the others keep their bound from above, which is below that maximum.
+
+    Where the weights of the rows are (nearly) proportional, as on the zoo's ViTs, one row serves
+    them all: λ_max is monotone in w ≥ 0 and homogeneous, so w_i ≤ ρ_i·w_* (ρ_i = max_l w_li/w_*l)
+    gives λ_i ≤ ρ_i·λ_*. The row * likeliest to be the largest (from below) is certified first,
+    every other row takes ρ_i·λ_*, and only the rows whose value with it is more than HEADS_TAU above
+    row *'s are certified too; the maximum is then at most HEADS_TAU (relative) above that of every
+    row certified, as each certified row already is. This path is taken where the estimates from
+    below predict that at most half the other rows that can attain the maximum need certifying;
+    elsewhere (MiniLM: rows far from proportional) they are all certified at once. Certified
+    wherever.
     ``factors``: a dict (empty at first) that keeps :func:`head_factors` for calls on the same F."""
     factors = {} if factors is None else factors
 
@@ -475,17 +484,59 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
         return factors[id(F)][1]
 
     above = value(lambda F, w: heads_above(of(F), w))
-    below = value(lambda F, w: heads_below(F, of(F), w))
+    lows: list[Tensor] = []  # each call's heads_below, in value's order of calls
+
+    def low(F: Tensor, w: Tensor) -> Tensor:
+        lows.append(heads_below(F, of(F), w))
+        return lows[-1]
+
+    below = value(low)
     rows = ~(above < below.amax(-1, keepdim=True))  # [B, n]; NaN-safe: a NaN row is computed
+    ref = below.nan_to_num(-torch.inf).argmax(-1, keepdim=True)  # [B, 1]
+    others = rows.clone()
+    others.scatter_(1, ref, False)
+
+    def scaled(F: Tensor, w: Tensor, top: Tensor) -> Tensor:  # min(above, ρ_i·top_*), [B, n]
+        wr = w.gather(2, ref[:, None].expand(-1, w.shape[1], 1))  # [B, h, 1]
+        rho = torch.where(w > 0, w / wr, torch.zeros_like(w)).amax(1)  # w_li > 0 = w_*l: ∞
+        bound = _nan_inf(rho * top.gather(1, ref) * (1 + ROUND_REL))
+        bound = torch.where(torch.isfinite(w).all(1), bound, torch.full_like(bound, torch.inf))
+        return torch.minimum(heads_above(of(F), w), bound)
+
+    calls = iter(lows)
+    predicted = value(lambda F, w: scaled(F, w, next(calls)))
+    need = others & (predicted > below.gather(1, ref) * (1 + HEADS_TAU))  # predicted, from below
+    if bool(others.any()) and 2 * int(need.sum()) <= int(others.sum()):
+        tops: list[Tensor] = []  # row *'s certified value in each call, as a [B, n] row vector
+
+        def at_ref(F: Tensor, w: Tensor) -> Tensor:
+            top = torch.zeros_like(w[:, 0])
+            top.scatter_(1, ref, heads_top(F, w.gather(2, ref[:, None].expand(-1, w.shape[1], 1)), of(F)))
+            tops.append(top)
+            return scaled(F, w, top)
+
+        first = value(at_ref)
+        rows = others & ~(first <= first.gather(1, ref) * (1 + HEADS_TAU))
+        if not bool(rows.any()):
+            return first.amax(-1)
+        calls = iter(tops)
+        base = lambda F, w: scaled(F, w, next(calls))
+    else:
+        base = lambda F, w: heads_above(of(F), w)
 
     def certified(F: Tensor, w: Tensor) -> Tensor:
-        out = heads_above(of(F), w)
+        out = base(F, w)
         if bool(rows.any()):
             out = out.clone()
             out[rows] = heads_top(F, w.permute(0, 2, 1)[rows].mT[None], of(F))[0]
         return out
 
     return value(certified).amax(-1)
+
+
+def _nan_inf(t: Tensor) -> Tensor:
+    """NaN (0·∞) as +inf: such a bound bounds nothing."""
+    return torch.where(torch.isnan(t), torch.full_like(t, torch.inf), t)
 
 
 # heads_top's check: its guess (bounds.certificates' block Krylov run, every row at once through
