@@ -466,7 +466,7 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
     (:func:`heads_below`), then :func:`heads_top` on the rows whose value from above reaches the
     largest from below; the others keep their bound from above, which is below that maximum.
 
-    Where the weights of the rows are (nearly) proportional, as on the zoo's ViTs, one row serves
+    Where the rows' weights are (nearly) proportional, as on the margin-trained ViTs, one row serves
     them all: λ_max is monotone in w ≥ 0 and homogeneous, so w_i ≤ ρ_i·w_* (ρ_i = max_l w_li/w_*l)
     gives λ_i ≤ ρ_i·λ_*. The row * likeliest to be the largest (from below) is certified first,
     every other row takes ρ_i·λ_*, and only the rows whose value with it is more than HEADS_TAU above
