@@ -497,9 +497,10 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
     others.scatter_(1, ref, False)
 
     def scaled(F: Tensor, w: Tensor, top: Tensor) -> Tensor:  # min(above, ρ_i·top_*), [B, n]
-        wr = w.gather(2, ref[:, None].expand(-1, w.shape[1], 1))  # [B, h, 1]
-        rho = torch.where(w > 0, w / wr, torch.zeros_like(w)).amax(1)  # w_li > 0 = w_*l: ∞
-        bound = _nan_inf(rho * top.gather(1, ref) * (1 + ROUND_REL))
+        # row *'s weights as heads_top takes them (clamped at 0), so that w_li > 0 = w_*l gives ∞
+        wr = w.gather(2, ref[:, None].expand(-1, w.shape[1], 1)).clamp_min(0)  # [B, h, 1]
+        rho = torch.where(w > 0, w / wr, torch.zeros_like(w)).amax(1)
+        bound = nan_inf(rho * top.gather(1, ref) * (1 + ROUND_REL))
         bound = torch.where(torch.isfinite(w).all(1), bound, torch.full_like(bound, torch.inf))
         return torch.minimum(heads_above(of(F), w), bound)
 
@@ -534,8 +535,8 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
     return value(certified).amax(-1)
 
 
-def _nan_inf(t: Tensor) -> Tensor:
-    """NaN (0·∞) as +inf: such a bound bounds nothing."""
+def nan_inf(t: Tensor) -> Tensor:
+    """NaN (an overflowed factor times a zero) as +inf: such a bound bounds nothing."""
     return torch.where(torch.isnan(t), torch.full_like(t, torch.inf), t)
 
 

@@ -35,6 +35,7 @@ from .forms import (
     heads_top_max,
     logit_form_norm,
     logit_gram,
+    nan_inf,
     spectral_spread,
     spread_estimate,
     value_cubic_norm,
@@ -282,7 +283,7 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
         else:  # its matrix not formed: :func:`_cubic_crude`'s bound, or 0 from below
             cubic_sq = crude if mode == "upper" else torch.zeros_like(crude)
         cubic_sq = cubic_sq.clamp_min(0)
-        joint = _nan_inf(_weighted_x(layer, rows, spread, c, r1).square() + joint_q)
+        joint = nan_inf(_weighted_x(layer, rows, spread, c, r1).square() + joint_q)
         shared = _shared_value(layer, rows, spread, r, cv)
         # ‖𝓑₂‖ in the same choice: left out (+inf, unless certified at an earlier radius), its
         # estimate from below, or certified where it can win (:func:`_value3`)
@@ -295,7 +296,7 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
         rest = torch.minimum(torch.minimum(per_head, joint), cubic(spread, shared, cubic_sq.sqrt(), value3))
         # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
         # that the smaller of the remainders (:func:`remainder`) never takes a NaN
-        return _nan_inf((second + rest) * (1 + ROUND_REL))
+        return nan_inf((second + rest) * (1 + ROUND_REL))
 
     # every weighted spread by monotonicity first, and ‖𝒞‖ without its matrix; then with ‖𝒞‖'s matrix
     # formed; certified only where that could cost more than SPREAD_SLACK of the remainder, judged
@@ -475,13 +476,13 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
 
     def rest(spread: Spread, shared: Tensor, cubic_norm: Tensor, value3: Tensor) -> Tensor:
         moments = _weighted_x(layer, rows, spread, w, r1).square()
-        value = _nan_inf(shared)
+        value = nan_inf(shared)
         if bool(torch.isfinite(value3).any()):
             if not q_third:
                 q_third.append(lin_q((0.5 * qm + e3) * v))
             third = value3 * r1**3 + lin_d(spread, (qm + e3) * v) + q_third[0]
-            value = torch.minimum(value, _nan_inf(third))
-        return _nan_inf(cubic_norm * r1**3 + moments + lin_d(spread, qm * sigma2) + q_beta + value)
+            value = torch.minimum(value, nan_inf(third))
+        return nan_inf(cubic_norm * r1**3 + moments + lin_d(spread, qm * sigma2) + q_beta + value)
 
     return rest
 
@@ -515,11 +516,6 @@ def _value_gram(layer: DotMHA, rows: dict[str, Tensor]) -> Tensor:
     return heads_top_max(lambda heads: heads(F, rows["lam"]))
 
 
-def _nan_inf(t: Tensor) -> Tensor:
-    """NaN (an overflowed factor times a zero) as +inf: such a bound bounds nothing."""
-    return torch.where(torch.isnan(t), torch.full_like(t, torch.inf), t)
-
-
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
               quadratic: bool | None = None, cache: dict | None = None,
               negligible: Tensor | None = None, enough: Tensor | None = None) -> Tensor:
@@ -540,8 +536,8 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
     if enough is not None and not quadratic and bool((glob.sum(-1) <= enough).all()):
         return glob.sum(-1)
     rows = _rows(layer, X, radius(eps, X)[:, None, None])  # what the three bounds share
-    local = _nan_inf(local_remainder(layer, X, eps, rows) + ROUND_ABS * glob)
-    first = _nan_inf(first_order_remainder(layer, X, eps, core, rows) + ROUND_ABS * glob)
+    local = nan_inf(local_remainder(layer, X, eps, rows) + ROUND_ABS * glob)
+    first = nan_inf(first_order_remainder(layer, X, eps, core, rows) + ROUND_ABS * glob)
     out = torch.minimum(torch.minimum(glob, local), first).sum(-1)
     n, d = X.shape[-2:]
     if quadratic or (quadratic is None and layer.h * n * n <= n * d):

@@ -491,6 +491,26 @@ def test_proportional_rows_take_one_certified_row(seed, monkeypatch):
     assert torch.isinf(heads_top_max(lambda heads: heads(F, w2))[1])
 
 
+def test_one_certified_row_is_sound_whatever_the_estimates(monkeypatch):
+    """heads_top_max through one certified row stays above every row's λ_max (dense eigvalsh) when the
+    estimates from below are weak (0 but on row 0, which they make the reference) and row 0's weight
+    on the dominant head is rounded below 0: heads_top takes it as 0, so the rows with weight there
+    cannot be bounded through row 0 (ρ_i = ∞) and are certified themselves."""
+    import bounds.forms as forms
+    from bounds.forms import heads_top_max
+    g = torch.Generator().manual_seed(5)
+    F = torch.randn(3, 10, 4, generator=g, dtype=torch.float64)
+    F[0] *= 5  # head 0 dominates
+    w = torch.tensor([[[-1e-18, 0.5, 0.5, 0.5], [1.0, 0.3, 0.3, 0.3], [1.0, 0.3, 0.3, 0.3]]],
+                     dtype=torch.float64)  # [B, h, n]: row 0 without head 0, rows 1-3 with it
+    truth = torch.linalg.eigvalsh(torch.einsum("bln,lde,lfe->bndf", w.clamp_min(0), F, F))[..., -1]
+    assert truth[0, 1:].amin() > truth[0, 0]  # the largest rows are those the reference cannot bound
+    real = forms.heads_below
+    monkeypatch.setattr(forms, "heads_below",
+                        lambda F, f, w: real(F, f, w) * (torch.arange(w.shape[-1]) == 0))
+    assert (heads_top_max(lambda heads: heads(F, w)) >= truth.amax(-1) * (1 - 1e-9)).all()
+
+
 @pytest.mark.parametrize("d", [40, 120])
 def test_the_heads_tops_checked_by_cholesky_are_just_above_the_truth(d):
     """heads_top above side HEADS_EIGH_MAX (its guess through the shared F̄ᵀF̄, then a Cholesky check)
