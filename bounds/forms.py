@@ -497,10 +497,14 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
     others.scatter_(1, ref, False)
 
     def scaled(F: Tensor, w: Tensor, top: Tensor) -> Tensor:  # min(above, ρ_i·top_*), [B, n]
-        # row *'s weights as heads_top takes them (clamped at 0), so that w_li > 0 = w_*l gives ∞
-        wr = w.gather(2, ref[:, None].expand(-1, w.shape[1], 1)).clamp_min(0)  # [B, h, 1]
-        rho = torch.where(w > 0, w / wr, torch.zeros_like(w)).amax(1)
-        bound = nan_inf(rho * top.gather(1, ref) * (1 + ROUND_REL))
+        # ρ_i = max_l w_li/w_*l, with ∞ where w_li > 0 and row *'s weight is not > 0 (heads_top takes
+        # 0, −0.0 and anything below as 0) or the ratio leaves float64's normal range (its rounding
+        # is then not relative); a product below that range is raised to it for the same reason
+        wr = w.gather(2, ref[:, None].expand(-1, w.shape[1], 1))  # [B, h, 1]
+        ratio = w / torch.where(wr > 0, wr, torch.ones_like(wr))
+        exact = (wr > 0) & (ratio >= _TINY)
+        ratio = torch.where(w > 0, torch.where(exact, ratio, torch.full_like(ratio, torch.inf)), 0.0)
+        bound = nan_inf(ratio.amax(1) * top.gather(1, ref) * (1 + ROUND_REL)).clamp_min(4 * _TINY)
         bound = torch.where(torch.isfinite(w).all(1), bound, torch.full_like(bound, torch.inf))
         return torch.minimum(heads_above(of(F), w), bound)
 
@@ -538,6 +542,9 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
 def nan_inf(t: Tensor) -> Tensor:
     """NaN (an overflowed factor times a zero) as +inf: such a bound bounds nothing."""
     return torch.where(torch.isnan(t), torch.full_like(t, torch.inf), t)
+
+
+_TINY = torch.finfo(torch.float64).tiny  # the smallest normal float64
 
 
 # heads_top's check: its guess (bounds.certificates' block Krylov run, every row at once through

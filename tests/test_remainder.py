@@ -491,7 +491,8 @@ def test_proportional_rows_take_one_certified_row(seed, monkeypatch):
     assert torch.isinf(heads_top_max(lambda heads: heads(F, w2))[1])
 
 
-def test_one_certified_row_is_sound_whatever_the_estimates(monkeypatch):
+@pytest.mark.parametrize("zero", [-1e-18, -0.0, 0.0])
+def test_one_certified_row_is_sound_whatever_the_estimates(monkeypatch, zero):
     """heads_top_max through one certified row stays above every row's λ_max (dense eigvalsh) when the
     estimates from below are weak (0 but on row 0, which they make the reference) and row 0's weight
     on the dominant head is rounded below 0: heads_top takes it as 0, so the rows with weight there
@@ -501,7 +502,7 @@ def test_one_certified_row_is_sound_whatever_the_estimates(monkeypatch):
     g = torch.Generator().manual_seed(5)
     F = torch.randn(3, 10, 4, generator=g, dtype=torch.float64)
     F[0] *= 5  # head 0 dominates
-    w = torch.tensor([[[-1e-18, 0.5, 0.5, 0.5], [1.0, 0.3, 0.3, 0.3], [1.0, 0.3, 0.3, 0.3]]],
+    w = torch.tensor([[[zero, 0.5, 0.5, 0.5], [1.0, 0.3, 0.3, 0.3], [1.0, 0.3, 0.3, 0.3]]],
                      dtype=torch.float64)  # [B, h, n]: row 0 without head 0, rows 1-3 with it
     truth = torch.linalg.eigvalsh(torch.einsum("bln,lde,lfe->bndf", w.clamp_min(0), F, F))[..., -1]
     assert truth[0, 1:].amin() > truth[0, 0]  # the largest rows are those the reference cannot bound
@@ -509,6 +510,18 @@ def test_one_certified_row_is_sound_whatever_the_estimates(monkeypatch):
     monkeypatch.setattr(forms, "heads_below",
                         lambda F, f, w: real(F, f, w) * (torch.arange(w.shape[-1]) == 0))
     assert (heads_top_max(lambda heads: heads(F, w)) >= truth.amax(-1) * (1 - 1e-9)).all()
+    # ratios outside float64's normal range (2e-325 here) are not taken at their rounded value: the
+    # product of two calls makes row 1, far below row 0 in the first, the largest
+    F2 = torch.randn(2, 6, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    F2[1] *= 0.1
+    w1 = torch.tensor([[[1e150, 2e-175], [1e150, 0.0]]], dtype=torch.float64)
+    w2 = torch.tensor([[[1e-150, 1e175], [1e-150, 0.0]]], dtype=torch.float64)
+
+    def exact(w):
+        return torch.linalg.eigvalsh(torch.einsum("bln,lde,lfe->bndf", w, F2, F2))[..., -1]
+
+    truth = (exact(w1) * exact(w2)).amax(-1)
+    assert (heads_top_max(lambda heads: heads(F2, w1) * heads(F2, w2)) >= truth * (1 - 1e-9)).all()
 
 
 @pytest.mark.parametrize("d", [40, 120])
