@@ -475,6 +475,8 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
     below predict that at most half the other rows that can attain the maximum need certifying;
     elsewhere (MiniLM: rows far from proportional) they are all certified at once. Certified
     wherever.
+    ``value`` must make the same calls in the same order each time it is called (lin_q's and
+    _value_gram's do): each call's estimates and certified row are matched to it by position.
     ``factors``: a dict (empty at first) that keeps :func:`head_factors` for calls on the same F."""
     factors = {} if factors is None else factors
 
