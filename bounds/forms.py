@@ -441,19 +441,18 @@ def heads_below(F: Tensor, factors: tuple[Tensor, ...], w: Tensor) -> Tensor:
     w = torch.where(finite[:, None], w, torch.zeros_like(w)).clamp_min(0)
     K = factors[3]
     root = w.sqrt().repeat_interleave(e, 1).mT.reshape(B * n, h * e)  # D_i^½ on the diagonal
-    start = _heads_start(factors, w)
+    start = _heads_start(factors, w, root)
     top = ritz_below(lambda Q: root[..., None] * (K @ (root[..., None] * Q)), start, 2).reshape(B, n)
     return torch.where(finite, top, torch.full_like(top, torch.inf))
 
 
-def _heads_start(factors: tuple[Tensor, ...], w: Tensor) -> Tensor:
+def _heads_start(factors: tuple[Tensor, ...], w: Tensor, root: Tensor) -> Tensor:
     """D_i^½u, u, the heaviest head's block of u and D_i u per row, [B·n, h·e, 4]: u F̄'s top direction
-    (:func:`head_factors`), w [B, h, n] ≥ 0 and finite."""
+    (:func:`head_factors`), w [B, h, n] ≥ 0 and finite, root [B·n, h·e] the caller's D_i^½."""
     u = factors[2]
     h, e = u.shape
     B, _, n = w.shape
     u = u.reshape(h * e)
-    root = w.sqrt().repeat_interleave(e, 1).mT.reshape(B * n, h * e)
     heavy = torch.nn.functional.one_hot(w.argmax(1).reshape(B * n), h).to(u.dtype).repeat_interleave(e, 1)
     return torch.stack([root * u, u.expand(B * n, -1), heavy * u, root.square() * u], -1)
 
@@ -498,11 +497,14 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
     others = rows.clone()
     others.scatter_(1, ref, False)
 
+    def at_ref(w: Tensor) -> Tensor:  # row *'s weights, [B, h, 1]
+        return w.gather(2, ref[:, None].expand(-1, w.shape[1], 1))
+
     def scaled(F: Tensor, w: Tensor, top: Tensor) -> Tensor:  # min(above, ρ_i·top_*), [B, n]
         # ρ_i = max_l w_li/w_*l, with ∞ where w_li > 0 and row *'s weight is not > 0 (heads_top takes
         # 0, −0.0 and anything below as 0) or the ratio leaves float64's normal range (its rounding
         # is then not relative); a product below that range is raised to it for the same reason
-        wr = w.gather(2, ref[:, None].expand(-1, w.shape[1], 1))  # [B, h, 1]
+        wr = at_ref(w)
         ratio = w / torch.where(wr > 0, wr, torch.ones_like(wr))
         exact = (wr > 0) & (ratio >= _TINY)
         ratio = torch.where(w > 0, torch.where(exact, ratio, torch.full_like(ratio, torch.inf)), 0.0)
@@ -516,13 +518,13 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
     if bool(others.any()) and 2 * int(need.sum()) <= int(others.sum()):
         tops: list[Tensor] = []  # row *'s certified value in each call, as a [B, n] row vector
 
-        def at_ref(F: Tensor, w: Tensor) -> Tensor:
+        def certify_ref(F: Tensor, w: Tensor) -> Tensor:
             top = torch.zeros_like(w[:, 0])
-            top.scatter_(1, ref, heads_top(F, w.gather(2, ref[:, None].expand(-1, w.shape[1], 1)), of(F)))
+            top.scatter_(1, ref, heads_top(F, at_ref(w), of(F)))
             tops.append(top)
             return scaled(F, w, top)
 
-        first = value(at_ref)
+        first = value(certify_ref)
         rows = others & ~(first <= first.gather(1, ref) * (1 + HEADS_TAU))
         if not bool(rows.any()):
             return first.amax(-1)
@@ -583,7 +585,7 @@ def heads_top(F: Tensor, w: Tensor, factors: tuple[Tensor, ...] | None = None) -
             Z = (rt * Q).permute(1, 0, 2).reshape(m, -1)
             return rt * (K @ Z).reshape(m, Q.shape[0], -1).permute(1, 0, 2)
 
-        start = None if factors is None else _heads_start(factors, w.clamp_min(0))
+        start = None if factors is None else _heads_start(factors, w.clamp_min(0), rt[..., 0])
         top = verified_gram_norm(S.flatten(0, 1), HEADS_TAU, apply=apply, start=start,
                                  rtol=HEADS_TAU / 4)[0].square()
     top = top.reshape(S.shape[:2])

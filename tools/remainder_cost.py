@@ -21,6 +21,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.cli.main import _int_at_least  # noqa: E402
 from bench.nets.accuracy import first_test_images, load_model  # noqa: E402
 from bench.sweep.cases import Cell  # noqa: E402
 from bounds import remainder as R  # noqa: E402
@@ -59,15 +60,9 @@ def layers():
         yield f"MiniLM layer {k}", layer.to(X), X, 0.01 * float(X[0].norm(dim=-1).median())
 
 
-def _positive(text: str) -> int:
-    if not (text.isdigit() and int(text) > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
-    return int(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=_positive, default=5)
+    parser.add_argument("--repeats", type=_int_at_least(1), default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
     for name, layer, X, eps in layers():
