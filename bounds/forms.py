@@ -6,7 +6,7 @@ docs/bounds.md §2.4) and raised for float64 rounding.
 * :func:`logit_form_norm`: ‖𝒜‖, the pure-logit second-order term, and √Λ, the logits' linear spread;
 * :func:`value_form_norm`: ‖𝓑‖, the value term dP[Γ]ΓC as the bilinear form it is;
 * :func:`cubic_form_norm`: ‖𝒞‖, the pure-logit third-order term, and :func:`value_cubic_norm`, ‖𝓑₂‖,
-  the value side's;
+  the value side's; :func:`value_pair_norm`, the two value forms bounded at once;
 * :func:`spectral_spread`: σ₂, the values' spread along their widest direction, per head and row;
 * :func:`heads_top`: λ_max(Σ_l w_li F_l F_lᵀ) per row, the heads sharing Γ, and
   :func:`heads_top_max`, its largest row with only the rows that can be the largest certified.
@@ -287,30 +287,29 @@ def cubic_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, deferred: bo
     return _flattened(layer, X, K, P, scale, root=root).clamp_min(0).sqrt()
 
 
-def value_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, below: bool = False) -> Tensor:
-    """‖𝓑‖, [B] (docs/bounds.md §2.3.2): the value term V(Γ) = Σ_l dP_l[Γ] Γ C_l is the bilinear form
-    B(Γ, Γ) with row i of B(Γ, Γ') = Σ_{l,k} p_lik (f̂_αᵀ vec Γ) Γ'_k C_l, and ‖V(Γ)‖_F ≤ ‖𝓑‖‖Γ‖_F² with
-    ‖𝓑‖ the norm of its (n·d) × (n·d)² flattening: :func:`_value_side` with
-    M^{ll'}_{ii'} = Σ_k p_lik p_l'i'k G_{(i,l,k),(i',l',k)}. ``below``: an estimate of ‖𝓑‖ from below
-    instead (:func:`value_side_below`), to tell whether it is worth certifying."""
+def value_form_parts(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> tuple[Tensor, Tensor]:
+    """(M, |M|'s bound) of ‖𝓑‖ for :func:`_value_side`, [B, i, l, i', l'] each (docs/bounds.md
+    §2.3.2): the value term V(Γ) = Σ_l dP_l[Γ] Γ C_l is the bilinear form B(Γ, Γ) with row i of
+    B(Γ, Γ') = Σ_{l,k} p_lik (f̂_αᵀ vec Γ) Γ'_k C_l, and ‖V(Γ)‖_F ≤ ‖𝓑‖‖Γ‖_F² with ‖𝓑‖ the norm of its
+    (n·d) × (n·d)² flattening, whose output-side Gram takes M^{ll'}_{ii'} = Σ_k p_lik p_l'i'k
+    G_{(i,l,k),(i',l',k)}; the same sum on √(G_αα G_ββ) ≥ |G_αβ| bounds M's entries and their
+    rounding errors."""
     B, n, _ = X.shape
     h = layer.h
     Gd = torch.diagonal(G.reshape(B, n, h, n, n, h, n), dim1=3, dim2=6)  # [B, i, l, i', l', k]: k = k'
     p = P.permute(0, 2, 1, 3)  # [B, i, l, k]
     M = torch.einsum("bilk,bjgk,biljgk->biljg", p, p, Gd)
-    if below:
-        return value_side_below(layer, M)
-    # the same sum on √(G_αα G_ββ) ≥ |G_αβ|: a scale of M's entries and of their rounding errors
     sd = torch.diagonal(G, dim1=-2, dim2=-1).clamp_min(0).sqrt().reshape(B, n, h, n) * p
-    return _value_side(layer, M, torch.einsum("bilk,bjgk->biljg", sd, sd))
+    return M, torch.einsum("bilk,bjgk->biljg", sd, sd)
 
 
-def value_cubic_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, below: bool = False) -> Tensor:
-    """‖𝓑₂‖, [B] (docs/bounds.md §2.3.4): the value side's third order, row i of which is
-    Σ_l ½ E_p[δ̃² Z̃] = Σ_{l,k} ½ p_lik (f̂_αᵀγ)² (Γ_k − γ̄_li) C_l (Z = ΓC_l centred under the clean
-    row), ≤ ‖𝓑₂‖‖Γ‖_F³. Its atoms are ½ f̂_α^{⊗2} ⊗ (e_k − p_li) ⊗ C_l e_c, so :func:`_value_side`
-    takes M^{ll'}_{ii'} = ¼ Σ_{k,k'} p_α p_β G_αβ² ⟨e_k − p_li, e_k' − p_l'i'⟩ (α = (i,l,k),
-    β = (i',l',k')). ``below`` as in :func:`value_form_norm`."""
+def value_cubic_parts(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor) -> tuple[Tensor, Tensor]:
+    """(M, |M|'s bound) of ‖𝓑₂‖ for :func:`_value_side`, as :func:`value_form_parts` (docs/bounds.md
+    §2.3.4): the value side's third order, row i of which is Σ_l ½ E_p[δ̃² Z̃] = Σ_{l,k} ½ p_lik
+    (f̂_αᵀγ)² (Γ_k − γ̄_li) C_l (Z = ΓC_l centred under the clean row), ≤ ‖𝓑₂‖‖Γ‖_F³. Its atoms are
+    ½ f̂_α^{⊗2} ⊗ (e_k − p_li) ⊗ C_l e_c, so M^{ll'}_{ii'} = ¼ Σ_{k,k'} p_α p_β G_αβ² ⟨e_k − p_li,
+    e_k' − p_l'i'⟩ (α = (i,l,k), β = (i',l',k')); |⟨e_k − p_li, e_k' − p_l'i'⟩| ≤ 4 and
+    G_αβ² ≤ G_αα G_ββ bound its entries by (Σ_k p_α G_αα)(Σ_k' p_β G_ββ)."""
     B, n, _ = X.shape
     h = layer.h
     p = P.permute(0, 2, 1, 3)  # [B, i, l, k]
@@ -321,11 +320,31 @@ def value_cubic_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, below: bool
          - torch.einsum("bilkjgq,bjgk->biljg", W2, p)
          - torch.einsum("bilkjgq,bilq->biljg", W2, p)
          + W2.sum((3, 6)) * torch.einsum("bilk,bjgk->biljg", p, p))
-    if below:
-        return value_side_below(layer, 0.25 * M)
-    # |⟨e_k − p_li, e_k' − p_l'i'⟩| ≤ 4 and G_αβ² ≤ G_αα G_ββ: a scale of M's entries and errors
     sd = torch.diagonal(G, dim1=-2, dim2=-1).clamp_min(0).reshape(B, n, h, n) * p
-    return _value_side(layer, 0.25 * M, torch.einsum("bil,bjg->biljg", sd.sum(-1), sd.sum(-1)))
+    return 0.25 * M, torch.einsum("bil,bjg->biljg", sd.sum(-1), sd.sum(-1))
+
+
+def value_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, below: bool = False) -> Tensor:
+    """‖𝓑‖, [B] (:func:`value_form_parts`). ``below``: an estimate of ‖𝓑‖ from below instead
+    (:func:`value_side_below`), to tell whether it is worth certifying."""
+    M, Mabs = value_form_parts(layer, X, G, P)
+    return value_side_below(layer, M) if below else _value_side(layer, M, Mabs)
+
+
+def value_cubic_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, below: bool = False) -> Tensor:
+    """‖𝓑₂‖, [B] (:func:`value_cubic_parts`); ``below`` as in :func:`value_form_norm`."""
+    M, Mabs = value_cubic_parts(layer, X, G, P)
+    return value_side_below(layer, M) if below else _value_side(layer, M, Mabs)
+
+
+def value_pair_norm(layer: DotMHA, form: tuple[Tensor, Tensor], cubic: tuple[Tensor, Tensor],
+                    a: Tensor, c: Tensor) -> Tensor:
+    """‖[√a·𝓑, √c·𝓑₂]‖, rounded up, [B], for a, c ≥ 0 [B] and the parts of :func:`value_form_parts`
+    and :func:`value_cubic_parts` (docs/bounds.md §2.3.4, "The value forms as one"): the two
+    flattenings side by side have the output-side Gram a·S_𝓑 + c·S_𝓑₂, which is :func:`_value_side`'s
+    of a·M_𝓑 + c·M_𝓑₂, so one n·min(d, h·d_h)-square eigenproblem bounds both forms at once."""
+    a5, c5 = a[:, None, None, None, None], c[:, None, None, None, None]
+    return _value_side(layer, a5 * form[0] + c5 * cubic[0], a5 * form[1] + c5 * cubic[1])
 
 
 def _value_factors(layer: DotMHA) -> tuple[Tensor, Tensor]:
@@ -477,13 +496,7 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
     ``value`` must make the same calls in the same order each time it is called (lin_q's and
     _value_gram's do): each call's estimates and certified row are matched to it by position.
     ``factors``: a dict (empty at first) that keeps :func:`head_factors` for calls on the same F."""
-    factors = {} if factors is None else factors
-
-    def of(F: Tensor) -> tuple[Tensor, ...]:
-        if id(F) not in factors:
-            factors[id(F)] = (F, head_factors(F))
-        return factors[id(F)][1]
-
+    of = _factors_of({} if factors is None else factors)
     above = value(lambda F, w: heads_above(of(F), w))
     lows: list[Tensor] = []  # each call's heads_below, in value's order of calls
 
@@ -541,6 +554,28 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
         return out
 
     return value(certified).amax(-1)
+
+
+def heads_top_bound(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
+                    factors: dict | None = None, above: bool = True) -> Tensor:
+    """max over rows of ``value(heads)`` [B] as :func:`heads_top_max`, without an eigenproblem: every
+    :func:`heads_top` value from above (:func:`heads_above`: a bound) or, ``above`` False, from below
+    (:func:`heads_below`: an estimate, never a bound). ``factors`` as in :func:`heads_top_max`."""
+    of = _factors_of({} if factors is None else factors)
+    if above:
+        return value(lambda F, w: heads_above(of(F), w)).amax(-1)
+    return value(lambda F, w: heads_below(F, of(F), w)).amax(-1)
+
+
+def _factors_of(factors: dict) -> Callable[[Tensor], tuple[Tensor, ...]]:
+    """:func:`head_factors` of F, kept in ``factors`` (by F's identity, F kept beside them so that the
+    identity is not reused)."""
+    def of(F: Tensor) -> tuple[Tensor, ...]:
+        if id(F) not in factors:
+            factors[id(F)] = (F, head_factors(F))
+        return factors[id(F)][1]
+
+    return of
 
 
 def nan_inf(t: Tensor) -> Tensor:

@@ -32,15 +32,18 @@ from .forms import (
     Deferred,
     cubic_form_norm,
     form_norm,
+    heads_top_bound,
     heads_top_max,
     logit_form_norm,
     logit_gram,
     nan_inf,
     spectral_spread,
     spread_estimate,
-    value_cubic_norm,
-    value_form_norm,
+    value_cubic_parts,
+    value_form_parts,
+    value_pair_norm,
     value_root,
+    value_side_below,
     weighted_spread,
 )
 from .lofast import layer_key, xi
@@ -268,14 +271,15 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
         names, tensors = layer_key(layer)
         clean = reused(("quadratic_parts", names), (*tensors, X),
                        lambda: _clean_forms(layer, X, G, P, sigma, cv))
-    # the value term: Cauchy–Schwarz (√(cΛ)) or the bilinear form itself (‖𝓑‖), the smaller
-    value_term = torch.minimum(cv.sqrt() * clean["spread"], clean["bilinear"])
-    second = (clean["form"] + value_term) * r1**2
     spreads = _Spreads(G, P, clean)
+    # the value forms where they can win at this radius, both at once where both can (_value_pairs)
+    cs = cv.sqrt() * clean["spread"]  # the value term by Cauchy–Schwarz, √(cΛ)
+    shared_upper = _shared_value(layer, rows, spreads.upper, r, cv)
+    _value_pairs(layer, clean, r1, cs, shared_upper, lazy=False)
     cubic = _cubic_rest(layer, rows, r, clean)
     crude = _cubic_crude(G, clean, spreads)
 
-    def assemble(mode: str, formed: bool) -> Tensor:
+    def assemble(mode: str, formed: bool, below: Tensor | None = None) -> Tensor:
         spread = getattr(spreads, mode)
         if formed:  # ‖𝒞‖² from above (‖S‖_F), from below, or certified: bounds.forms.Deferred
             form = cubic_form(layer, X, G, P, clean)
@@ -285,18 +289,22 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
         cubic_sq = cubic_sq.clamp_min(0)
         joint = nan_inf(_weighted_x(layer, rows, spread, c, r1).square() + joint_q)
         shared = _shared_value(layer, rows, spread, r, cv)
-        # ‖𝓑₂‖ in the same choice: left out (+inf, unless certified at an earlier radius), its
-        # estimate from below, or certified where it can win (:func:`_value3`)
+        # ‖𝓑₂‖ alone in the same choice as the spreads: certified where it can win and no pair
+        # bounds it (:func:`_value_pairs`), else from the pairs (+inf without one), or from below
         if mode == "exact":
-            value3 = _value3(layer, X, G, P, clean, r1, _shared_value(layer, rows, spreads.upper, r, cv))
-        elif mode == "lower":
-            value3 = clean["value3_below"]
-        else:
-            value3 = clean.get("value3", torch.full_like(r1, torch.inf))
-        rest = torch.minimum(torch.minimum(per_head, joint), cubic(spread, shared, cubic_sq.sqrt(), value3))
+            _value_pairs(layer, clean, r1, cs, shared_upper, lazy=True)
+        bilinear, value3, pair = _pair_values(clean, r1)
+        if mode == "lower":
+            value3 = torch.where(_covered(clean), value3, clean["value3_below"])
+        # the value term: Cauchy–Schwarz (√(cΛ)) or the bilinear form itself (‖𝓑‖), the smaller
+        second = (clean["form"] + torch.minimum(cs, bilinear)) * r1**2
+        slack = None if below is None else TERM_SLACK * below
+        apart, paired = cubic(spread, shared, cubic_sq.sqrt(), value3, pair, mode, slack)
+        rest = torch.minimum(torch.minimum(per_head, joint), apart)
         # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
         # that the smaller of the remainders (:func:`remainder`) never takes a NaN
-        return nan_inf((second + rest) * (1 + ROUND_REL))
+        out = torch.minimum(nan_inf(second + rest), nan_inf(clean["form"] * r1**2 + paired))
+        return out * (1 + ROUND_REL)
 
     # every weighted spread by monotonicity first, and ‖𝒞‖ without its matrix; then with ‖𝒞‖'s matrix
     # formed; certified only where that could cost more than SPREAD_SLACK of the remainder, judged
@@ -305,9 +313,10 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     if bool((upper <= (1 + SPREAD_SLACK) * assemble("lower", False)).all()):
         return upper
     upper = torch.minimum(upper, assemble("upper", True))
-    if bool((upper <= (1 + SPREAD_SLACK) * assemble("lower", True)).all()):
+    lower = assemble("lower", True)
+    if bool((upper <= (1 + SPREAD_SLACK) * lower).all()):
         return upper
-    return torch.minimum(upper, assemble("exact", True))
+    return torch.minimum(upper, assemble("exact", True, lower))
 
 
 # the remainder with each weighted spread λ_max(D_w) bounded by max(w)·Λ (no eigenproblem) is kept
@@ -315,6 +324,11 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
 # at most the remainder with the spreads certified (the remainder grows with each spread): so it is
 # within this of what certifying them all would give (docs/bounds.md §2.3.4, "Eigenproblems left out")
 SPREAD_SLACK = 0.01
+# in the certified assembly, a term whose bound from above exceeds its estimate from below by at most
+# this much of the remainder's estimate from below (the assembly before it) keeps its bound from
+# above: the value side's third order's q part, 0.02–0.24% of MiniLM's remainder, whose heads' tops
+# took 60–80 ms of its 0.6 s (docs/bounds.md §2.3.4, "Eigenproblems left out", rule 4)
+TERM_SLACK = 1e-3
 
 
 class _Spreads:
@@ -353,25 +367,22 @@ VALUE_FORM_LIMIT = 2560
 def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor,
                  cv: Tensor) -> dict[str, Tensor]:
     """What the quadratic remainder takes from the clean point alone, [B] or [B, h, n] each: ‖𝒜‖,
-    √Λ, ‖𝓑‖ and ‖𝓑₂‖ (+inf above VALUE_FORM_LIMIT), ‖𝒞‖ and σ₂ (bounds.forms); ``cv`` is
-    :func:`_value_c`'s.
-
-    The value forms are certified only where they can win. ‖𝓑‖ is not where its estimate from below
-    (bounds.forms.value_side_below, a few products with its factors) is already at least its
-    alternative √(cv·Λ): the value term is then √(cv·Λ) whatever ‖𝓑‖ is. ‖𝓑₂‖ waits for a radius
-    (:func:`_value3`), with its estimate from below kept as ``value3_below``."""
+    √Λ, ‖𝒞‖ and σ₂ (bounds.forms), and on a wide layer (up to VALUE_FORM_LIMIT) the value forms'
+    parts (``value_parts``), their estimates from below (``bilinear_below``, ``value3_below``: +inf
+    elsewhere) and the list of their certified pairs, empty until a radius asks one
+    (:func:`_value_pairs`); ``cv`` is :func:`_value_c`'s."""
     B, n, d = X.shape
     none = torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
     Lambda, vector = weighted_spread(G, P, vector=True)
     root = value_root(layer, X, P)  # N^½, which ‖𝒜‖ and ‖𝒞‖ share
     out = {"form": form_norm(layer, X, G, P, root), "Lambda": Lambda, "spread": Lambda.sqrt(),
-           "spread_vector": vector, "bilinear": none, "value3_below": none,
+           "spread_vector": vector, "bilinear_below": none, "value3_below": none, "pairs": [],
            "root": root,
            "sigma2": spectral_spread(layer, X, P, sigma)}
     if 4 * layer.h * n * n <= n * d and n * min(d, layer.h * layer.d_h) <= VALUE_FORM_LIMIT:
-        if bool((value_form_norm(layer, X, G, P, below=True) < cv.sqrt() * out["spread"]).any()):
-            out["bilinear"] = value_form_norm(layer, X, G, P)
-        out["value3_below"] = value_cubic_norm(layer, X, G, P, below=True)
+        parts = (value_form_parts(layer, X, G, P), value_cubic_parts(layer, X, G, P))
+        out.update(value_parts=parts, bilinear_below=value_side_below(layer, parts[0][0]),
+                   value3_below=value_side_below(layer, parts[1][0]))
     return out
 
 
@@ -396,18 +407,70 @@ def _cubic_crude(G: Tensor, clean: dict[str, Tensor], spreads: _Spreads) -> Tens
     return a.sum(1).amax(-1) * (1 + ROUND_REL) * spreads.upper(a)
 
 
-def _value3(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, clean: dict[str, Tensor], r: Tensor,
-            shared: Tensor) -> Tensor:
-    """‖𝓑₂‖ (bounds.forms.value_cubic_norm) where it can win at radius ``r`` [B], else +inf, [B]: the
-    value side is min(shared, ‖𝓑₂‖r³ + terms ≥ 0), so where ‖𝓑₂‖'s estimate from below times r³ is
-    already at least ``shared`` (the value side with every weighted spread at its bound from above,
-    :class:`_Spreads`) the form cannot lower it. Certified once per clean point, kept in ``clean``."""
-    below = clean["value3_below"]
-    if not bool(torch.isfinite(below).any()) or not bool((below * r**3 < shared).any()):
-        return torch.full_like(below, torch.inf)
-    if "value3" not in clean:
-        clean["value3"] = value_cubic_norm(layer, X, G, P)
-    return clean["value3"]
+# a certified pair serves another radius whose weight c on ‖𝓑₂‖ is within this factor of its own:
+# the pair's bound then exceeds the best for that radius by at most x(ĉ − 1/ĉ)² ≤ 0.01·x of its
+# square, ĉ = √1.1 and x = ‖𝓑₂‖r/‖𝓑‖ (0.04–0.11 on MiniLM), where a new pair costs an eigenproblem
+PAIR_REUSE = 1.1
+
+
+def _value_pairs(layer: DotMHA, clean: dict, r: Tensor, cs: Tensor, shared: Tensor, lazy: bool) -> None:
+    """Certify the value forms at radius ``r`` [B] where they can win, appending
+    (a, c, ‖[√a·𝓑, √c·𝓑₂]‖) to ``clean["pairs"]`` (docs/bounds.md §2.3.4, "The value forms as one").
+
+    ‖𝓑‖ can win where its estimate from below is under ``cs`` (√(cΛ)); ‖𝓑₂‖ where its estimate times
+    r³ is under ``shared`` (the value side with every weighted spread at its bound from above), as it
+    enters min(shared, ‖𝓑₂‖r³ + terms ≥ 0). Where ‖𝓑‖ can win the first call (``lazy`` False, before
+    any assembly) certifies a = 1 and, where ‖𝓑₂‖ can win too, c = r‖𝓑‖/‖𝓑₂‖ from the estimates (the
+    weight that makes the pair's bound equal ‖𝓑‖r² + ‖𝓑₂‖r³ when the two forms share their top
+    direction, and smaller when not), else c = 0: one eigenproblem for both. The second (``lazy``
+    True, only where every spread is certified) certifies ‖𝓑₂‖ alone (a = 0, c = 1) where it can win
+    and no pair has c > 0. A pair already certified whose a and c serve is reused (PAIR_REUSE). Each
+    call certifies the whole batch, so that no element takes a zero matrix."""
+    if "value_parts" not in clean:
+        return
+    b1, b2 = clean["bilinear_below"], clean["value3_below"]
+    want2 = b2 * r**3 < shared
+    pairs = clean["pairs"]
+    if not lazy:
+        want1 = b1 < cs
+        if not bool(want1.any()):
+            return
+        t2 = r * b1 / b2
+        c = torch.where(want1 & want2 & torch.isfinite(t2) & (t2 > 0), t2, torch.zeros_like(t2))
+        a = torch.ones_like(c)
+        for pa, pc, _ in pairs:
+            close = (pc <= PAIR_REUSE * c) & (c <= PAIR_REUSE * pc)
+            if bool(((pa > 0) & torch.where(c > 0, close, pc == 0)).all()):
+                return
+    else:
+        if not bool((want2 & ~_covered(clean)).any()):
+            return
+        a, c = torch.zeros_like(b2), torch.ones_like(b2)
+    pairs.append((a, c, value_pair_norm(layer, *clean["value_parts"], a, c)))
+
+
+def _covered(clean: dict) -> Tensor:
+    """Where a certified pair bounds ‖𝓑₂‖ (c > 0), [B]."""
+    out = torch.zeros_like(clean["value3_below"], dtype=torch.bool)
+    for _, c, _ in clean["pairs"]:
+        out = out | (c > 0)
+    return out
+
+
+def _pair_values(clean: dict, r: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(‖𝓑‖, ‖𝓑₂‖, the value pair) from above at radius ``r`` [B], the smallest over the certified
+    pairs, +inf where none bounds it, [B] each (docs/bounds.md §2.3.4, "The value forms as one"):
+    a pair's norm ν = ‖[√a·𝓑, √c·𝓑₂]‖ bounds ‖𝓑‖ by ν/√a and ‖𝓑₂‖ by ν/√c, and the value term and the
+    value side's third order together, ‖𝓑(Γ,Γ) + 𝓑₂(Γ,Γ,Γ)‖_F ≤ ν·(r⁴/a + r⁶/c)^½ over ‖Γ‖_F ≤ r."""
+    inf = torch.full_like(r, torch.inf)
+    bilinear, value3, pair = inf, inf, inf
+    for a, c, nu in clean["pairs"]:
+        bilinear = torch.minimum(bilinear, torch.where(a > 0, nu / a.sqrt(), inf))
+        value3 = torch.minimum(value3, torch.where(c > 0, nu / c.sqrt(), inf))
+        both = (a > 0) & (c > 0)
+        wa, wc = torch.where(both, a, 1.0), torch.where(both, c, 1.0)
+        pair = torch.minimum(pair, torch.where(both, nu * (r**4 / wa + r**6 / wc).sqrt(), inf))
+    return nan_inf(bilinear), nan_inf(value3), nan_inf(pair)
 
 
 def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
@@ -451,16 +514,19 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
 
     factors: dict = {}  # W^Q's and W^K's head factors, for every call of lin_q
 
-    def lin_q(beta: Tensor) -> Tensor:
+    def lin_q(beta: Tensor, how: str = "certified") -> Tensor:
         # std_p(q_li) ≤ ‖Γ_i W^Q_l‖ std_p(Γ W^K_l)/√d_h; Σ_l β ‖Γ_i W^Q_l‖ std(ΓW^K_l) by Cauchy–Schwarz
         # over heads, two ways of splitting β; Var_{p_li}(Γ W^K_l) ≤ λ_li ‖Γ W^K_l‖_F² (fact iv), the
         # keys' factor max over Γ of Σ_l Var_{p_li}(Γ W^K_l)/‖Γ‖², one per row i; the largest row's
-        # value certified (bounds.forms.heads_top_max)
+        # value certified (bounds.forms.heads_top_max), or ``how`` "above" / "below" without an
+        # eigenproblem (bounds.forms.heads_top_bound: a bound, or an estimate that bounds nothing)
         def row(heads: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
             one = heads(layer.W_q, beta.square()) * heads(layer.W_k, lam)
             return torch.minimum(one, heads(layer.W_q, beta) * heads(layer.W_k, lam * beta))
 
-        return torch.minimum(heads_top_max(row, factors).sqrt() * r1**2 / rd,
+        top = (heads_top_max(row, factors) if how == "certified"
+               else heads_top_bound(row, factors, above=how == "above"))
+        return torch.minimum(top.sqrt() * r1**2 / rd,
                              _assemble(rows, torch.zeros_like(beta), beta, r, layer.d_h).sum(-1))
 
     # × std(q): Cov_p(q, Y) ≤ σ₂ std q; ½E[q̃²Ỹ] ≤ ½σ₂ qm std q; (1/6)E[(x³ − δ̃³)Ỹ] ≤ ½ s² σ₂ std q
@@ -472,17 +538,32 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
     # E[ρ₃(x)Z̃] ≤ g₃s² std(x) v (|ρ₃(x)| = |e^x − 1 − x − x²/2| ≤ g₃|x|³ ≤ g₃s²|x|)
     e3 = g3 * s.square()
     q_beta = lin_q(beta)
-    q_third: list[Tensor] = []  # computed once, where ‖𝓑₂‖ is first taken (wide layers only)
+    # the value side's third order's q part, wide layers only: each way computed once, when first asked
+    q_third: dict[str, Tensor] = {}
 
-    def rest(spread: Spread, shared: Tensor, cubic_norm: Tensor, value3: Tensor) -> Tensor:
+    def third_q(how: str) -> Tensor:
+        if how not in q_third:
+            q_third[how] = lin_q((0.5 * qm + e3) * v, how)
+        return q_third[how]
+
+    def rest(spread: Spread, shared: Tensor, cubic_norm: Tensor, value3: Tensor, pair: Tensor,
+             mode: str = "exact", slack: Tensor | None = None) -> tuple[Tensor, Tensor]:
         moments = _weighted_x(layer, rows, spread, w, r1).square()
-        value = nan_inf(shared)
-        if bool(torch.isfinite(value3).any()):
-            if not q_third:
-                q_third.append(lin_q((0.5 * qm + e3) * v))
-            third = value3 * r1**3 + lin_d(spread, (qm + e3) * v) + q_third[0]
-            value = torch.minimum(value, nan_inf(third))
-        return nan_inf(cubic_norm * r1**3 + moments + lin_d(spread, qm * sigma2) + q_beta + value)
+        core = cubic_norm * r1**3 + moments + lin_d(spread, qm * sigma2) + q_beta
+        value, paired = nan_inf(shared), torch.full_like(shared, torch.inf)
+        if bool(torch.isfinite(value3).any()) or bool(torch.isfinite(pair).any()):
+            # its heads' tops from above, from below, or (mode "exact") certified, unless ``slack``
+            # [B] already covers the gap between the first two (docs/bounds.md §2.3.4, rule 4)
+            if mode == "exact":
+                above = third_q("above")
+                near = slack is not None and bool((above - third_q("below") <= slack).all())
+                q = above if near else third_q("certified")
+            else:
+                q = third_q("above" if mode == "upper" else "below")
+            others = lin_d(spread, (qm + e3) * v) + q  # the value side's third order's rest
+            value = torch.minimum(value, nan_inf(value3 * r1**3 + others))
+            paired = nan_inf(core + pair + others)
+        return nan_inf(core + value), paired
 
     return rest
 

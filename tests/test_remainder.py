@@ -229,6 +229,31 @@ def test_cubic_form_norm_against_a_dense_construction(seed, bias):
     assert float(torch.linalg.matrix_norm(sym.reshape(n * d, -1), ord=2)) <= float(ours[0]) * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("seed,bias", [(0, 0.0), (1, 0.7)])
+def test_value_pair_norm_against_the_dense_flattenings(seed, bias):
+    """‖[√a·𝓑, √c·𝓑₂]‖ (docs/bounds.md §2.3.4, "The value forms as one") equals the norm of the two
+    flattenings side by side, 𝓑's built column by column from autograd's jvp of the attention and
+    𝓑₂'s from its atoms on autograd's logit Jacobian, for several weights a, c ≥ 0."""
+    from bounds.forms import logit_gram, value_cubic_parts, value_form_parts, value_pair_norm
+    n, d, h = 4, 6, 2
+    layer = random_dot(d, h, seed=seed, q_norm=2.0, k_norm=2.0, bias_norm=bias)
+    X = _case(n, d, h, 1.0, 3.0, seed)[:1]
+    basis = torch.eye(n * d, dtype=torch.float64).reshape(n * d, n, d)
+    dP = torch.stack([torch.func.jvp(layer.attention, (X[0],), (e,))[1] for e in basis])  # [nd, h, n, n]
+    form = torch.einsum("alik,bkx,lxc->icab", dP, basis, layer.C()).reshape(n * d, -1)
+    Jc, _, P = _centred_logit_jacobian(layer, X[0])
+    cen = torch.eye(n, dtype=torch.float64)[None, None] - P[..., None, :]  # [h, i, k, k']: e_k − p_li
+    cubic = 0.5 * torch.einsum("lik,lika,likb,likq,lxc->icabqx", P, Jc, Jc, cen, layer.C()).reshape(n * d, -1)
+    G, _ = logit_gram(layer, X)
+    parts = value_form_parts(layer, X, G, P[None]), value_cubic_parts(layer, X, G, P[None])
+    for a, c in ((1.0, 0.0), (0.0, 1.0), (1.0, 0.3), (0.5, 4.0)):
+        dense = torch.linalg.matrix_norm(torch.cat([a**0.5 * form, c**0.5 * cubic], 1), ord=2)
+        ours = value_pair_norm(layer, *parts, torch.tensor([a], dtype=torch.float64),
+                               torch.tensor([c], dtype=torch.float64))
+        assert float(ours[0]) == pytest.approx(float(dense), rel=1e-6)  # the guess raised by FORM_TAU
+        assert float(ours[0]) >= float(dense)
+
+
 def test_the_spectral_spread_against_the_matrix_norm():
     """σ₂_li = ‖diag(√p_li)(Y_l − 1ȳ_liᵀ)‖₂ (docs/bounds.md §2.3.4), never above σ_li."""
     from bounds.forms import spectral_spread
@@ -254,7 +279,7 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     """The quadratic bound's fourth assembly (docs/bounds.md §2.3.4) on its own, as it need not be the
     smallest: (‖𝒜‖ + min(√(cΛ), ‖𝓑‖))r² + ‖𝒞‖r³ + the rest ≥ the attained remainder; on the wide
     cases with the value forms."""
-    from bounds.forms import logit_gram, value_cubic_norm, value_form_norm
+    from bounds.forms import logit_gram, value_cubic_norm, value_form_norm, value_pair_norm
     n, d, h, w, xn, r, bias = case
     seed = int(1000 * w + 10 * n + d)
     layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
@@ -267,13 +292,22 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     clean = R._clean_forms(layer, X, G, P, rows["sigma"], cv)
     wide = 4 * h * n * n <= n * d
     assert torch.isfinite(clean["value3_below"]).all() == wide
+    none = torch.full((2,), torch.inf, dtype=torch.float64)
+    bilinear, value3, pairs = none, clean["value3_below"], [none]
     if wide:  # the value forms certified whether or not they can win, so that each is tested
-        clean["bilinear"] = value_form_norm(layer, X, G, P)
-        assert (clean["bilinear"] >= value_form_norm(layer, X, G, P, below=True)).all()
-        clean["value3"] = value_cubic_norm(layer, X, G, P)
-        assert (clean["value3"] >= clean["value3_below"]).all()
-    second = (clean["form"] + torch.minimum(cv.sqrt() * clean["spread"], clean["bilinear"])) * r**2
-    value3 = clean["value3"] if wide else clean["value3_below"]
+        bilinear = value_form_norm(layer, X, G, P)
+        assert (bilinear >= clean["bilinear_below"]).all()
+        value3 = value_cubic_norm(layer, X, G, P)
+        assert (value3 >= clean["value3_below"]).all()
+        # the two as one (docs/bounds.md §2.3.4), at the weight the remainder takes and at two
+        # others: ν bounds √a‖𝓑‖ and √c‖𝓑₂‖ (less the checks' τ), and is at most their root-sum-square
+        one = torch.ones(2, dtype=torch.float64)
+        for c in (r * clean["bilinear_below"] / clean["value3_below"], 0.1 * one, 10.0 * one):
+            nu = value_pair_norm(layer, *clean["value_parts"], one, c)
+            assert (nu * (1 + 1e-5) >= torch.maximum(bilinear, c.sqrt() * value3)).all()
+            assert (nu <= (bilinear.square() + c * value3.square()).sqrt() * (1 + 1e-5)).all()
+            pairs.append(nu * (r**4 + r**6 / c).sqrt())
+    second = (clean["form"] + torch.minimum(cv.sqrt() * clean["spread"], bilinear)) * r**2
     tol = 1e-12 * (1 + X.flatten(1).norm(dim=1))
     cubic, spreads = R._cubic_rest(layer, rows, rr, clean), R._Spreads(G, P, clean)
     form = R.cubic_form(layer, X, G, P, clean)  # ‖𝒞‖², deferred: certified, and from ‖S‖_F
@@ -284,11 +318,19 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     assert (crude * (1 + 1e-5) + form.slack >= form.value()).all(), (crude, form.value())
     for spread, third in ((spreads.exact, form.value()), (spreads.upper, form.upper)):
         shared = R._shared_value(layer, rows, spread, rr, cv)
-        alone = second + cubic(spread, shared, third.clamp_min(0).sqrt(), value3)
-        assert (alone + tol >= attained).all(), (alone, attained)
+        for pair in pairs:
+            for mode in ("exact", "upper"):  # the value side's q part certified, or from above
+                apart, paired = cubic(spread, shared, third.clamp_min(0).sqrt(), value3, pair, mode)
+                alone = second + apart
+                assert (alone + tol >= attained).all(), (alone, attained)
+                # with the value pair in place of the value term and the value side's third order
+                together = clean["form"] * r**2 + paired
+                assert (together + tol >= attained).all(), (together, attained)
+                assert torch.isfinite(together).all() == bool(torch.isfinite(pair).all())
         # it pays ‖𝒞‖r³ itself, on the wide layers too (where a name of the value side's once took
         # ‖𝒞‖'s place: the remainder of MiniLM's layer 2 came out 0.484 for 0.518)
-        bumped = cubic(spread, shared, third.clamp_min(0).sqrt() + 1.0, value3) + second
+        alone = cubic(spread, shared, third.clamp_min(0).sqrt(), value3, none)[0] + second
+        bumped = cubic(spread, shared, third.clamp_min(0).sqrt() + 1.0, value3, none)[0] + second
         finite = torch.isfinite(alone)
         torch.testing.assert_close(bumped[finite], alone[finite] + r**3, rtol=1e-9, atol=0)
 
