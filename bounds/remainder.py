@@ -229,7 +229,8 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     """``‖𝒜‖r² + min(√(cΛ), ‖𝓑‖)r² + the rest`` ≥ ‖R(Γ)‖_F over ‖Γ‖_F ≤ r, [B] (docs/bounds.md
     §2.3.2, §2.3.4): the pure-logit second-order term bounded jointly over heads and rows as the
     quadratic form it is (‖𝒜‖r², :func:`logit_form_norm`), the value term Σ_l dP_l[Γ]ΓC_l by
-    Cauchy–Schwarz (√(cΛ) r²) or, on a wide layer, as the bilinear form it is (‖𝓑‖r²), and what is
+    Cauchy–Schwarz (√(cΛ) r²) or, on a wide layer, as the bilinear form it is (‖𝓑‖r², or with the
+    value side's third order as one pair, :func:`_value_pairs`), and what is
     left (Cov_p(q, Y), the third order and beyond) the smallest of three ways, with the row
     quantities of :func:`_rows`, v_i = √λ_i‖C_l‖r and g₃(s) = ∫₀¹ ½(1−t)² e^{ts} dt:
 
@@ -407,9 +408,10 @@ def _cubic_crude(G: Tensor, clean: dict[str, Tensor], spreads: _Spreads) -> Tens
     return a.sum(1).amax(-1) * (1 + ROUND_REL) * spreads.upper(a)
 
 
-# a certified pair serves another radius whose weight c on ‖𝓑₂‖ is within this factor of its own:
-# the pair's bound then exceeds the best for that radius by at most x(ĉ − 1/ĉ)² ≤ 0.01·x of its
-# square, ĉ = √1.1 and x = ‖𝓑₂‖r/‖𝓑‖ (0.04–0.11 on MiniLM), where a new pair costs an eigenproblem
+# a certified pair serves another radius whose own weight c on ‖𝓑₂‖ is within this factor of the
+# pair's: were the estimates exact, the pair's bound's square would exceed that of ‖𝓑‖r² + ‖𝓑₂‖r³ by
+# at most x(ĉ − 1/ĉ)² ≤ 0.0091·x of it, ĉ = √1.1 and x = ‖𝓑₂‖r/‖𝓑‖ (0.04–0.11 on MiniLM), where a
+# new pair costs an eigenproblem (docs/bounds.md §2.3.4, "The value forms as one")
 PAIR_REUSE = 1.1
 
 
@@ -474,7 +476,7 @@ def _pair_values(clean: dict, r: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
-                clean: dict[str, Tensor]) -> Callable[[Spread, Tensor, Tensor, Tensor], Tensor]:
+                clean: dict[str, Tensor]) -> Callable[..., tuple[Tensor, Tensor]]:
     """R − L − V with the third order at the clean point as the form it is, [B] (docs/bounds.md
     §2.3.4): ‖𝒞‖r³ for (1/6)E[δ̃³Ỹ] − ½E[δ̃²]E[δ̃Ỹ], and every other term (Cov_p(q, Y), the third
     order's q and value parts, the fourth order) jointly over heads and rows, in three kinds:
@@ -490,8 +492,13 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
     §2.3.2's assembly under the clean row did, or ‖𝓑₂‖r³ for its third order ½E[δ̃²Z̃] and the rest
     (q's part and e^x's cubic remainder) in the two linear kinds above. ``clean`` is
     :func:`_clean_forms`'s. Returned as a function of the weighted spreads, of ``shared``
-    (:func:`_shared_value`'s), of ‖𝒞‖ and of ‖𝓑₂‖ (+inf where left out; each from above, from below
-    or certified: the same choice as the spreads'), [B], what does not depend on them computed once."""
+    (:func:`_shared_value`'s), of ‖𝒞‖, of ‖𝓑₂‖ and of the value pair ν(r⁴/a + r⁶/c)^½
+    (:func:`_pair_values`; each +inf where left out, each from above, from below or certified: the
+    same choice as the spreads'), of that choice (``mode``, for the q part of the value side's third
+    order, rule 4 of docs/bounds.md §2.3.4) and of its ``slack`` [B]; what does not depend on them is
+    computed once. It gives ([B] each) the rest with the value side on its own and, with the pair in
+    place of the value term and the value side's third order, the rest without them (+inf without a
+    pair), to which the caller adds ‖𝒜‖r² alone."""
     sigma2 = clean["sigma2"]
     s, lam, v = rows["s"], rows["lam"], rows["v"]
     r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
