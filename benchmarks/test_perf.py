@@ -77,6 +77,29 @@ def test_remainder(benchmark, size, which):
     benchmark(lambda: fn(layer, X, 0.05))
 
 
+@pytest.mark.parametrize("layer_index", range(1, 7))
+@pytest.mark.parametrize("which", ["taylor_global", "remainder"])
+def test_remainder_pretrained(benchmark, layer_index, which):
+    """The same on MiniLM's attention layers (sentence 0, r = 0.01 × the median token norm), where the
+    value forms are certified (they are not on the random cells: there they cannot win); needs the
+    pretrained extras and the model package, as tox installs them."""
+    from bounds import remainder as R
+    from bounds.taylor import sigma_J, taylor_remainder_global
+    from models import InputError, pretrained
+    try:
+        pretrained.require()
+    except InputError as e:
+        pytest.skip(str(e))
+    layer, X = pretrained.case(layer_index, 0)
+    X = X.double()[None]
+    layer = layer.to(X)
+    eps = 0.01 * float(X[0].norm(dim=-1).median())
+    if which == "taylor_global":
+        benchmark(lambda: sigma_J(layer, X) * eps + taylor_remainder_global(layer, X, eps))
+    else:
+        benchmark(lambda: R.remainder(layer, X, eps, quadratic=True))
+
+
 # PGD searching in float32 beside float64 on the same cell (docs/bounds.md §4, "The dtype"): both
 # report values measured in float64 (the float32 search's at its end), kept in extra_info["attained"]
 # so that a comparison sees the strength beside the time. Cells of the quick profile: the eps sweep

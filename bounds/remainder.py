@@ -263,24 +263,37 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     c = CUMULANT4 * s * rows["diamY"][..., None] * _g3(s)  # [B, h, n]
     r1 = r[:, 0, 0]
     joint_q = _assemble(rows, _g2(s) * value, beta, r, layer.d_h).sum(-1)
-    cv = _value_c(layer, rows)
     if cache is not None:
         if "form" not in cache:
-            cache.update(_clean_forms(layer, X, G, P, sigma, cv))
+            cache.update(_clean_forms(layer, X, G, P, sigma))
         clean = cache
     else:  # the certify runs ask every ε on one trace, inside a reuse block
         names, tensors = layer_key(layer)
         clean = reused(("quadratic_parts", names), (*tensors, X),
-                       lambda: _clean_forms(layer, X, G, P, sigma, cv))
+                       lambda: _clean_forms(layer, X, G, P, sigma))
     spreads = _Spreads(G, P, clean)
-    # the value forms where they can win at this radius, both at once where both can (_value_pairs)
-    cs = cv.sqrt() * clean["spread"]  # the value term by Cauchy–Schwarz, √(cΛ)
-    shared_upper = _shared_value(layer, rows, spreads.upper, r, cv)
-    _value_pairs(layer, clean, r1, cs, shared_upper, lazy=False)
+    # c of the value term, from above (no eigenproblem), from below or certified, each when first asked
+    cvs: dict[str, Tensor] = {}
+    memo: dict = {}
+
+    def value_c(how: str) -> Tensor:
+        if how not in cvs:
+            cvs[how] = _value_c(layer, rows, how, memo)
+        return cvs[how]
+
+    # the value forms where they can win at this radius, both at once where both can (_value_pairs),
+    # judged with c from above
+    cs_upper = value_c("above").sqrt() * clean["spread"]  # the value term by Cauchy–Schwarz, √(cΛ)
+    shared_upper = _shared_value(layer, rows, spreads.upper, r, value_c("above"))
+    _value_pairs(layer, clean, r1, cs_upper, shared_upper, lazy=False)
     cubic = _cubic_rest(layer, rows, r, clean)
     crude = _cubic_crude(G, clean, spreads)
 
-    def assemble(mode: str, formed: bool, below: Tensor | None = None) -> Tensor:
+    def assemble(mode: str, formed: bool, small: str | None = None) -> Tensor:
+        # ``small``: c and the value side's third order's q part from above, from below or certified
+        # (rule 4); the upper and lower assemblies take them as they take the spreads
+        small = {"upper": "above", "lower": "below"}.get(mode, small)
+        cv = value_c(small)
         spread = getattr(spreads, mode)
         if formed:  # ‖𝒞‖² from above (‖S‖_F), from below, or certified: bounds.forms.Deferred
             form = cubic_form(layer, X, G, P, clean)
@@ -293,14 +306,13 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
         # ‖𝓑₂‖ alone in the same choice as the spreads: certified where it can win and no pair
         # bounds it (:func:`_value_pairs`), else from the pairs (+inf without one), or from below
         if mode == "exact":
-            _value_pairs(layer, clean, r1, cs, shared_upper, lazy=True)
+            _value_pairs(layer, clean, r1, cs_upper, shared_upper, lazy=True)
         bilinear, value3, pair = _pair_values(clean, r1)
         if mode == "lower":
             value3 = torch.where(_covered(clean), value3, clean["value3_below"])
         # the value term: Cauchy–Schwarz (√(cΛ)) or the bilinear form itself (‖𝓑‖), the smaller
-        second = (clean["form"] + torch.minimum(cs, bilinear)) * r1**2
-        slack = None if below is None else TERM_SLACK * below
-        apart, paired = cubic(spread, shared, cubic_sq.sqrt(), value3, pair, mode, slack)
+        second = (clean["form"] + torch.minimum(cv.sqrt() * clean["spread"], bilinear)) * r1**2
+        apart, paired = cubic(spread, shared, cubic_sq.sqrt(), value3, pair, small)
         rest = torch.minimum(torch.minimum(per_head, joint), apart)
         # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
         # that the smaller of the remainders (:func:`remainder`) never takes a NaN
@@ -309,15 +321,18 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
 
     # every weighted spread by monotonicity first, and ‖𝒞‖ without its matrix; then with ‖𝒞‖'s matrix
     # formed; certified only where that could cost more than SPREAD_SLACK of the remainder, judged
-    # each time against the estimates from below
+    # each time against the estimates from below; and in the certified assembly the small terms
+    # certified only where they could cost more than TERM_SLACK (rule 4)
     upper = assemble("upper", False)
     if bool((upper <= (1 + SPREAD_SLACK) * assemble("lower", False)).all()):
         return upper
     upper = torch.minimum(upper, assemble("upper", True))
-    lower = assemble("lower", True)
-    if bool((upper <= (1 + SPREAD_SLACK) * lower).all()):
+    if bool((upper <= (1 + SPREAD_SLACK) * assemble("lower", True)).all()):
         return upper
-    return torch.minimum(upper, assemble("exact", True, lower))
+    upper = torch.minimum(upper, assemble("exact", True, "above"))
+    if bool((upper <= (1 + TERM_SLACK) * assemble("exact", True, "below")).all()):
+        return upper
+    return torch.minimum(upper, assemble("exact", True, "certified"))
 
 
 # the remainder with each weighted spread λ_max(D_w) bounded by max(w)·Λ (no eigenproblem) is kept
@@ -325,10 +340,11 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
 # at most the remainder with the spreads certified (the remainder grows with each spread): so it is
 # within this of what certifying them all would give (docs/bounds.md §2.3.4, "Eigenproblems left out")
 SPREAD_SLACK = 0.01
-# in the certified assembly, a term whose bound from above exceeds its estimate from below by at most
-# this much of the remainder's estimate from below (the assembly before it) keeps its bound from
-# above: the value side's third order's q part, 0.02–0.24% of MiniLM's remainder, whose heads' tops
-# took 60–80 ms of its 0.6 s (docs/bounds.md §2.3.4, "Eigenproblems left out", rule 4)
+# the certified assembly with its small terms (the value term's c and the value side's third order's
+# q part, each a heads' top) from above is kept where it is at most this much above the same with
+# them from below, itself at most the one with them certified (the remainder grows with each): on
+# MiniLM they took 90–130 ms of a 0.6 s remainder and moved it by at most 0.07 % (docs/bounds.md
+# §2.3.4, "Eigenproblems left out", rule 4)
 TERM_SLACK = 1e-3
 
 
@@ -365,13 +381,12 @@ class _Spreads:
 VALUE_FORM_LIMIT = 2560
 
 
-def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor,
-                 cv: Tensor) -> dict[str, Tensor]:
+def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor) -> dict[str, Tensor]:
     """What the quadratic remainder takes from the clean point alone, [B] or [B, h, n] each: ‖𝒜‖,
     √Λ, ‖𝒞‖ and σ₂ (bounds.forms), and on a wide layer (up to VALUE_FORM_LIMIT) the value forms'
     parts (``value_parts``), their estimates from below (``bilinear_below``, ``value3_below``: +inf
     elsewhere) and the list of their certified pairs, empty until a radius asks one
-    (:func:`_value_pairs`); ``cv`` is :func:`_value_c`'s."""
+    (:func:`_value_pairs`)."""
     B, n, d = X.shape
     none = torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
     Lambda, vector = weighted_spread(G, P, vector=True)
@@ -494,11 +509,11 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
     :func:`_clean_forms`'s. Returned as a function of the weighted spreads, of ``shared``
     (:func:`_shared_value`'s), of ‖𝒞‖, of ‖𝓑₂‖ and of the value pair ν(r⁴/a + r⁶/c)^½
     (:func:`_pair_values`; each +inf where left out, each from above, from below or certified: the
-    same choice as the spreads'), of that choice (``mode``, for the q part of the value side's third
-    order, rule 4 of docs/bounds.md §2.3.4) and of its ``slack`` [B]; what does not depend on them is
-    computed once. It gives ([B] each) the rest with the value side on its own and, with the pair in
-    place of the value term and the value side's third order, the rest without them (+inf without a
-    pair), to which the caller adds ‖𝒜‖r² alone."""
+    same choice as the spreads') and of how the q part of the value side's third order is taken
+    (``how``: "above", "below" or "certified", rule 4 of docs/bounds.md §2.3.4); what does not depend
+    on them is computed once. It gives ([B] each) the rest with the value side on its own and, with
+    the pair in place of the value term and the value side's third order, the rest without them
+    (+inf without a pair), to which the caller adds ‖𝒜‖r² alone."""
     sigma2 = clean["sigma2"]
     s, lam, v = rows["s"], rows["lam"], rows["v"]
     r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
@@ -554,20 +569,14 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
         return q_third[how]
 
     def rest(spread: Spread, shared: Tensor, cubic_norm: Tensor, value3: Tensor, pair: Tensor,
-             mode: str = "exact", slack: Tensor | None = None) -> tuple[Tensor, Tensor]:
+             how: str = "certified") -> tuple[Tensor, Tensor]:
         moments = _weighted_x(layer, rows, spread, w, r1).square()
         core = cubic_norm * r1**3 + moments + lin_d(spread, qm * sigma2) + q_beta
         value, paired = nan_inf(shared), torch.full_like(shared, torch.inf)
         if bool(torch.isfinite(value3).any()) or bool(torch.isfinite(pair).any()):
-            # its heads' tops from above, from below, or (mode "exact") certified, unless ``slack``
-            # [B] already covers the gap between the first two (docs/bounds.md §2.3.4, rule 4)
-            if mode == "exact":
-                above = third_q("above")
-                near = slack is not None and bool((above - third_q("below") <= slack).all())
-                q = above if near else third_q("certified")
-            else:
-                q = third_q("above" if mode == "upper" else "below")
-            others = lin_d(spread, (qm + e3) * v) + q  # the value side's third order's rest
+            # its heads' tops from above, from below or certified (``how``; docs/bounds.md §2.3.4,
+            # rule 4)
+            others = lin_d(spread, (qm + e3) * v) + third_q(how)  # the value side's third order's rest
             value = torch.minimum(value, nan_inf(value3 * r1**3 + others))
             paired = nan_inf(core + pair + others)
         return nan_inf(core + value), paired
@@ -584,24 +593,39 @@ def _shared_value(layer: DotMHA, rows: dict[str, Tensor], spread: Spread, r: Ten
     return cv.sqrt() * r1 * _weighted_x(layer, rows, spread, _g2(rows["s"]).square(), r1)
 
 
-def _value_c(layer: DotMHA, rows: dict[str, Tensor]) -> Tensor:
+def _value_c(layer: DotMHA, rows: dict[str, Tensor], how: str = "certified",
+             memo: dict | None = None) -> Tensor:
     """c ≥ Σ_l Var_{p_li}(Γ C_l)/‖Γ‖_F² for every row i, [B] (docs/bounds.md §2.3.2, the value term by
     Cauchy–Schwarz over (l, k)): max_{i,k} Σ_l p_lik ‖C_l‖², or, as the rows of dP_l sum to 0 and so
     Γ_k may be centred at γ̄_li = Σ_k p_lik Γ_k (fact iv), max_i Σ_l λ_li ‖C_l‖² (a peaked row's
-    λ ≈ 2p(1 − p) is far below its max_k p), or with the heads sharing Γ :func:`_value_gram`."""
+    λ ≈ 2p(1 − p) is far below its max_k p), or with the heads sharing Γ :func:`_value_gram` (``how``
+    and ``memo`` as there: "below" gives an estimate, never a bound)."""
     C2 = rows["C"][None].square()  # [1, h, 1]
     cv = (rows["P"] * C2[..., None]).sum(1).amax((-1, -2))
     cv = torch.minimum(cv, (rows["lam"] * C2).sum(1).amax(-1))
-    return torch.minimum(cv, _value_gram(layer, rows))
+    return torch.minimum(cv, _value_gram(layer, rows, how, memo))
 
 
-def _value_gram(layer: DotMHA, rows: dict[str, Tensor]) -> Tensor:
+def _value_gram(layer: DotMHA, rows: dict[str, Tensor], how: str = "certified",
+                memo: dict | None = None) -> Tensor:
     """max_i λ_max(Σ_l λ_li C_l C_lᵀ), rounded up, [B] (docs/bounds.md §2.3.2, the value term): it
     bounds Σ_l λ_li ‖Γ C_l‖_F² for ‖Γ‖_F = 1 with the heads sharing Γ, where Σ_l λ_li ‖C_l‖² lets each
     head take all of it. Through the d_h-wide factors F_l = W^V_l R_lᵀ (W^O_lᵀ = Q_l R_l, so
-    C_l C_lᵀ = F_l F_lᵀ; :func:`bounds.forms.heads_top`); λ and R from :func:`_rows`."""
-    F = layer.W_v @ rows["Ro"].mT
-    return heads_top_max(lambda heads: heads(F, rows["lam"]))
+    C_l C_lᵀ = F_l F_lᵀ; :func:`bounds.forms.heads_top`); λ and R from :func:`_rows`. ``how``:
+    "certified" (bounds.forms.heads_top_max), or "above" / "below" without an eigenproblem
+    (bounds.forms.heads_top_bound: a bound, or an estimate that bounds nothing). ``memo``: a dict
+    (empty at first) that keeps F and its head factors for calls on the same layer and rows."""
+    memo = {} if memo is None else memo
+    if "F" not in memo:
+        memo.update(F=layer.W_v @ rows["Ro"].mT, factors={})
+    F, factors = memo["F"], memo["factors"]
+
+    def value(heads: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+        return heads(F, rows["lam"])
+
+    if how == "certified":
+        return heads_top_max(value, factors)
+    return heads_top_bound(value, factors, above=how == "above")
 
 
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,

@@ -289,7 +289,10 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     rows = R._rows(layer, X, rr)
     G, P = logit_gram(layer, X, rows["P"])
     cv = R._value_c(layer, rows)
-    clean = R._clean_forms(layer, X, G, P, rows["sigma"], cv)
+    # c from above (no eigenproblem) and from below (an estimate) around the certified one (rule 4)
+    assert (R._value_c(layer, rows, "above") >= cv).all()
+    assert (R._value_c(layer, rows, "below") <= cv * (1 + 1e-9)).all()
+    clean = R._clean_forms(layer, X, G, P, rows["sigma"])
     wide = 4 * h * n * n <= n * d
     assert torch.isfinite(clean["value3_below"]).all() == wide
     none = torch.full((2,), torch.inf, dtype=torch.float64)
@@ -319,8 +322,8 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     for spread, third in ((spreads.exact, form.value()), (spreads.upper, form.upper)):
         shared = R._shared_value(layer, rows, spread, rr, cv)
         for pair in pairs:
-            for mode in ("exact", "upper"):  # the value side's q part certified, or from above
-                apart, paired = cubic(spread, shared, third.clamp_min(0).sqrt(), value3, pair, mode)
+            for how in ("certified", "above"):  # the value side's q part certified, or from above
+                apart, paired = cubic(spread, shared, third.clamp_min(0).sqrt(), value3, pair, how)
                 alone = second + apart
                 assert (alone + tol >= attained).all(), (alone, attained)
                 # with the value pair in place of the value term and the value side's third order
