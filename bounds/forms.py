@@ -247,13 +247,16 @@ class Deferred:
         return self._value
 
 
-def form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor,
-              root: tuple[Tensor, Tensor] | None = None) -> Tensor:
+def form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, root: tuple[Tensor, Tensor] | None = None,
+              deferred: bool = False) -> Tensor | Deferred:
     """‖𝒜‖ from the Gram G and the attention P (:func:`logit_form_norm`), [B]: the atoms are
     ½ f̂_α ⊗ f̂_α, whose Gram is ¼ G∘G (PSD by Schur's product theorem); S's entries carry errors far
-    below 1e-10 of ‖N‖·‖G∘G‖_F ≥ λ_max(S) (§2.3.2). ``root`` as in :func:`_flattened`."""
+    below 1e-10 of ‖N‖·‖G∘G‖_F ≥ λ_max(S) (§2.3.2). ``root`` as in :func:`_flattened`.
+    ``deferred``: (2‖𝒜‖)² as a :class:`Deferred`, whose caller takes ½ of the root of the value it
+    uses."""
     Kp = G.square()
-    return 0.5 * _flattened(layer, X, Kp, P, Kp.flatten(1).norm(dim=-1), root=root).sqrt()
+    out = _flattened(layer, X, Kp, P, Kp.flatten(1).norm(dim=-1), deferred=deferred, root=root)
+    return out if deferred else 0.5 * out.sqrt()
 
 
 def cubic_form_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, deferred: bool = False,

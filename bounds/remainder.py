@@ -290,14 +290,14 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     crude = _cubic_crude(G, clean, spreads)
 
     def assemble(mode: str, formed: bool, small: str | None = None) -> Tensor:
-        # ``small``: c and the value side's third order's q part from above, from below or certified
-        # (rule 4); the upper and lower assemblies take them as they take the spreads
+        # everything but ‖𝒜‖r², a summand of every assembly (below); ``small``: c and the value side's
+        # third order's q part from above, from below or certified (rule 4); the upper and lower
+        # assemblies take them as they take the spreads
         small = {"upper": "above", "lower": "below"}.get(mode, small)
         cv = value_c(small)
         spread = getattr(spreads, mode)
         if formed:  # ‖𝒞‖² from above (‖S‖_F), from below, or certified: bounds.forms.Deferred
-            form = cubic_form(layer, X, G, P, clean)
-            cubic_sq = form.value() if mode == "exact" else form.upper if mode == "upper" else form.below
+            cubic_sq = _deferred(cubic_form(layer, X, G, P, clean), mode)
         else:  # its matrix not formed: :func:`_cubic_crude`'s bound, or 0 from below
             cubic_sq = crude if mode == "upper" else torch.zeros_like(crude)
         cubic_sq = cubic_sq.clamp_min(0)
@@ -311,28 +311,38 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
         if mode == "lower":
             value3 = torch.where(_covered(clean), value3, clean["value3_below"])
         # the value term: Cauchy–Schwarz (√(cΛ)) or the bilinear form itself (‖𝓑‖), the smaller
-        second = (clean["form"] + torch.minimum(cv.sqrt() * clean["spread"], bilinear)) * r1**2
+        second = torch.minimum(cv.sqrt() * clean["spread"], bilinear) * r1**2
         apart, paired = cubic(spread, shared, cubic_sq.sqrt(), value3, pair, small)
         rest = torch.minimum(torch.minimum(per_head, joint), apart)
+        return torch.minimum(nan_inf(second + rest), nan_inf(paired))
+
+    # ‖𝒜‖r², the same in every assembly: ‖𝒜‖ from ‖S‖_F (no eigenproblem) where that is within
+    # TERM_SLACK of the remainder above its estimate from below (a Ritz value), else certified (rule 4)
+    lower = assemble("lower", False)
+    logit = clean["form"]  # (2‖𝒜‖)², a bounds.forms.Deferred
+    above, below = 0.5 * logit.upper.clamp_min(0).sqrt(), 0.5 * logit.below.clamp_min(0).sqrt()
+    if not bool(((above - below) * r1**2 <= TERM_SLACK * (lower + below * r1**2)).all()):
+        above = 0.5 * logit.value().clamp_min(0).sqrt()
+
+    def total(rest: Tensor) -> Tensor:
         # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
         # that the smaller of the remainders (:func:`remainder`) never takes a NaN
-        out = torch.minimum(nan_inf(second + rest), nan_inf(clean["form"] * r1**2 + paired))
-        return out * (1 + ROUND_REL)
+        return nan_inf((above * r1**2 + rest) * (1 + ROUND_REL))
 
     # every weighted spread by monotonicity first, and ‖𝒞‖ without its matrix; then with ‖𝒞‖'s matrix
     # formed; certified only where that could cost more than SPREAD_SLACK of the remainder, judged
     # each time against the estimates from below; and in the certified assembly the small terms
     # certified only where they could cost more than TERM_SLACK (rule 4)
-    upper = assemble("upper", False)
-    if bool((upper <= (1 + SPREAD_SLACK) * assemble("lower", False)).all()):
+    upper = total(assemble("upper", False))
+    if bool((upper <= (1 + SPREAD_SLACK) * total(lower)).all()):
         return upper
-    upper = torch.minimum(upper, assemble("upper", True))
-    if bool((upper <= (1 + SPREAD_SLACK) * assemble("lower", True)).all()):
+    upper = torch.minimum(upper, total(assemble("upper", True)))
+    if bool((upper <= (1 + SPREAD_SLACK) * total(assemble("lower", True))).all()):
         return upper
-    upper = torch.minimum(upper, assemble("exact", True, "above"))
-    if bool((upper <= (1 + TERM_SLACK) * assemble("exact", True, "below")).all()):
+    upper = torch.minimum(upper, total(assemble("exact", True, "above")))
+    if bool((upper <= (1 + TERM_SLACK) * total(assemble("exact", True, "below"))).all()):
         return upper
-    return torch.minimum(upper, assemble("exact", True, "certified"))
+    return torch.minimum(upper, total(assemble("exact", True, "certified")))
 
 
 # the remainder with each weighted spread λ_max(D_w) bounded by max(w)·Λ (no eigenproblem) is kept
@@ -344,7 +354,7 @@ SPREAD_SLACK = 0.01
 # q part, each a heads' top) from above is kept where it is at most this much above the same with
 # them from below, itself at most the one with them certified (the remainder grows with each): on
 # MiniLM they took 90–130 ms of a 0.6 s remainder and moved it by at most 0.07 % (docs/bounds.md
-# §2.3.4, "Eigenproblems left out", rule 4)
+# §2.3.4, "Eigenproblems left out", rule 4; ‖𝒜‖ follows the same slack there)
 TERM_SLACK = 1e-3
 
 
@@ -382,8 +392,9 @@ VALUE_FORM_LIMIT = 2560
 
 
 def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor) -> dict[str, Tensor]:
-    """What the quadratic remainder takes from the clean point alone, [B] or [B, h, n] each: ‖𝒜‖,
-    √Λ, ‖𝒞‖ and σ₂ (bounds.forms), and on a wide layer (up to VALUE_FORM_LIMIT) the value forms'
+    """What the quadratic remainder takes from the clean point alone, [B] or [B, h, n] each: ‖𝒜‖ (as
+    (2‖𝒜‖)², a bounds.forms.Deferred: certified only where rule 1 asks), √Λ, ‖𝒞‖ and σ₂
+    (bounds.forms), and on a wide layer (up to VALUE_FORM_LIMIT) the value forms'
     parts (``value_parts``), their estimates from below (``bilinear_below``, ``value3_below``: +inf
     elsewhere) and the list of their certified pairs, empty until a radius asks one
     (:func:`_value_pairs`)."""
@@ -391,7 +402,7 @@ def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor) 
     none = torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
     Lambda, vector = weighted_spread(G, P, vector=True)
     root = value_root(layer, X, P)  # N^½, which ‖𝒜‖ and ‖𝒞‖ share
-    out = {"form": form_norm(layer, X, G, P, root), "Lambda": Lambda, "spread": Lambda.sqrt(),
+    out = {"form": form_norm(layer, X, G, P, root, deferred=True), "Lambda": Lambda, "spread": Lambda.sqrt(),
            "spread_vector": vector, "bilinear_below": none, "value3_below": none, "pairs": [],
            "root": root,
            "sigma2": spectral_spread(layer, X, P, sigma)}
@@ -400,6 +411,12 @@ def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor) 
         out.update(value_parts=parts, bilinear_below=value_side_below(layer, parts[0][0]),
                    value3_below=value_side_below(layer, parts[1][0]))
     return out
+
+
+def _deferred(form: Deferred, mode: str) -> Tensor:
+    """A :class:`bounds.forms.Deferred`'s value as the assembly ``mode`` takes it: certified ("exact"),
+    from above by ‖S‖_F ("upper") or a Ritz estimate from below ("lower")."""
+    return form.value() if mode == "exact" else form.upper if mode == "upper" else form.below
 
 
 def cubic_form(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, clean: dict) -> Deferred:

@@ -310,7 +310,11 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
             assert (nu * (1 + 1e-5) >= torch.maximum(bilinear, c.sqrt() * value3)).all()
             assert (nu <= (bilinear.square() + c * value3.square()).sqrt() * (1 + 1e-5)).all()
             pairs.append(nu * (r**4 + r**6 / c).sqrt())
-    second = (clean["form"] + torch.minimum(cv.sqrt() * clean["spread"], bilinear)) * r**2
+    # ‖𝒜‖ deferred: certified, and from ‖S‖_F and a Ritz value around it (rule 1)
+    logit = clean["form"]
+    assert (logit.below <= logit.value() * (1 + 1e-9)).all() and (logit.value() <= logit.upper).all()
+    logit = 0.5 * logit.value().clamp_min(0).sqrt()
+    second = (logit + torch.minimum(cv.sqrt() * clean["spread"], bilinear)) * r**2
     tol = 1e-12 * (1 + X.flatten(1).norm(dim=1))
     cubic, spreads = R._cubic_rest(layer, rows, rr, clean), R._Spreads(G, P, clean)
     form = R.cubic_form(layer, X, G, P, clean)  # ‖𝒞‖², deferred: certified, and from ‖S‖_F
@@ -327,7 +331,7 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
                 alone = second + apart
                 assert (alone + tol >= attained).all(), (alone, attained)
                 # with the value pair in place of the value term and the value side's third order
-                together = clean["form"] * r**2 + paired
+                together = logit * r**2 + paired
                 assert (together + tol >= attained).all(), (together, attained)
                 assert torch.isfinite(together).all() == bool(torch.isfinite(pair).all())
         # it pays ‖𝒞‖r³ itself, on the wide layers too (where a name of the value side's once took
