@@ -76,18 +76,19 @@ def logit_gram(layer: DotMHA, X: Tensor, P: Tensor | None = None) -> tuple[Tenso
     return G.div_(layer.d_h), P
 
 
-def top_eig(S: Tensor, vector: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+def top_eig(S: Tensor, vector: bool = False, start: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """λ_max of each [B, D, D] PSD matrix from above: a Cholesky factorisation of μI − S confirms
     a guess μ (bounds.certificates.verified_gram_norm, docs/bounds.md §2.4: D³/3 flops where an
     eigendecomposition costs ≈ 4D³/3 and more), an eigendecomposition where it does not, and up to
     side FORM_EIGH_MAX an eigendecomposition alone (bounds.certificates.gram_norm). Both read
     S's lower triangle: S is symmetric but for the rounding of its two halves' formation, which
     every caller's slack covers as it covers any entry's, so no symmetrised copy is made.
-    ``vector``: with an approximate top eigenvector [B, D] (a start for :func:`spread_estimate`)."""
+    ``vector``: with an approximate top eigenvector [B, D] (a start for :func:`spread_estimate`).
+    ``start`` [B, D, 4]: the guess's first block, where the caller has directions near the top one."""
     if not vector:
         if S.shape[-1] <= FORM_EIGH_MAX:
             return gram_norm(S).square()
-        return verified_gram_norm(S, FORM_TAU)[0].square()
+        return verified_gram_norm(S, FORM_TAU, start=start)[0].square()
     if S.shape[-1] <= FORM_EIGH_MAX:
         values, vectors = torch.linalg.eigh(S.to(torch.float64))
         lam = values[..., -1].clamp_min(0) * (1 + 4 * S.shape[-1] * torch.finfo(torch.float64).eps)
@@ -153,12 +154,14 @@ def spread_estimate(G: Tensor, P: Tensor, w: Tensor, x: Tensor) -> Tensor:
     return torch.where(finite, top, torch.full_like(top, torch.inf))
 
 
-def ritz_below(apply: Callable[[Tensor], Tensor], start: Tensor, steps: int) -> Tensor:
+def ritz_below(apply: Callable[[Tensor], Tensor], start: Tensor, steps: int,
+               vectors: int = 0) -> Tensor | tuple[Tensor, Tensor]:
     """The top Ritz value of the symmetric operator ``apply`` ([B, D, k] → [B, D, k]) on the block
     Krylov space of ``steps`` blocks from ``start`` [B, D, k], [B]: an estimate from *below*, never a
     bound. A Ritz value is at most λ_max on an orthonormal basis; a basis that lost orthogonality (a
     space invariant early, its new columns rounding noise) can give more
-    (bounds.certificates.ORTHO_TOL), so there it is 0: a caller then certifies what it would skip."""
+    (bounds.certificates.ORTHO_TOL), so there it is 0: a caller then certifies what it would skip.
+    ``vectors``: with the top ``vectors`` Ritz vectors [B, D, vectors] (a start for a guess)."""
     Q = torch.linalg.qr(start).Q
     basis, images = [Q], [apply(Q)]
     for _ in range(steps - 1):
@@ -170,10 +173,12 @@ def ritz_below(apply: Callable[[Tensor], Tensor], start: Tensor, steps: int) -> 
         images.append(apply(Q))
     V = torch.cat(basis, -1)
     T = V.mT @ torch.cat(images, -1)
-    top = torch.linalg.eigvalsh(0.5 * (T + T.mT))[..., -1].clamp_min(0)
+    values, ritz = torch.linalg.eigh(0.5 * (T + T.mT))
+    top = values[..., -1].clamp_min(0)
     eye = torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
     orthonormal = (V.mT @ V - eye).abs().flatten(1).amax(-1) <= 1e-10
-    return torch.where(orthonormal & torch.isfinite(top), top, torch.zeros_like(top))
+    top = torch.where(orthonormal & torch.isfinite(top), top, torch.zeros_like(top))
+    return (top, V @ ritz[..., -vectors:]) if vectors else top
 
 
 def logit_form_norm(layer: DotMHA, X: Tensor) -> tuple[Tensor, Tensor]:
@@ -341,13 +346,14 @@ def value_cubic_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, below: bool
 
 
 def value_pair_norm(layer: DotMHA, form: tuple[Tensor, Tensor], cubic: tuple[Tensor, Tensor],
-                    a: Tensor, c: Tensor) -> Tensor:
+                    a: Tensor, c: Tensor, start: Tensor | None = None) -> Tensor:
     """‖[√a·𝓑, √c·𝓑₂]‖, rounded up, [B], for a, c ≥ 0 [B] and the parts of :func:`value_form_parts`
     and :func:`value_cubic_parts` (docs/bounds.md §2.3.4, "The value forms as one"): the two
     flattenings side by side have the output-side Gram a·S_𝓑 + c·S_𝓑₂, which is :func:`_value_side`'s
-    of a·M_𝓑 + c·M_𝓑₂, so one n·min(d, h·d_h)-square eigenproblem bounds both forms at once."""
+    of a·M_𝓑 + c·M_𝓑₂, so one n·min(d, h·d_h)-square eigenproblem bounds both forms at once.
+    ``start`` as in :func:`_value_side`."""
     a5, c5 = a[:, None, None, None, None], c[:, None, None, None, None]
-    return _value_side(layer, a5 * form[0] + c5 * cubic[0], a5 * form[1] + c5 * cubic[1])
+    return _value_side(layer, a5 * form[0] + c5 * cubic[0], a5 * form[1] + c5 * cubic[1], start)
 
 
 def _value_factors(layer: DotMHA) -> tuple[Tensor, Tensor]:
@@ -358,12 +364,13 @@ def _value_factors(layer: DotMHA) -> tuple[Tensor, Tensor]:
     return (Wv.mT @ Wv).reshape(h, dh, h, dh), torch.linalg.qr(layer.W_o.reshape(h * dh, d).mT, mode="r").R
 
 
-def _value_side(layer: DotMHA, M: Tensor, Mabs: Tensor) -> Tensor:
+def _value_side(layer: DotMHA, M: Tensor, Mabs: Tensor, start: Tensor | None = None) -> Tensor:
     """√λ_max(Σ_{l,l'} M^{ll'} ⊗ C_lᵀC_l'), rounded up, [B], for M [B, i, l, i', l'] (the output-side
     Gram of a form whose atoms end in ⊗ C_l e_c, docs/bounds.md §2.3.2): with C_l = W^V_l W^O_l and
     Ŵ^Oᵀ = [W^O_1; …; W^O_h]ᵀ = Q R it is that of (I ⊗ R) K̂ (I ⊗ Rᵀ), K̂_{(i,l,a),(i',l',b)} =
     M^{ll'}_{ii'} (W^V_lᵀ W^V_l')_{ab}: an n·min(d, h·d_h)-square eigenproblem. ``Mabs`` bounds the
-    size of M's entries and of their rounding errors."""
+    size of M's entries and of their rounding errors. ``start`` [B, n·r, 4]: the first block of the
+    guess that the certificate checks (:func:`top_eig`), e.g. :func:`value_side_below`'s vectors."""
     B, n = M.shape[:2]
     h, dh = layer.h, layer.d_h
     WW, R = _value_factors(layer)
@@ -379,7 +386,7 @@ def _value_side(layer: DotMHA, M: Tensor, Mabs: Tensor) -> Tensor:
     S[:, cols, :, rows, :] = Sp.mT
     S[:, rows, :, cols, :] = Sp
     D = n * r
-    lam = top_eig(S.reshape(B, D, D))
+    lam = top_eig(S.reshape(B, D, D), start=start)
     scale = R.square().sum() * WW.flatten().norm() * Mabs.flatten(1).norm(dim=-1)
     return (lam * (1 + ROUND_REL) + 1e-10 * scale).clamp_min(0).sqrt()
 
@@ -388,12 +395,14 @@ def _value_side(layer: DotMHA, M: Tensor, Mabs: Tensor) -> Tensor:
 VALUE_ESTIMATE_STEPS = 4
 
 
-def value_side_below(layer: DotMHA, M: Tensor) -> Tensor:
+def value_side_below(layer: DotMHA, M: Tensor, vectors: int = 0) -> Tensor | tuple[Tensor, Tensor]:
     """:func:`_value_side`'s √λ_max from *below*, [B], without forming its n·min(d, h·d_h)-square
     matrix S = (I ⊗ R) K̂ (I ⊗ Rᵀ): the top Ritz value of a few block Krylov steps
     (:func:`ritz_below`), each product with S through its factors (n²h²d_h operations a column, where
     forming S takes n²·h·d_h·d·(h·d_h)). An estimate, never a bound: it tells the remainder that the
-    form cannot beat its Cauchy–Schwarz alternative, so that the form is not certified for nothing."""
+    form cannot beat its Cauchy–Schwarz alternative, so that the form is not certified for nothing.
+    ``vectors``: with the top ``vectors`` Ritz vectors [B, n·r, vectors] (:func:`ritz_below`), in S's
+    coordinates: a start for its certificate's guess."""
     B, n = M.shape[:2]
     h, dh = layer.h, layer.d_h
     WW, R = _value_factors(layer)  # [l, a, l', c], [r, h·d_h]
@@ -408,6 +417,9 @@ def value_side_below(layer: DotMHA, M: Tensor) -> Tensor:
 
     g = torch.Generator().manual_seed(0)
     start = torch.randn(n * r, 4, generator=g, dtype=torch.float64).to(M.device).expand(B, n * r, 4)
+    if vectors:
+        top, x = ritz_below(apply, start, VALUE_ESTIMATE_STEPS, vectors)
+        return top.sqrt(), x
     return ritz_below(apply, start, VALUE_ESTIMATE_STEPS).sqrt()
 
 

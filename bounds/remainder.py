@@ -396,8 +396,8 @@ def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor) 
     (2‖𝒜‖)², a bounds.forms.Deferred: certified only where rule 1 asks), √Λ, ‖𝒞‖ and σ₂
     (bounds.forms), and on a wide layer (up to VALUE_FORM_LIMIT) the value forms'
     parts (``value_parts``), their estimates from below (``bilinear_below``, ``value3_below``: +inf
-    elsewhere) and the list of their certified pairs, empty until a radius asks one
-    (:func:`_value_pairs`)."""
+    elsewhere) with those estimates' Ritz vectors (``value_start``, where the pairs' guesses start)
+    and the list of their certified pairs, empty until a radius asks one (:func:`_value_pairs`)."""
     B, n, d = X.shape
     none = torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
     Lambda, vector = weighted_spread(G, P, vector=True)
@@ -408,8 +408,12 @@ def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor) 
            "sigma2": spectral_spread(layer, X, P, sigma)}
     if 4 * layer.h * n * n <= n * d and n * min(d, layer.h * layer.d_h) <= VALUE_FORM_LIMIT:
         parts = (value_form_parts(layer, X, G, P), value_cubic_parts(layer, X, G, P))
-        out.update(value_parts=parts, bilinear_below=value_side_below(layer, parts[0][0]),
-                   value3_below=value_side_below(layer, parts[1][0]))
+        (b1, x1), (b2, x2) = value_side_below(layer, parts[0][0], 2), value_side_below(layer, parts[1][0], 1)
+        # the estimates' Ritz vectors and a fixed random column: the pairs' guesses start there
+        g = torch.Generator().manual_seed(0)
+        extra = torch.randn(x1.shape[-2], 1, generator=g, dtype=torch.float64).to(x1).expand(B, -1, 1)
+        out.update(value_parts=parts, bilinear_below=b1, value3_below=b2,
+                   value_start=torch.cat([x1, x2, extra], -1))
     return out
 
 
@@ -480,7 +484,7 @@ def _value_pairs(layer: DotMHA, clean: dict, r: Tensor, cs: Tensor, shared: Tens
         if not bool((want2 & ~_covered(clean)).any()):
             return
         a, c = torch.zeros_like(b2), torch.ones_like(b2)
-    pairs.append((a, c, value_pair_norm(layer, *clean["value_parts"], a, c)))
+    pairs.append((a, c, value_pair_norm(layer, *clean["value_parts"], a, c, clean["value_start"])))
 
 
 def _covered(clean: dict) -> Tensor:

@@ -342,6 +342,26 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
         torch.testing.assert_close(bumped[finite], alone[finite] + r**3, rtol=1e-9, atol=0)
 
 
+@pytest.mark.parametrize("case", [CASES[k] for k in (0, 3, 5, 11)] + WIDE)
+def test_what_is_left_uncertified_costs_at_most_its_slack(case, monkeypatch):
+    """docs/bounds.md §2.3.4, rules 1 and 4: the quadratic remainder with its choices (spreads, ‖𝒞‖,
+    ‖𝒜‖ and the small terms left at their bounds from above where the estimates from below allow) is
+    within SPREAD_SLACK and twice TERM_SLACK of the one with every one of them certified, and not
+    below it but for the certificates' raise (τ ≤ 1e-6 of an eigenvalue)."""
+    n, d, h, w, xn, r, bias = case
+    seed = int(1000 * w + 10 * n + d)
+    layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
+    X = _case(n, d, h, w, xn, seed)
+    chosen = R.quadratic_remainder(layer, X, r, cache={})
+    allowed = (1 + R.SPREAD_SLACK) * (1 + R.TERM_SLACK) ** 2 * (1 + 1e-9)
+    monkeypatch.setattr(R, "SPREAD_SLACK", 0.0)
+    monkeypatch.setattr(R, "TERM_SLACK", 0.0)
+    every = R.quadratic_remainder(layer, X, r, cache={})
+    assert torch.isfinite(every).all()
+    assert (chosen <= every * allowed).all(), (chosen, every)
+    assert (every <= chosen * (1 + 1e-5)).all(), (chosen, every)
+
+
 def _block_inputs(stem: str, images: int) -> list:
     """(attention layer, its clean input for the first ``images`` digits test images) per block of the
     zoo's ViT ``stem``, in float64."""
