@@ -148,6 +148,15 @@ def _centred_logit_jacobian(layer, X):
     return J - torch.einsum("lij,lijx->lix", P, J)[:, :, None], J, P
 
 
+def _dense_value_form(layer, X):
+    """𝓑's (n·d) × (n·d)² flattening, B(Γ, Γ') = Σ_l dP_l[Γ] Γ' C_l, built column by column with
+    autograd's jvp of the attention at X [n, d]."""
+    n, d = X.shape
+    basis = torch.eye(n * d, dtype=torch.float64).reshape(n * d, n, d)
+    dP = torch.stack([torch.func.jvp(layer.attention, (X,), (e,))[1] for e in basis])  # [nd, h, n, n]
+    return torch.einsum("alik,bkx,lxc->icab", dP, basis, layer.C()).reshape(n * d, -1)
+
+
 @pytest.mark.parametrize("seed,bias", [(0, 0.0), (1, 0.7), (2, 0.0)])
 def test_value_form_norm_against_the_dense_bilinear_map(seed, bias):
     """‖𝓑‖ (docs/bounds.md §2.3.2) equals the norm of the (n·d) × (n·d)² flattening of
@@ -156,10 +165,7 @@ def test_value_form_norm_against_the_dense_bilinear_map(seed, bias):
     n, d, h = 4, 6, 2
     layer = random_dot(d, h, seed=seed, q_norm=2.0, k_norm=2.0, bias_norm=bias)
     X = _case(n, d, h, 1.0, 3.0, seed)[:1]
-    basis = torch.eye(n * d, dtype=torch.float64).reshape(n * d, n, d)
-    dP = torch.stack([torch.func.jvp(layer.attention, (X[0],), (e,))[1] for e in basis])  # [nd, h, n, n]
-    cols = torch.einsum("alik,bkx,lxc->icab", dP, basis, layer.C()).reshape(n * d, -1)
-    dense = torch.linalg.matrix_norm(cols, ord=2)
+    dense = torch.linalg.matrix_norm(_dense_value_form(layer, X[0]), ord=2)
     G, P = logit_gram(layer, X)
     ours = value_form_norm(layer, X, G, P)
     assert float(ours[0]) == pytest.approx(float(dense), rel=1e-6)  # the guess raised by FORM_TAU
@@ -238,9 +244,7 @@ def test_value_pair_norm_against_the_dense_flattenings(seed, bias):
     n, d, h = 4, 6, 2
     layer = random_dot(d, h, seed=seed, q_norm=2.0, k_norm=2.0, bias_norm=bias)
     X = _case(n, d, h, 1.0, 3.0, seed)[:1]
-    basis = torch.eye(n * d, dtype=torch.float64).reshape(n * d, n, d)
-    dP = torch.stack([torch.func.jvp(layer.attention, (X[0],), (e,))[1] for e in basis])  # [nd, h, n, n]
-    form = torch.einsum("alik,bkx,lxc->icab", dP, basis, layer.C()).reshape(n * d, -1)
+    form = _dense_value_form(layer, X[0])
     Jc, _, P = _centred_logit_jacobian(layer, X[0])
     cen = torch.eye(n, dtype=torch.float64)[None, None] - P[..., None, :]  # [h, i, k, k']: e_k − p_li
     cubic = 0.5 * torch.einsum("lik,lika,likb,likq,lxc->icabqx", P, Jc, Jc, cen, layer.C()).reshape(n * d, -1)
