@@ -366,13 +366,20 @@ class _Spreads:
     * ``upper``: max(w)·Λ, certified without one: λ_max(D_w) = λ_max(G^½ diag(w∘p) G^½) and
       diag(w∘p) ⪯ max(w)·diag(p), with Λ = λ_max(D_1) as certified for the second-order term;
     * ``lower``: an estimate from below (:func:`bounds.forms.spread_estimate`), never a bound of
-      anything: it tells whether ``upper`` is close enough."""
+      anything: it tells whether ``upper`` is close enough.
+
+    ``exact`` keeps each value by its weights' bytes: the certified assemblies (rule 4 takes two or
+    three) ask the same weights again."""
 
     def __init__(self, G: Tensor, P: Tensor, clean: dict[str, Tensor]) -> None:
         self.G, self.P, self.top, self.vector = G, P, clean["Lambda"], clean["spread_vector"]
+        self._exact: dict[tuple, Tensor] = {}
 
     def exact(self, w: Tensor) -> Tensor:
-        return weighted_spread(self.G, self.P, w)
+        key = (tuple(w.shape), w.detach().cpu().numpy().tobytes())
+        if key not in self._exact:
+            self._exact[key] = weighted_spread(self.G, self.P, w)
+        return self._exact[key]
 
     def upper(self, w: Tensor) -> Tensor:
         most = w.flatten(1).amax(-1)
