@@ -173,7 +173,11 @@ def ritz_below(apply: Callable[[Tensor], Tensor], start: Tensor, steps: int,
         images.append(apply(Q))
     V = torch.cat(basis, -1)
     T = V.mT @ torch.cat(images, -1)
-    values, ritz = torch.linalg.eigh(0.5 * (T + T.mT))
+    T = 0.5 * (T + T.mT)
+    if vectors:
+        values, ritz = torch.linalg.eigh(T)
+    else:  # the vectors are not asked: the values alone
+        values = torch.linalg.eigvalsh(T)
     top = values[..., -1].clamp_min(0)
     eye = torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
     orthonormal = (V.mT @ V - eye).abs().flatten(1).amax(-1) <= 1e-10
@@ -571,13 +575,16 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
     return value(certified).amax(-1)
 
 
-def heads_top_bound(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
-                    factors: dict | None = None, above: bool = True) -> Tensor:
-    """max over rows of ``value(heads)`` [B] as :func:`heads_top_max`, without an eigenproblem: every
-    :func:`heads_top` value from above (:func:`heads_above`: a bound) or, ``above`` False, from below
-    (:func:`heads_below`: an estimate, never a bound). ``factors`` as in :func:`heads_top_max`."""
+def heads_top_as(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor], how: str,
+                 factors: dict | None = None) -> Tensor:
+    """max over rows of ``value(heads)`` [B], its :func:`heads_top` values taken ``how``: "certified"
+    (:func:`heads_top_max`), or without an eigenproblem "above" (every row's :func:`heads_above`: a
+    bound) or "below" (every row's :func:`heads_below`: an estimate, never a bound). ``factors`` as
+    in :func:`heads_top_max`."""
+    if how == "certified":
+        return heads_top_max(value, factors)
     of = _factors_of({} if factors is None else factors)
-    if above:
+    if how == "above":
         return value(lambda F, w: heads_above(of(F), w)).amax(-1)
     return value(lambda F, w: heads_below(F, of(F), w)).amax(-1)
 

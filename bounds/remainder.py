@@ -32,8 +32,7 @@ from .forms import (
     Deferred,
     cubic_form_norm,
     form_norm,
-    heads_top_bound,
-    heads_top_max,
+    heads_top_as,
     logit_form_norm,
     logit_gram,
     nan_inf,
@@ -400,7 +399,7 @@ VALUE_FORM_LIMIT = 2560
 
 def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor) -> dict[str, Tensor]:
     """What the quadratic remainder takes from the clean point alone, [B] or [B, h, n] each: ‖𝒜‖ (as
-    (2‖𝒜‖)², a bounds.forms.Deferred: certified only where rule 1 asks), √Λ, ‖𝒞‖ and σ₂
+    (2‖𝒜‖)², a bounds.forms.Deferred: certified only where rule 4 asks), √Λ, ‖𝒞‖ and σ₂
     (bounds.forms), and on a wide layer (up to VALUE_FORM_LIMIT) the value forms'
     parts (``value_parts``), their estimates from below (``bilinear_below``, ``value3_below``: +inf
     elsewhere) with those estimates' Ritz vectors (``value_start``, where the pairs' guesses start)
@@ -568,15 +567,13 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
         # std_p(q_li) ≤ ‖Γ_i W^Q_l‖ std_p(Γ W^K_l)/√d_h; Σ_l β ‖Γ_i W^Q_l‖ std(ΓW^K_l) by Cauchy–Schwarz
         # over heads, two ways of splitting β; Var_{p_li}(Γ W^K_l) ≤ λ_li ‖Γ W^K_l‖_F² (fact iv), the
         # keys' factor max over Γ of Σ_l Var_{p_li}(Γ W^K_l)/‖Γ‖², one per row i; the largest row's
-        # value certified (bounds.forms.heads_top_max), or ``how`` "above" / "below" without an
-        # eigenproblem (bounds.forms.heads_top_bound: a bound, or an estimate that bounds nothing)
+        # value certified, or ``how`` "above" / "below" without an eigenproblem (a bound, or an
+        # estimate that bounds nothing: bounds.forms.heads_top_as)
         def row(heads: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
             one = heads(layer.W_q, beta.square()) * heads(layer.W_k, lam)
             return torch.minimum(one, heads(layer.W_q, beta) * heads(layer.W_k, lam * beta))
 
-        top = (heads_top_max(row, factors) if how == "certified"
-               else heads_top_bound(row, factors, above=how == "above"))
-        return torch.minimum(top.sqrt() * r1**2 / rd,
+        return torch.minimum(heads_top_as(row, how, factors).sqrt() * r1**2 / rd,
                              _assemble(rows, torch.zeros_like(beta), beta, r, layer.d_h).sum(-1))
 
     # × std(q): Cov_p(q, Y) ≤ σ₂ std q; ½E[q̃²Ỹ] ≤ ½σ₂ qm std q; (1/6)E[(x³ − δ̃³)Ỹ] ≤ ½ s² σ₂ std q
@@ -641,7 +638,7 @@ def _value_gram(layer: DotMHA, rows: dict[str, Tensor], how: str = "certified",
     head take all of it. Through the d_h-wide factors F_l = W^V_l R_lᵀ (W^O_lᵀ = Q_l R_l, so
     C_l C_lᵀ = F_l F_lᵀ; :func:`bounds.forms.heads_top`); λ and R from :func:`_rows`. ``how``:
     "certified" (bounds.forms.heads_top_max), or "above" / "below" without an eigenproblem
-    (bounds.forms.heads_top_bound: a bound, or an estimate that bounds nothing). ``memo``: a dict
+    (a bound, or an estimate that bounds nothing; bounds.forms.heads_top_as). ``memo``: a dict
     (empty at first) that keeps F and its head factors for calls on the same layer and rows."""
     memo = {} if memo is None else memo
     if "F" not in memo:
@@ -651,9 +648,7 @@ def _value_gram(layer: DotMHA, rows: dict[str, Tensor], how: str = "certified",
     def value(heads: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
         return heads(F, rows["lam"])
 
-    if how == "certified":
-        return heads_top_max(value, factors)
-    return heads_top_bound(value, factors, above=how == "above")
+    return heads_top_as(value, how, factors)
 
 
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
