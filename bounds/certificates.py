@@ -178,9 +178,10 @@ def _record(entry: Entry) -> None:
         book.entries.append(entry)
 
 
-def record(certificate: Certificate, seconds: float) -> None:
-    """Records a value certified by other means than a norm here (bounds/crown.py) in the ledger."""
-    _record(Entry(certificate, seconds))
+def record(certificate: Certificate, seconds: float, reused: bool = False, key: tuple | None = None) -> None:
+    """Records a value certified by other means than a norm here (bounds/crown.py, the remainder's
+    probabilistic value pairs) in the ledger; ``reused`` and ``key`` as in :class:`Entry`."""
+    _record(Entry(certificate, seconds, reused, key))
 
 
 def kw_log_term(N: int, p: float) -> float:

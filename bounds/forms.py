@@ -1,7 +1,8 @@
 """The clean point's forms of attention's Taylor remainder and their certified norms (docs/bounds.md
 §2.3.2): every one is an eigenproblem on a side whose size does not grow with the input's width n·d
 squared, certified from above by a Cholesky factorisation (bounds.certificates.verified_gram_norm,
-docs/bounds.md §2.4) and raised for float64 rounding.
+docs/bounds.md §2.4) and raised for float64 rounding; the value pair above side
+PAIR_PROBABILISTIC_ABOVE, as σ̄_J there, by Lanczos and a probabilistic certificate instead.
 
 * :func:`logit_form_norm`: ‖𝒜‖, the pure-logit second-order term, and √Λ, the logits' linear spread;
 * :func:`value_form_norm`: ‖𝓑‖, the value term dP[Γ]ΓC as the bilinear form it is;
@@ -24,8 +25,9 @@ import torch
 from torch import Tensor
 
 from models import DotMHA
+from models.operators import JACOBIAN_LIMIT
 
-from .certificates import gram_norm, verified_gram_norm
+from .certificates import Certificate, gram_norm, lanczos_upper, verified_gram_norm
 
 # relative slack for the float64 rounding of sums, products and eigenvalues (docs/bounds.md §2.3.1)
 ROUND_REL = 1e-9
@@ -349,15 +351,36 @@ def value_cubic_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, below: bool
     return value_side_below(layer, M) if below else _value_side(layer, M, Mabs)
 
 
+# the side n·min(d, h·d_h) of the value pair's Gram above which :func:`value_pair_norm` certifies its
+# λ_max probabilistically (Lanczos through the Gram's factors, docs/bounds.md §2.4) instead of forming
+# it and checking a guess by Cholesky: the Jacobian's limit, so that wherever the pair is
+# probabilistic σ̄_J, whose side n·d is no smaller, is too, and ``taylor``'s certificate is no weaker
+# than it was. Measured (one thread, MiniLM's layers 2 and 4 on their first n tokens, best of 3),
+# formed and checked against Lanczos: side 768 33–41 against 46–55 ms, 1152 67–131 against 58–78,
+# 1536 142–190 against 59–69, 1920 217–307 against 68–84, 2304 392–430 against 91–94
+PAIR_PROBABILISTIC_ABOVE = JACOBIAN_LIMIT
+
+
 def value_pair_norm(layer: DotMHA, form: tuple[Tensor, Tensor], cubic: tuple[Tensor, Tensor],
-                    a: Tensor, c: Tensor, start: Tensor | None = None) -> Tensor:
-    """‖[√a·𝓑, √c·𝓑₂]‖, rounded up, [B], for a, c ≥ 0 [B] and the parts of :func:`value_form_parts`
-    and :func:`value_cubic_parts` (docs/bounds.md §2.3.4, "The value forms as one"): the two
-    flattenings side by side have the output-side Gram a·S_𝓑 + c·S_𝓑₂, which is :func:`_value_side`'s
-    of a·M_𝓑 + c·M_𝓑₂, so one n·min(d, h·d_h)-square eigenproblem bounds both forms at once.
+                    a: Tensor, c: Tensor, start: Tensor | None = None,
+                    probabilistic: bool | None = None) -> tuple[Tensor, Certificate | None]:
+    """(‖[√a·𝓑, √c·𝓑₂]‖ rounded up [B], its certificate) for a, c ≥ 0 [B] and the parts of
+    :func:`value_form_parts` and :func:`value_cubic_parts` (docs/bounds.md §2.3.4, "The value forms
+    as one"): the two flattenings side by side have the output-side Gram a·S_𝓑 + c·S_𝓑₂, which is
+    :func:`_value_side`'s of a·M_𝓑 + c·M_𝓑₂, so one n·min(d, h·d_h)-square eigenproblem bounds both
+    forms at once. Up to side PAIR_PROBABILISTIC_ABOVE (``probabilistic`` None) or where
+    ``probabilistic`` is False it is formed and checked by Cholesky like every other form (certificate
+    None: nothing to record); above it, or where ``probabilistic`` is True, it is certified by
+    :func:`_value_side_probabilistic` without being formed, and the certificate says so.
     ``start`` as in :func:`_value_side`."""
     a5, c5 = a[:, None, None, None, None], c[:, None, None, None, None]
-    return _value_side(layer, a5 * form[0] + c5 * cubic[0], a5 * form[1] + c5 * cubic[1], start)
+    M, Mabs = a5 * form[0] + c5 * cubic[0], a5 * form[1] + c5 * cubic[1]
+    if probabilistic is None:
+        side = M.shape[1] * min(layer.W_v.shape[1], layer.h * layer.d_h)  # n·r, r = R's rows
+        probabilistic = side > PAIR_PROBABILISTIC_ABOVE
+    if probabilistic:
+        return _value_side_probabilistic(layer, M, Mabs)
+    return _value_side(layer, M, Mabs, start), None
 
 
 def _value_factors(layer: DotMHA) -> tuple[Tensor, Tensor]:
@@ -391,8 +414,50 @@ def _value_side(layer: DotMHA, M: Tensor, Mabs: Tensor, start: Tensor | None = N
     S[:, rows, :, cols, :] = Sp
     D = n * r
     lam = top_eig(S.reshape(B, D, D), start=start)
-    scale = R.square().sum() * WW.flatten().norm() * Mabs.flatten(1).norm(dim=-1)
-    return (lam * (1 + ROUND_REL) + 1e-10 * scale).clamp_min(0).sqrt()
+    return (lam * (1 + ROUND_REL) + _value_slack(WW, R, Mabs)).clamp_min(0).sqrt()
+
+
+def _value_slack(WW: Tensor, R: Tensor, Mabs: Tensor) -> Tensor:
+    """η ≥ ‖S(M̂) − S(M)‖ + the rounding of S's products, [B], for :func:`_value_factors`' WW and R:
+    M's computed entries err by far less than 1e-10 of the bound ``Mabs`` on them, and
+    ‖(I ⊗ R) K̂(E) (I ⊗ Rᵀ)‖ ≤ ‖R‖_F² ‖WW‖_F ‖E‖_F."""
+    return 1e-10 * R.square().sum() * WW.flatten().norm() * Mabs.flatten(1).norm(dim=-1)
+
+
+def _value_side_probabilistic(layer: DotMHA, M: Tensor, Mabs: Tensor) -> tuple[Tensor, Certificate]:
+    """:func:`_value_side`'s √λ_max without forming S, with its certificate, [B]: unrestarted Lanczos
+    from a fresh random start on S's products through its factors (:func:`_value_apply`), bounded by
+    Kuczyński–Woźniakowski (bounds.certificates.lanczos_upper, docs/bounds.md §2.4: ≈ 0.5 % above
+    λ_max's root, failure probability 1e-9 an input). S of the computed M, Ŝ, is within η of S's
+    (:func:`_value_slack`) and may miss being PSD by as much: KW holds for Ŝ + ηI, whose Krylov space
+    is Ŝ's and whose top Ritz value is θ + η, so λ_max(S) ≤ λ_max(Ŝ) + η ≤ (θ + η)/(1 − δ), at most
+    the bound's square plus 2η (δ ≤ ½)."""
+    B, n = M.shape[:2]
+    WW, R = factors = _value_factors(layer)
+    apply = _value_apply(layer, M, factors)
+    bound = lanczos_upper(lambda v: apply(v[..., None])[..., 0], (B,), n * R.shape[0], M)
+    lam = bound.value.square() * (1 + ROUND_REL) + 2 * _value_slack(WW, R, Mabs)
+    return lam.clamp_min(0).sqrt(), bound.certificate
+
+
+def _value_apply(layer: DotMHA, M: Tensor,
+                 factors: tuple[Tensor, Tensor] | None = None) -> Callable[[Tensor], Tensor]:
+    """Q [B, n·r, k] ↦ S Q for :func:`_value_side`'s S = (I ⊗ R) K̂ (I ⊗ Rᵀ) without forming it, each
+    product through its factors (:func:`_value_factors`, or ``factors``): n²h²d_h + 2n·r·h·d_h +
+    n·(h·d_h)² operations a column, where forming S takes n²·h·d_h·d·(h·d_h)."""
+    B, n = M.shape[:2]
+    h, dh = layer.h, layer.d_h
+    WW, R = _value_factors(layer) if factors is None else factors  # [l, a, l', c], [r, h·d_h]
+    r = R.shape[0]
+
+    def apply(Q: Tensor) -> Tensor:
+        k = Q.shape[-1]
+        u = (Q.reshape(B, n, r, k).transpose(-1, -2) @ R).reshape(B, n, k, h, dh)  # (I ⊗ Rᵀ) Q
+        t = torch.einsum("layc,bjkyc->bjkyla", WW, u)
+        w = torch.einsum("biljy,bjkyla->bikla", M, t).reshape(B, n, k, h * dh)  # K̂ ·
+        return (w @ R.mT).transpose(-1, -2).reshape(B, n * r, k)  # (I ⊗ R) ·
+
+    return apply
 
 
 # block Krylov steps (4 columns each, from a fixed random start) of :func:`value_side_below`
@@ -402,23 +467,14 @@ VALUE_ESTIMATE_STEPS = 4
 def value_side_below(layer: DotMHA, M: Tensor, vectors: int = 0) -> Tensor | tuple[Tensor, Tensor]:
     """:func:`_value_side`'s √λ_max from *below*, [B], without forming its n·min(d, h·d_h)-square
     matrix S = (I ⊗ R) K̂ (I ⊗ Rᵀ): the top Ritz value of a few block Krylov steps
-    (:func:`ritz_below`), each product with S through its factors (n²h²d_h operations a column, where
-    forming S takes n²·h·d_h·d·(h·d_h)). An estimate, never a bound: it tells the remainder that the
-    form cannot beat its Cauchy–Schwarz alternative, so that the form is not certified for nothing.
+    (:func:`ritz_below`), each product with S through its factors (:func:`_value_apply`). An
+    estimate, never a bound: it tells the remainder that the form cannot beat its Cauchy–Schwarz
+    alternative, so that the form is not certified for nothing.
     ``vectors``: with the top ``vectors`` Ritz vectors [B, n·r, vectors] (:func:`ritz_below`), in S's
     coordinates: a start for its certificate's guess."""
     B, n = M.shape[:2]
-    h, dh = layer.h, layer.d_h
-    WW, R = _value_factors(layer)  # [l, a, l', c], [r, h·d_h]
-    r = R.shape[0]
-
-    def apply(Q: Tensor) -> Tensor:  # [B, n·r, k] → S Q
-        k = Q.shape[-1]
-        u = (Q.reshape(B, n, r, k).transpose(-1, -2) @ R).reshape(B, n, k, h, dh)  # (I ⊗ Rᵀ) Q
-        t = torch.einsum("layc,bjkyc->bjkyla", WW, u)
-        w = torch.einsum("biljy,bjkyla->bikla", M, t).reshape(B, n, k, h * dh)  # K̂ ·
-        return (w @ R.mT).transpose(-1, -2).reshape(B, n * r, k)  # (I ⊗ R) ·
-
+    r = _value_factors(layer)[1].shape[0]
+    apply = _value_apply(layer, M)
     g = torch.Generator().manual_seed(0)
     start = torch.randn(n * r, 4, generator=g, dtype=torch.float64).to(M.device).expand(B, n * r, 4)
     if vectors:

@@ -16,7 +16,9 @@ head (docs/bounds.md §2.3 and §2.3.1). ``taylor`` and ``taylor_net`` pay the s
 
 from __future__ import annotations
 
+import itertools
 import math
+import time
 from collections.abc import Callable
 
 import torch
@@ -26,7 +28,7 @@ from models import DotMHA
 from models.spectral import product_norm
 
 from .base import radius
-from .certificates import reused
+from .certificates import record, reused
 from .forms import (
     ROUND_REL,
     Deferred,
@@ -271,6 +273,7 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
         clean = reused(("quadratic_parts", names), (*tensors, X),
                        lambda: _clean_forms(layer, X, G, P, sigma))
     spreads = _Spreads(G, P, clean)
+    before = len(clean["pairs"])  # the pairs certified by earlier calls (:func:`_record_pairs`)
     # c of the value term, from above (no eigenproblem), from below or certified, each when first asked
     cvs: dict[str, Tensor] = {}
     memo: dict = {}
@@ -332,16 +335,21 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     # formed; certified only where that could cost more than SPREAD_SLACK of the remainder, judged
     # each time against the estimates from below; and in the certified assembly the small terms
     # certified only where they could cost more than TERM_SLACK (rule 4)
-    upper = total(assemble("upper", False))
-    if bool((upper <= (1 + SPREAD_SLACK) * total(lower)).all()):
-        return upper
-    upper = torch.minimum(upper, total(assemble("upper", True)))
-    if bool((upper <= (1 + SPREAD_SLACK) * total(assemble("lower", True))).all()):
-        return upper
-    upper = torch.minimum(upper, total(assemble("exact", True, "above")))
-    if bool((upper <= (1 + TERM_SLACK) * total(assemble("exact", True, "below"))).all()):
-        return upper
-    return torch.minimum(upper, total(assemble("exact", True, "certified")))
+    def choose() -> Tensor:
+        upper = total(assemble("upper", False))
+        if bool((upper <= (1 + SPREAD_SLACK) * total(lower)).all()):
+            return upper
+        upper = torch.minimum(upper, total(assemble("upper", True)))
+        if bool((upper <= (1 + SPREAD_SLACK) * total(assemble("lower", True))).all()):
+            return upper
+        upper = torch.minimum(upper, total(assemble("exact", True, "above")))
+        if bool((upper <= (1 + TERM_SLACK) * total(assemble("exact", True, "below"))).all()):
+            return upper
+        return torch.minimum(upper, total(assemble("exact", True, "certified")))
+
+    out = choose()
+    _record_pairs(clean, before)
+    return out
 
 
 # the remainder with each weighted spread λ_max(D_w) bounded by max(w)·Λ (no eigenproblem) is kept
@@ -455,11 +463,14 @@ def _cubic_crude(G: Tensor, clean: dict[str, Tensor], spreads: _Spreads) -> Tens
 # at most x(ĉ − 1/ĉ)² ≤ 0.0091·x of it, ĉ = √1.1 and x = ‖𝓑₂‖r/‖𝓑‖ (0.04–0.11 on MiniLM), where a
 # new pair costs an eigenproblem (docs/bounds.md §2.3.4, "The value forms as one")
 PAIR_REUSE = 1.1
+_PAIR_KEYS = itertools.count()  # a ledger key for each probabilistic pair (bounds.certificates.Entry)
 
 
 def _value_pairs(layer: DotMHA, clean: dict, r: Tensor, cs: Tensor, shared: Tensor, lazy: bool) -> None:
     """Certify the value forms at radius ``r`` [B] where they can win, appending
-    (a, c, ‖[√a·𝓑, √c·𝓑₂]‖) to ``clean["pairs"]`` (docs/bounds.md §2.3.4, "The value forms as one").
+    (a, c, ‖[√a·𝓑, √c·𝓑₂]‖, its ledger entry or None) to ``clean["pairs"]`` (docs/bounds.md §2.3.4,
+    "The value forms as one"; the entry where the pair is probabilistic, bounds.forms.value_pair_norm,
+    for :func:`_record_pairs`).
 
     ‖𝓑‖ can win where its estimate from below is under ``cs`` (√(cΛ)); ‖𝓑₂‖ where its estimate times
     r³ is under ``shared`` (the value side with every weighted spread at its bound from above), as it
@@ -482,7 +493,7 @@ def _value_pairs(layer: DotMHA, clean: dict, r: Tensor, cs: Tensor, shared: Tens
         t2 = r * b1 / b2
         c = torch.where(want1 & want2 & torch.isfinite(t2) & (t2 > 0), t2, torch.zeros_like(t2))
         a = torch.ones_like(c)
-        for pa, pc, _ in pairs:
+        for pa, pc, *_ in pairs:
             close = (pc <= PAIR_REUSE * c) & (c <= PAIR_REUSE * pc)
             if bool(((pa > 0) & torch.where(c > 0, close, pc == 0)).all()):
                 return
@@ -490,13 +501,27 @@ def _value_pairs(layer: DotMHA, clean: dict, r: Tensor, cs: Tensor, shared: Tens
         if not bool((want2 & ~_covered(clean)).any()):
             return
         a, c = torch.zeros_like(b2), torch.ones_like(b2)
-    pairs.append((a, c, value_pair_norm(layer, *clean["value_parts"], a, c, clean["value_start"])))
+    start = time.perf_counter()
+    nu, cert = value_pair_norm(layer, *clean["value_parts"], a, c, clean["value_start"])
+    entry = None if cert is None else (cert, time.perf_counter() - start, ("value_pair", next(_PAIR_KEYS)))
+    pairs.append((a, c, nu, entry))
+
+
+def _record_pairs(clean: dict, before: int) -> None:
+    """Records in the open ledger (bounds.certificates.ledger) the certificate of every probabilistic
+    pair in ``clean`` (:func:`_value_pairs`): each bounds every value taken from this clean point
+    since it was certified (:func:`_pair_values` takes the smallest over all of them), the first
+    ``before`` of them certified by an earlier call (so reused: their seconds are not this call's)."""
+    for k, (*_, entry) in enumerate(clean.get("pairs", ())):
+        if entry is not None:
+            cert, seconds, key = entry
+            record(cert, seconds, reused=k < before, key=key)
 
 
 def _covered(clean: dict) -> Tensor:
     """Where a certified pair bounds ‖𝓑₂‖ (c > 0), [B]."""
     out = torch.zeros_like(clean["value3_below"], dtype=torch.bool)
-    for _, c, _ in clean["pairs"]:
+    for _, c, *_ in clean["pairs"]:
         out = out | (c > 0)
     return out
 
@@ -508,7 +533,7 @@ def _pair_values(clean: dict, r: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     value side's third order together, ‖𝓑(Γ,Γ) + 𝓑₂(Γ,Γ,Γ)‖_F ≤ ν·(r⁴/a + r⁶/c)^½ over ‖Γ‖_F ≤ r."""
     inf = torch.full_like(r, torch.inf)
     bilinear, value3, pair = inf, inf, inf
-    for a, c, nu in clean["pairs"]:
+    for a, c, nu, _ in clean["pairs"]:
         bilinear = torch.minimum(bilinear, torch.where(a > 0, nu / a.sqrt(), inf))
         value3 = torch.minimum(value3, torch.where(c > 0, nu / c.sqrt(), inf))
         both = (a > 0) & (c > 0)

@@ -235,11 +235,15 @@ def test_cubic_form_norm_against_a_dense_construction(seed, bias):
     assert float(torch.linalg.matrix_norm(sym.reshape(n * d, -1), ord=2)) <= float(ours[0]) * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("probabilistic", [False, True])
 @pytest.mark.parametrize("seed,bias", [(0, 0.0), (1, 0.7)])
-def test_value_pair_norm_against_the_dense_flattenings(seed, bias):
+def test_value_pair_norm_against_the_dense_flattenings(seed, bias, probabilistic):
     """‖[√a·𝓑, √c·𝓑₂]‖ (docs/bounds.md §2.3.4, "The value forms as one") equals the norm of the two
     flattenings side by side, 𝓑's built column by column from autograd's jvp of the attention and
-    𝓑₂'s from its atoms on autograd's logit Jacobian, for several weights a, c ≥ 0."""
+    𝓑₂'s from its atoms on autograd's logit Jacobian, for several weights a, c ≥ 0; formed and
+    checked by Cholesky (nothing for the ledger), or by Lanczos through its factors, with a
+    probabilistic certificate at most 1/√(1 − δ) above the truth (§2.4)."""
+    from bounds.certificates import DEFAULT_DELTA, DEFAULT_P
     from bounds.forms import logit_gram, value_cubic_parts, value_form_parts, value_pair_norm
     n, d, h = 4, 6, 2
     layer = random_dot(d, h, seed=seed, q_norm=2.0, k_norm=2.0, bias_norm=bias)
@@ -251,11 +255,16 @@ def test_value_pair_norm_against_the_dense_flattenings(seed, bias):
     G, _ = logit_gram(layer, X)
     parts = value_form_parts(layer, X, G, P[None]), value_cubic_parts(layer, X, G, P[None])
     for a, c in ((1.0, 0.0), (0.0, 1.0), (1.0, 0.3), (0.5, 4.0)):
-        dense = torch.linalg.matrix_norm(torch.cat([a**0.5 * form, c**0.5 * cubic], 1), ord=2)
-        ours = value_pair_norm(layer, *parts, torch.tensor([a], dtype=torch.float64),
-                               torch.tensor([c], dtype=torch.float64))
-        assert float(ours[0]) == pytest.approx(float(dense), rel=1e-6)  # the guess raised by FORM_TAU
-        assert float(ours[0]) >= float(dense)
+        dense = float(torch.linalg.matrix_norm(torch.cat([a**0.5 * form, c**0.5 * cubic], 1), ord=2))
+        ours, cert = value_pair_norm(layer, *parts, torch.tensor([a], dtype=torch.float64),
+                                     torch.tensor([c], dtype=torch.float64), probabilistic=probabilistic)
+        assert float(ours[0]) >= dense
+        if not probabilistic:
+            assert cert is None
+            assert float(ours[0]) == pytest.approx(dense, rel=1e-6)  # the guess raised by FORM_TAU
+        else:
+            assert (cert.kind, cert.p, len(cert.seeds)) == ("probabilistic", DEFAULT_P, 1)
+            assert float(ours[0]) <= dense / (1 - DEFAULT_DELTA) ** 0.5 * (1 + 1e-6)
 
 
 def test_the_spectral_spread_against_the_matrix_norm():
@@ -310,7 +319,7 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
         # others: ν bounds √a‖𝓑‖ and √c‖𝓑₂‖ (less the checks' τ), and is at most their root-sum-square
         one = torch.ones(2, dtype=torch.float64)
         for c in (r * clean["bilinear_below"] / clean["value3_below"], 0.1 * one, 10.0 * one):
-            nu = value_pair_norm(layer, *clean["value_parts"], one, c)
+            nu = value_pair_norm(layer, *clean["value_parts"], one, c)[0]
             assert (nu * (1 + 1e-5) >= torch.maximum(bilinear, c.sqrt() * value3)).all()
             assert (nu <= (bilinear.square() + c * value3.square()).sqrt() * (1 + 1e-5)).all()
             pairs.append(nu * (r**4 + r**6 / c).sqrt())
@@ -344,6 +353,37 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
         bumped = cubic(spread, shared, third.clamp_min(0).sqrt() + 1.0, value3, none)[0] + second
         finite = torch.isfinite(alone)
         torch.testing.assert_close(bumped[finite], alone[finite] + r**3, rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("case", WIDE)
+def test_a_probabilistic_pair_is_sound_and_in_every_ledger_it_bounds(case, monkeypatch):
+    """Above PAIR_PROBABILISTIC_ABOVE (here forced from side 0) the value pair is certified by
+    Lanczos (docs/bounds.md §2.3.4, "The value forms as one"): the quadratic remainder stays above the
+    attack and within 1 % of the one with the pair formed and checked, and its ledger holds the
+    pair's probabilistic certificate, at the radius that certified it and, as reused, at the next."""
+    import bounds.forms
+    from bounds.certificates import DEFAULT_P, ledger
+    n, d, h, w, xn, r, bias = case
+    seed = int(1000 * w + 10 * n + d)
+    layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
+    X = _case(n, d, h, w, xn, seed)
+    checked = quadratic_remainder(layer, X, r, {})
+    monkeypatch.setattr(bounds.forms, "PAIR_PROBABILISTIC_ABOVE", 0)
+    cache = {}
+    with ledger() as book:
+        ours = quadratic_remainder(layer, X, r, cache)
+    pairs = len(cache["pairs"])
+    assert pairs >= 1  # these cases certify a pair: the test tests one
+    assert [(e.certificate.kind, e.certificate.p, e.reused) for e in book.entries] == \
+        [("probabilistic", DEFAULT_P, False)] * pairs
+    assert book.certificate.p == pytest.approx(pairs * DEFAULT_P)
+    attained = attack_remainder(layer, X, r, steps=150, restarts=6)
+    assert (ours >= attained).all(), (ours, attained)
+    assert (ours <= checked * 1.01).all() and (ours >= checked * 0.99).all(), ours / checked
+    with ledger() as book:
+        quadratic_remainder(layer, X, 0.5 * r, cache)
+    assert [e.reused for e in book.entries[:pairs]] == [True] * pairs
+    assert all(e.certificate.kind == "probabilistic" and not e.reused for e in book.entries[pairs:])
 
 
 @pytest.mark.parametrize("case", [CASES[k] for k in (0, 3, 5, 11)] + WIDE)
