@@ -318,13 +318,16 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
         rest = torch.minimum(torch.minimum(per_head, joint), apart)
         return torch.minimum(nan_inf(second + rest), nan_inf(paired))
 
-    # ‖𝒜‖r², the same in every assembly: ‖𝒜‖ from ‖S‖_F (no eigenproblem) where that is within
-    # TERM_SLACK of the remainder above its estimate from below (a Ritz value), else certified (rule 4)
+    # ‖𝒜‖r², the same in every assembly (rule 4): ‖𝒜‖ without its matrix (bounds.forms.logit_form_cheap)
+    # where that alone is within TERM_SLACK of the rest of the remainder from below, else from ‖S‖_F
+    # where that is within TERM_SLACK of it above its estimate from below (a Ritz value), else certified
     lower = assemble("lower", False)
     logit = clean["form"]  # (2‖𝒜‖)², a bounds.forms.Deferred
-    above, below = 0.5 * logit.upper.clamp_min(0).sqrt(), 0.5 * logit.below.clamp_min(0).sqrt()
-    if not bool(((above - below) * r1**2 <= TERM_SLACK * (lower + below * r1**2)).all()):
-        above = 0.5 * logit.value().clamp_min(0).sqrt()
+    above = 0.5 * logit.cheap.clamp_min(0).sqrt()
+    if not bool((above * r1**2 <= TERM_SLACK * lower).all()):
+        above, below = 0.5 * logit.upper.clamp_min(0).sqrt(), 0.5 * logit.below.clamp_min(0).sqrt()
+        if not bool(((above - below) * r1**2 <= TERM_SLACK * (lower + below * r1**2)).all()):
+            above = 0.5 * logit.value().clamp_min(0).sqrt()
 
     def total(rest: Tensor) -> Tensor:
         # a factor that overflowed (e^s at a saturating scale, times a zero) bounds nothing: +inf, so
@@ -415,7 +418,13 @@ def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor) 
     B, n, d = X.shape
     none = torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
     Lambda, vector = weighted_spread(G, P, vector=True)
-    root = value_root(layer, X, P)  # N^½, which ‖𝒜‖ and ‖𝒞‖ share
+    roots: list = []
+
+    def root() -> tuple[Tensor, Tensor]:  # N^½, which ‖𝒜‖'s and ‖𝒞‖'s matrices share: where first formed
+        if not roots:
+            roots.append(value_root(layer, X, P))
+        return roots[0]
+
     out = {"form": form_norm(layer, X, G, P, root, deferred=True), "Lambda": Lambda, "spread": Lambda.sqrt(),
            "spread_vector": vector, "bilinear_below": none, "value3_below": none, "pairs": [],
            "root": root,
