@@ -20,6 +20,7 @@ eigenproblems cannot matter (docs/bounds.md §2.3.4, "Eigenproblems left out").
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -260,37 +261,31 @@ class Deferred:
     its first use and kept."""
 
     def __init__(self, formed: Callable[[], tuple[Tensor, Tensor]], cheap: Tensor | None = None) -> None:
-        self._formed, self.cheap = formed, cheap
-        self._S: tuple[Tensor, Tensor] | None = None
-        self._upper = self._below = self._value = None
+        self._formed, self.cheap, self._value = formed, cheap, None
+
+    @cached_property
+    def _matrix(self) -> tuple[Tensor, Tensor]:
+        return self._formed()
 
     @property
     def S(self) -> Tensor:
-        if self._S is None:
-            self._S = self._formed()
-        return self._S[0]
+        return self._matrix[0]
 
     @property
     def slack(self) -> Tensor:
-        if self._S is None:
-            self._S = self._formed()
-        return self._S[1]
+        return self._matrix[1]
 
-    @property
+    @cached_property
     def upper(self) -> Tensor:
-        if self._upper is None:  # the norm's own rounding is below D²·u relative, far under ROUND_REL
-            self._upper = self.S.flatten(1).norm(dim=-1) * (1 + ROUND_REL) + self.slack
-        return self._upper
+        # the norm's own rounding is below D²·u relative, far under ROUND_REL
+        return self.S.flatten(1).norm(dim=-1) * (1 + ROUND_REL) + self.slack
 
-    @property
+    @cached_property
     def below(self) -> Tensor:
-        if self._below is None:
-            S = self.S
-            g = torch.Generator().manual_seed(0)
-            start = torch.randn(S.shape[-1], 4, generator=g, dtype=torch.float64).to(S.device)
-            start = start.expand(S.shape[0], -1, 4)
-            self._below = ritz_below(lambda Q: S @ Q, start, DEFERRED_ESTIMATE_STEPS)
-        return self._below
+        S = self.S
+        g = torch.Generator().manual_seed(0)
+        start = torch.randn(S.shape[-1], 4, generator=g, dtype=torch.float64).to(S.device)
+        return ritz_below(lambda Q: S @ Q, start.expand(S.shape[0], -1, 4), DEFERRED_ESTIMATE_STEPS)
 
     def value(self) -> Tensor:
         if self._value is None:
@@ -463,12 +458,12 @@ def value_pair_norm(layer: DotMHA, form: tuple[Tensor, Tensor], cubic: tuple[Ten
     ``start`` as in :func:`_value_side`."""
     a5, c5 = a[:, None, None, None, None], c[:, None, None, None, None]
     M, Mabs = a5 * form[0] + c5 * cubic[0], a5 * form[1] + c5 * cubic[1]
+    factors = _value_factors(layer)
     if probabilistic is None:
-        side = M.shape[1] * min(layer.W_v.shape[1], layer.h * layer.d_h)  # n·r, r = R's rows
-        probabilistic = side > PAIR_PROBABILISTIC_ABOVE
+        probabilistic = M.shape[1] * factors[1].shape[0] > PAIR_PROBABILISTIC_ABOVE  # the side n·r
     if probabilistic:
-        return _value_side_probabilistic(layer, M, Mabs)
-    return _value_side(layer, M, Mabs, start), None
+        return _value_side_probabilistic(layer, M, Mabs, factors)
+    return _value_side(layer, M, Mabs, start, factors), None
 
 
 def _value_factors(layer: DotMHA) -> tuple[Tensor, Tensor]:
@@ -479,16 +474,18 @@ def _value_factors(layer: DotMHA) -> tuple[Tensor, Tensor]:
     return (Wv.mT @ Wv).reshape(h, dh, h, dh), torch.linalg.qr(layer.W_o.reshape(h * dh, d).mT, mode="r").R
 
 
-def _value_side(layer: DotMHA, M: Tensor, Mabs: Tensor, start: Tensor | None = None) -> Tensor:
+def _value_side(layer: DotMHA, M: Tensor, Mabs: Tensor, start: Tensor | None = None,
+                factors: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """√λ_max(Σ_{l,l'} M^{ll'} ⊗ C_lᵀC_l'), rounded up, [B], for M [B, i, l, i', l'] (the output-side
     Gram of a form whose atoms end in ⊗ C_l e_c, docs/bounds.md §2.3.2): with C_l = W^V_l W^O_l and
     Ŵ^Oᵀ = [W^O_1; …; W^O_h]ᵀ = Q R it is that of (I ⊗ R) K̂ (I ⊗ Rᵀ), K̂_{(i,l,a),(i',l',b)} =
     M^{ll'}_{ii'} (W^V_lᵀ W^V_l')_{ab}: an n·min(d, h·d_h)-square eigenproblem. ``Mabs`` bounds the
     size of M's entries and of their rounding errors. ``start`` [B, n·r, 4]: the first block of the
-    guess that the certificate checks (:func:`top_eig`), e.g. :func:`value_side_below`'s vectors."""
+    guess that the certificate checks (:func:`top_eig`), e.g. :func:`value_side_below`'s vectors.
+    ``factors``: :func:`_value_factors`', if at hand."""
     B, n = M.shape[:2]
     h, dh = layer.h, layer.d_h
-    WW, R = _value_factors(layer)
+    WW, R = _value_factors(layer) if factors is None else factors
     m, r = h * dh, R.shape[0]
     # S's blocks R K̂_ii' Rᵀ for i ≥ i' only, the others their transposes (S is symmetric): 15 of
     # MiniLM's 25 at 5 tokens, 189 → 114 ms on its first layer (one thread, best of 3), where the
@@ -512,16 +509,17 @@ def _value_slack(WW: Tensor, R: Tensor, Mabs: Tensor) -> Tensor:
     return 1e-10 * R.square().sum() * WW.flatten().norm() * Mabs.flatten(1).norm(dim=-1)
 
 
-def _value_side_probabilistic(layer: DotMHA, M: Tensor, Mabs: Tensor) -> tuple[Tensor, Certificate]:
+def _value_side_probabilistic(layer: DotMHA, M: Tensor, Mabs: Tensor,
+                              factors: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Certificate]:
     """:func:`_value_side`'s √λ_max without forming S, with its certificate, [B]: unrestarted Lanczos
     from a fresh random start on S's products through its factors (:func:`_value_apply`), bounded by
     Kuczyński–Woźniakowski (bounds.certificates.lanczos_upper, docs/bounds.md §2.4: ≈ 0.5 % above
     λ_max's root, failure probability 1e-9 an input). S of the computed M, Ŝ, is within η of S's
     (:func:`_value_slack`) and may miss being PSD by as much: KW holds for Ŝ + ηI, whose Krylov space
     is Ŝ's and whose top Ritz value is θ + η, so λ_max(S) ≤ λ_max(Ŝ) + η ≤ (θ + η)/(1 − δ), at most
-    the bound's square plus 2η (δ ≤ ½)."""
+    the bound's square plus 2η (δ ≤ ½). ``factors`` as in :func:`_value_side`."""
     B, n = M.shape[:2]
-    WW, R = factors = _value_factors(layer)
+    WW, R = factors = _value_factors(layer) if factors is None else factors
     apply = _value_apply(layer, M, factors)
     bound = lanczos_upper(lambda v: apply(v[..., None])[..., 0], (B,), n * R.shape[0], M)
     lam = bound.value.square() * (1 + ROUND_REL) + 2 * _value_slack(WW, R, Mabs)
@@ -561,8 +559,9 @@ def value_side_below(layer: DotMHA, M: Tensor, vectors: int = 0) -> Tensor | tup
     ``vectors``: with the top ``vectors`` Ritz vectors [B, n·r, vectors] (:func:`ritz_below`), in S's
     coordinates: a start for its certificate's guess."""
     B, n = M.shape[:2]
-    r = _value_factors(layer)[1].shape[0]
-    apply = _value_apply(layer, M)
+    factors = _value_factors(layer)
+    r = factors[1].shape[0]
+    apply = _value_apply(layer, M, factors)
     g = torch.Generator().manual_seed(0)
     start = torch.randn(n * r, 4, generator=g, dtype=torch.float64).to(M.device).expand(B, n * r, 4)
     if vectors:

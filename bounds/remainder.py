@@ -16,6 +16,7 @@ head (docs/bounds.md §2.3 and §2.3.1). ``taylor`` and ``taylor_net`` pay the s
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -418,12 +419,8 @@ def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor) 
     B, n, d = X.shape
     none = torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
     Lambda, vector = weighted_spread(G, P, vector=True)
-    roots: list = []
-
-    def root() -> tuple[Tensor, Tensor]:  # N^½, which ‖𝒜‖'s and ‖𝒞‖'s matrices share: where first formed
-        if not roots:
-            roots.append(value_root(layer, X, P))
-        return roots[0]
+    # N^½, which ‖𝒜‖'s and ‖𝒞‖'s matrices share: computed where the first of them is formed
+    root = functools.cache(lambda: value_root(layer, X, P))
 
     out = {"form": form_norm(layer, X, G, P, root, deferred=True), "Lambda": Lambda, "spread": Lambda.sqrt(),
            "spread_vector": vector, "bilinear_below": none, "value3_below": none, "pairs": [],
