@@ -227,7 +227,16 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     idx, radius = symbols(wild, r)
     out = out.with_groups(f"project{k}_wild", columns(idx, radius[..., None, None] * pick(idx), n, d),
                           torch.ones_like(radius))
-    miss = kappa * torch.where(wild, r, torch.where(grouped, err - first, 0.0))  # [B, n]
+    # a grouped token's first-order part (ν − R)⁺‖Δ_t‖/R' is linear in ‖Δ_t‖, so it cannot share the
+    # second-order budget: a group of its own with no budget, which later stages cross at their exact
+    # linear parts. As a Frobenius ball it crossed each block at ‖J‖·Lip(FFN) (≈ 5 a block on the
+    # Fashion-MNIST models) and reached every token of the next block's input
+    carried = grouped & (first > 0)
+    idx, radius = symbols(carried, first)
+    out = out.with_groups(f"project{k}_first", columns(idx, radius[..., None, None] * pick(idx), n, d),
+                          torch.ones_like(radius))
+    miss = kappa * torch.where(wild, r, torch.where(grouped, err, 0.0))  # [B, n]
+    order1, first = first, torch.where(carried, 0.0, first)  # what stays in the ball below
     # the other tokens: ‖e‖_F ≤ (Σ_t K_t² ‖Δ_t‖⁴)^½ ≤ max_t K_t · ‖Δ‖_F² (they share the ball's budget)
     K = torch.where(grouped | off, 0.0, (err - first) / r.clamp_min(torch.finfo(raw.dtype).tiny) ** 2)
     smooth = (torch.minimum((K * r**2).norm(dim=-1), K.amax(-1) * whole**2) + first.norm(dim=-1)
@@ -243,12 +252,12 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
                     "u": u, "sign": sign,
                     "z0": sign * (nu - R),
                     "lo": lo, "hi": hi, "relu": ~off,
-                    "second": torch.where(off, 0.0, err - first),
-                    "first": first, "caps": torch.where(off, 1.0, r**2), "budget": whole**2,
+                    "second": torch.where(off, 0.0, err - order1),
+                    "first": order1, "caps": torch.where(off, 1.0, r**2), "budget": whole**2,
                     "wild": torch.where(wild, r, 0.0)})
     # LayerProject is 1-Lipschitz per token: the projected set's radius is at most the input's
-    # per token, a smooth token's error is its own err (a grouped token's second-order part and a wild
-    # token's are groups; a grouped token's first-order part stays here, at its token); E crosses the
+    # per token, a smooth token's error is its own err (a grouped token's error, both its parts, and a
+    # wild token's are groups); E crosses the
     # linear part at ‖L_t‖ ≤ 1 as it does in norm
     own = torch.where(grouped | off, first, err) + miss
     return replace(out.add_ball(f"project{k}", smooth, own), route=whole), straddle.sum(-1)

@@ -13,9 +13,10 @@ from torch import Tensor
 from ..certificates import gram_norm
 
 # the largest N·min(N, P)² (flops of the Gram of G, N = n·d) for which the set's radius takes the exact
-# ‖G‖₂: 2·10⁶ on the digits models; on Fashion-MNIST (N = 2048, P = 784) 1.3·10⁹ a block, half the
-# cost of an image, where the route and the tokens' radii serve
-GRAM_LIMIT = 10**8
+# ‖G‖₂ (the joint first order) rather than the tokens' own (Σ_t ε²‖G_t‖²)^½: it covers Fashion-MNIST's
+# 28×28 images (N = 2048, P = 784: 1.3·10⁹), where the per-token radius was up to 1.5× the joint one
+# and the remainders it fed dominated the margins (docs/results.md)
+GRAM_LIMIT = 2 * 10**9
 
 
 @dataclass
@@ -47,6 +48,8 @@ class DeviationSet:
     budgets: dict[str, Tensor] = field(default_factory=dict)
     gram: Tensor | None = None
     tok: Tensor | None = None
+    # box_norms' value, formed at first use (``replace`` resets it: every map makes a new set)
+    _box: tuple[Tensor, Tensor] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def ball_of(cls, G: Tensor, radius: Tensor) -> DeviationSet:
@@ -95,14 +98,24 @@ class DeviationSet:
 
     def token_radii(self, eps: float) -> Tensor:
         """An upper bound of ‖Δ_t‖ per token, [B, n]:
-        ‖c_t‖ + ε‖G_t‖₂ + ‖|A_t|·1‖₂ + Σ_j ‖Q_{t,j}‖₂ (grouped) + ‖E‖_F, every spectral norm from an
-        exact float64 Gram eigenvalue rounded up (docs/bounds.md §2.4); ‖A_tζ‖₂ ≤ ‖|A_t|·1‖₂ over the
-        box, as each coordinate of A_tζ is at most the sum of its row's |entries|."""
+        ‖c_t‖ + ε‖G_t‖₂ + ‖A_t‖_box + Σ_j ‖Q_{t,j}‖₂ (grouped) + ‖E‖_F, every spectral norm from an
+        exact float64 Gram eigenvalue rounded up (docs/bounds.md §2.4) and ‖A_t‖_box ≥ max over the
+        box of ‖A_tζ‖₂ (:meth:`box_norms`)."""
         Qt = self.Q.transpose(2, 3)  # [B, n, k, d, g]: the smaller of the two Grams
         groups = (gram_norm(Qt.mT @ Qt if Qt.shape[-1] < Qt.shape[-2] else Qt @ Qt.mT) if self.Q.shape[-2]
                   else self.Q.new_zeros(*self.Q.shape[:2], 0))
-        return (self.c.norm(dim=-1) + eps * gram_norm(self.token_grams()) + self.A.abs().sum(-1).norm(dim=-1)
+        return (self.c.norm(dim=-1) + eps * gram_norm(self.token_grams()) + self.box_norms()[0]
                 + self.grouped(groups) + self.token_ball())
+
+    def box_norms(self) -> tuple[Tensor, Tensor]:
+        """Upper bounds of max_{ζ ∈ [−1, 1]^m} ‖A_tζ‖₂ per token [B, n] and of ‖Aζ‖_F over all tokens
+        [B] (docs/bounds.md §5.1, "The symbols' share of a radius"): each the smaller of ‖|A|·1‖₂ (every
+        coordinate of Aζ is at most its row's sum of |entries|) and (1ᵀ|AᵀA|·1)^½ (‖Aζ‖² = ζᵀAᵀAζ
+        ≤ Σ_jk |(AᵀA)_jk|), the Gram's rounding added; computed once and kept, as the set is not
+        changed in place."""
+        if self._box is None:
+            self._box = box_norms(self.A)
+        return self._box
 
     def radius(self, eps: float, tokens: Tensor | None = None) -> Tensor:
         """An upper bound of ‖Δ‖_F, [B]: the smallest of the route, (Σ_t r_t²)^½ and, where its Gram
@@ -115,8 +128,7 @@ class DeviationSet:
             k, g = self.Q.shape[-2:]
             Q = self.Q.permute(0, 3, 1, 2, 4).reshape(B, k, n * d, g)
             gram = G.mT @ G if P <= n * d else G @ G.mT
-            whole = (self.c.reshape(B, -1).norm(dim=-1) + eps * gram_norm(gram)
-                     + self.A.abs().sum(-1).flatten(1).norm(dim=-1)
+            whole = (self.c.reshape(B, -1).norm(dim=-1) + eps * gram_norm(gram) + self.box_norms()[1]
                      + self.grouped(gram_norm(Q.mT @ Q)) + self.ball())
             out = torch.minimum(out, whole)
         return out
@@ -226,6 +238,52 @@ class DeviationSet:
         tok = None if self.tok is None else self.tok + (rho[:, None] if per_token is None else per_token)
         return replace(self, rho=torch.cat([self.rho, rho[:, None]], -1), sources=[*self.sources, name],
                        tok=tok)
+
+
+# the most entries of one image's symbols' per-token Grams A_tᵀA_t formed at once (200 MB in
+# float64); beyond it they are formed a token at a time
+BOX_GRAM_ENTRIES = 25 * 10**6
+
+
+def box_norms(A: Tensor) -> tuple[Tensor, Tensor]:
+    """Upper bounds of max_{ζ ∈ [−1, 1]^m} ‖A_tζ‖₂ per token, [B, n], and of ‖Aζ‖_F over every token,
+    [B], for symbol columns A [B, n, d, m] (:meth:`DeviationSet.box_norms`; docs/bounds.md §5.1).
+
+    Each is the smaller of the box's ‖|A|·1‖₂ and the Gram's (1ᵀ|M|·1)^½, M = AᵀA (M = Σ_t A_tᵀA_t
+    for all tokens): the second is never larger (Σ_jk |M_jk| ≤ Σ_jk (|A|ᵀ|A|)_jk = ‖|A|·1‖²) and much
+    smaller where the columns are nearly orthogonal, as symbols of different neurons and tokens are.
+    Rounding: each computed entry of M is off by at most γ·Σ_i |A_ij||A_ik| (γ = k·u/(1 − k·u) for
+    a sum of k products, Higham Thm 3.5), which adds γ‖|A|·1‖² to the sum; the sum of m² terms and
+    the square root are covered by a relative (1 + 2(m² + 2)u)."""
+    B, n, d, m = A.shape
+    box = A.abs().sum(-1)  # [B, n, d]
+    tok_box, all_box = box.norm(dim=-1), box.flatten(1).norm(dim=-1)
+    if m == 0:
+        return tok_box, all_box
+    u = torch.finfo(A.dtype).eps / 2
+    gamma = lambda k: k * u / (1 - k * u)
+    per, total, width = A.new_zeros(B, n), A.new_zeros(B), [0] * B
+    # image by image, on its own nonzero columns: a chunk pads every image's symbols to the largest
+    # count in it, and the padding would change the sums' rounding (and cost m² for nothing)
+    for b in range(B):
+        own = A[b][..., A[b].abs().amax((0, 1)) > 0]  # [n, d, m_b]
+        width[b] = m_b = own.shape[-1]
+        if n * m_b * m_b <= BOX_GRAM_ENTRIES:
+            M = own.mT @ own  # [n, m_b, m_b]
+            per[b] = M.abs().sum((-1, -2))
+            total[b] = M.sum(0).abs().sum()
+        else:  # a token at a time
+            whole = A.new_zeros(m_b, m_b)
+            for t in range(n):
+                M = own[t].mT @ own[t]
+                per[b, t] = M.abs().sum()
+                whole += M
+            total[b] = whole.abs().sum()
+    grow = 1 + 2 * (torch.tensor(width, dtype=A.dtype, device=A.device) ** 2 + 2) * u  # [B]
+    tok = ((per + gamma(d) * tok_box**2) * grow[:, None]).sqrt() * grow[:, None]
+    # the whole sum adds n per-token Grams: each entry a sum of n·d products
+    every = ((total + gamma(n * d) * all_box**2) * grow).sqrt() * grow
+    return torch.minimum(tok_box, tok), torch.minimum(all_box, every)
 
 
 def along_u(u: Tensor, M: Tensor) -> Tensor:
