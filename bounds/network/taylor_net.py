@@ -70,6 +70,11 @@ NEGLIGIBLE = 1e-5
 # 1.2–1.3× faster an image with the same verdicts on 750 image-ε pairs; at 128 (the tests' random
 # ViTs) the dense form is 1.35× faster and its bounds tighter
 DENSE_J = 256
+# the largest n·d for which attention's Jacobian is also formed for its norm alone (applied as an
+# operator above DENSE_J): ‖J‖₂ from its Gram's exact float64 eigenvalue, which E's radii and the route
+# cross, and its d×d blocks for E's per-token bounds. On the digits models (n·d = 512) the bound from
+# factors was 2.2× ‖J‖₂ a block, and E grew by that at every attention
+NORM_J = 1024
 
 
 @dataclass
@@ -338,12 +343,14 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             out = S.mixed(lambda T: jacobian_apply(layer, parts, T),
                           lambda g, t: sparse_apply(layer, parts, g, t))
         parts["xi"] = xi(layer, X)  # ξ_l: the remainder's core and the Jacobian bound's, formed once
-    bound = jacobian_bound(layer, X, parts, J, logits=split == "taylor")
+    # for the norm alone between DENSE_J and NORM_J (the pass still applies the operator)
+    dense = J if J is not None or split != "taylor" or N > NORM_J else dot_jacobian(layer, X)
+    bound = jacobian_bound(layer, X, parts, dense, logits=split == "taylor")
     if split == "taylor":
         rest = remainder(layer, X, r, core=parts["xi"], quadratic=quadratic, cache=cache,
                          enough=NEGLIGIBLE * bound * r)
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
-                  tok=_mix_tokens(layer, parts, J, S.tok, split))
+                  tok=_mix_tokens(layer, parts, dense, S.tok, split))
     if log is not None:
         log.append({"kind": "attention", "name": f"attention{k}", "layer": layer, "X": X, "J": J,
                     "rho": rest, "parts": parts, "split": split})
@@ -467,10 +474,11 @@ def jacobian_bound(layer: DotMHA, X: Tensor, parts: dict[str, Tensor], J: Tensor
     if logits:
         core = parts["xi"] if "xi" in parts else xi(layer, X)
         bound = bound + (0.5 * core * layer.XC_norm(X)).sum(-1) / math.sqrt(layer.d_h)
-    if J is not None:  # the sum above is loose on saturated heads; (‖J‖₁‖J‖_∞)^½ ≥ ‖J‖₂ is not
+    if J is not None:  # the sum above is loose on saturated heads; (‖J‖₁‖J‖_∞)^½ ≥ ‖J‖₂ is not, and
+        # ‖J‖₂ itself is its Gram's top eigenvalue (§2.4, exact)
         N = J.shape[-1]
         holder = (J.abs().sum(-2).amax(-1) * J.abs().sum(-1).amax(-1)).sqrt() * (1 + N * 2.3e-16)
-        bound = torch.minimum(bound, holder)
+        bound = torch.minimum(bound, torch.minimum(holder, gram_norm(J.mT @ J)))
     return bound
 
 
@@ -507,7 +515,8 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
     """``x + W₂ relu(W₁x + b₁) + b₂`` at its clean input Y: each neuron's range from the set (the
     first-order part through the token Grams, ‖(W₁G_t)_i‖² = w_iᵀ G_tG_tᵀ w_i), the unstable ones
     relaxed with a symbol each (:func:`relu_relaxation`); the rest as the per-token map
-    I + W₂ diag(λ_t) W₁, which E's radii and the route cross at Lip(FFN) (every slope is in [0, 1]).
+    L_t = I + W₂ diag(λ_t) W₁, which E's radii cross at max_t ‖L_t‖₂ (per token where E is kept per
+    token) and the route at Lip(FFN) (every slope is in [0, 1]).
     Returns the set (without ``form``, as :class:`Mapped`) and the unstable neurons per image."""
     W1 = block.ffn.up.weight.detach().double()
     b1 = block.ffn.up.bias.detach().double()
@@ -534,9 +543,14 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
         log.append({"kind": "ffn", "W1": W1, "W2": W2, "z0": z0, "lo": lo, "hi": hi})
     unstable = mu > 0
     idx, coef = symbols(unstable.reshape(B, -1), mu.reshape(B, -1))
-    tok = None if S.tok is None else S.tok * lipschitz  # the FFN acts per token
-    out = Mapped(replace(S, rho=S.rho * lipschitz, route=S.route * lipschitz, tok=tok), W1, W2, lam,
-                 beta @ W2.T, columns(idx // w, coef[..., None] * W2.T[idx % w], n, d))
+    # E enters the relaxed neurons through z − z₀ = W₁Δ, so it leaves as L_tE_t, L_t = I + W₂ diag(λ_t) W₁:
+    # ‖L_t‖₂ per token (exact float64 Gram eigenvalues, d×d), never above Lip(FFN). The route is a
+    # bound of the true deviation, which the relaxation's shifts and symbols add to: it keeps Lip(FFN)
+    L = torch.eye(d, dtype=W1.dtype, device=W1.device) + torch.einsum("dw,bnw,we->bnde", W2, lam, W1)
+    own = torch.minimum(gram_norm(L.mT @ L), torch.as_tensor(lipschitz, dtype=W1.dtype))  # [B, n]
+    tok = None if S.tok is None else S.tok * own  # the FFN acts per token
+    out = Mapped(replace(S, rho=S.rho * own.amax(-1)[:, None], route=S.route * lipschitz, tok=tok), W1, W2,
+                 lam, beta @ W2.T, columns(idx // w, coef[..., None] * W2.T[idx % w], n, d))
     return out.formed() if form else out, unstable.reshape(B, -1).sum(-1)
 
 
@@ -684,14 +698,15 @@ CPU_CHUNK_ND = 512
 # image (LoFAST's uncapped recipe model, ≈ 2,050 at ε 0.02, where a chunk was 1.1–1.5× slower; the
 # margin models' 30–480 at ε ≤ 0.05, where it was 1.0–1.4× faster), the rest go one at a time
 CHUNK_SYMBOLS = 1024
-# The second pass (refined ranges, the quadratic remainder) certified images whose first-pass bound fell
-# short of the clean margin by up to 2.6 margins, on every taylor_net cell of the quick profile (six
-# digits models, ε 0.005–0.1, the Taylor and halved-δ₂ splits, 50 images each: 69 images won), never
-# one short by more. An image short by more than HOPELESS margins at some class is left to its first
-# pass (docs/bounds.md §5.1, "Refined ranges"): it can cost a verdict, never soundness; on those cells
-# it cost none and saved 84 of their 140 s of second passes (LoFAST's recipe model, ~1,000 unstable
-# neurons a block, is short by 10³–10⁶ margins on every image)
-HOPELESS = 10.0
+# The second pass (refined ranges, the quadratic remainder) certifies images whose first pass falls far
+# short: on the models trained without a margin, where the forward set's ranges widen block by block, it
+# won images short by up to 31 margins (Fashion-MNIST 3-block, ε 0.02, first 20 images) and 15.5 (digits
+# 3-block q2, ε 0.02, first 40), and none short by more than 32 (docs/results.md, "Accurate ViTs"). An
+# image short by more than HOPELESS margins at some class is left to its first pass (docs/bounds.md
+# §5.1, "Refined ranges"): it can cost a verdict, never soundness. LoFAST's recipe model (about 1,000
+# unstable neurons a block) is short by 10³–10⁶ margins on every image, where the second pass would cost
+# 47 s on 50 images for nothing
+HOPELESS = 100.0
 
 
 def hopeless(low: Tensor, logits: Tensor, y: Tensor) -> Tensor:
