@@ -22,6 +22,7 @@ from models.vit_io import load_vit
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
 ONE_BLOCK = ZOO / "digits-d32-b1-h2-c0.5-q1-m0.003.safetensors"
+ACCURATE = ZOO / "digits-d32-b3-h2-c0.5-q2.safetensors"
 SHARP = ZOO / "digits-d32-b2-h2-c0.5-q1.safetensors"  # trained without margin: sharp attention
 
 
@@ -200,7 +201,10 @@ def test_the_best_split_verifies_each_margin_that_either_split_verifies(monkeypa
     want = t.verified | (h.verified & rest[:, None])
     assert torch.equal(b.verified, want)
     assert torch.equal(b.certified, t.certified | (want.all(-1) & rest))
-    assert torch.equal(b.lower, torch.where(rest[:, None], torch.maximum(t.lower, h.lower), t.lower))
+    # to the last bits only: the second split runs on other chunks of images here, and a chunk's
+    # composition moves a few ulps (attention's closed form for c, the padding of the symbols)
+    want_lower = torch.where(rest[:, None], torch.maximum(t.lower, h.lower), t.lower)
+    assert torch.allclose(b.lower, want_lower, rtol=1e-12, atol=0)
     assert {i for split, i in ran if split == "lofast_half"} == set(rest.nonzero()[:, 0].tolist())
     assert 0.5 * wall <= b.seconds <= wall
     assert tn.certify(0.1, "best") is b  # kept: asked again, nothing runs
@@ -358,6 +362,45 @@ def test_the_box_norms_hold_every_vertex_and_beat_the_box(shape):
         assert torch.equal(alone[0], tok[1:2]) and torch.equal(alone[1], whole[1:2])
 
 
+@pytest.mark.parametrize("case", ["random", "aligned", "orthogonal"])
+def test_the_joint_norm_holds_every_vertex_and_beats_the_triangle(case):
+    """max over ‖δ‖ ≤ ε and the box's vertices ζ of ‖Gδ + Aζ‖ (per vertex, δ by projected gradient
+    ascent from ±ε·(the top right singular vector) and ε·Gᵀv/‖Gᵀv‖, in float64) is never above
+    joint_norm, which is never above ε‖G‖ + max ‖Aζ‖; where A's columns are orthogonal to G's range
+    (the cross term 0) it is the square root of the sum of squares."""
+    from itertools import product
+
+    from bounds.network.zonotope import box_norms, joint_norm, rounded_box
+
+    gen = torch.Generator().manual_seed(["random", "aligned", "orthogonal"].index(case))
+    N, P, m, eps = 12, 5, 7, 0.3
+    G = torch.randn(N, P, generator=gen, dtype=torch.float64)
+    A = torch.randn(N, m, generator=gen, dtype=torch.float64) * 0.2
+    if case == "aligned":  # A's columns in G's range
+        A = G @ torch.randn(P, m, generator=gen, dtype=torch.float64) * 0.1
+    elif case == "orthogonal":  # G in the first half of the coordinates, A in the second
+        G[N // 2:], A[:N // 2] = 0, 0
+    first = eps * torch.linalg.matrix_norm(G, 2)
+    symbols = box_norms(A[None, None])[1][0]
+    GA = (G.T @ A)[None]
+    cross = rounded_box(GA, (G.abs().T @ A.abs().sum(-1))[None], N)[0]
+    bound = joint_norm(eps, first, symbols, cross)
+    top = torch.linalg.svd(G).Vh[0]
+    truth = 0.0
+    for zeta in product((-1.0, 1.0), repeat=m):
+        v = A @ torch.tensor(zeta, dtype=torch.float64)
+        for start in (eps * top, -eps * top, eps * G.T @ v / (G.T @ v).norm().clamp_min(1e-300)):
+            d = start.clone()
+            for _ in range(50):  # ascent on ‖Gd + v‖², projected on the ball
+                d = d + 0.5 * G.T @ (G @ d + v) / first**2 * eps**2
+                d = d * min(1.0, eps / max(float(d.norm()), 1e-300))
+            truth = max(truth, float((G @ d + v).norm()))
+    assert bound >= truth * (1 - 1e-12)
+    assert bound <= first + symbols
+    if case == "orthogonal":
+        assert torch.allclose(bound, (first**2 + symbols**2).sqrt(), rtol=1e-12)
+
+
 def pgd(net: ViT, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 200, restarts: int = 10,
         seed: int = 0) -> torch.Tensor:
     """The smallest margin over ‖δ‖₂ ≤ eps an own projected gradient descent finds per image: its own
@@ -389,10 +432,14 @@ def pgd(net: ViT, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 200
 
 
 @pytest.mark.parametrize("which,eps", [("one_block", 0.05), ("sharp", 0.01), ("random", 0.01),
-                                       ("saturated", 1e-4)])
+                                       ("saturated", 1e-4), ("accurate", 0.02), ("accurate", 0.03)])
 def test_no_image_it_certifies_is_broken_by_an_independent_attack(which, eps):
-    if which in ("one_block", "sharp"):
-        net, _ = load_vit(ONE_BLOCK if which == "one_block" else SHARP)
+    """An own attack (200 steps × 10 restarts) breaks no image taylor_net certifies: on zoo models with
+    and without a training margin (``accurate``: the 3-block q2 model trained the ordinary way, where the
+    second pass certifies images its first pass leaves 15 margins short), and on random ViTs, one of
+    them with attention saturated."""
+    if which in ("one_block", "sharp", "accurate"):
+        net, _ = load_vit({"one_block": ONE_BLOCK, "sharp": SHARP, "accurate": ACCURATE}[which])
         x, y = first_test_images("digits", net, 30)
         x = x.double()
     else:

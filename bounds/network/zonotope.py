@@ -50,6 +50,7 @@ class DeviationSet:
     tok: Tensor | None = None
     # box_norms' value, formed at first use (``replace`` resets it: every map makes a new set)
     _box: tuple[Tensor, Tensor] | None = field(default=None, init=False, repr=False, compare=False)
+    _cross: tuple[Tensor, Tensor] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def ball_of(cls, G: Tensor, radius: Tensor) -> DeviationSet:
@@ -104,7 +105,9 @@ class DeviationSet:
         Qt = self.Q.transpose(2, 3)  # [B, n, k, d, g]: the smaller of the two Grams
         groups = (gram_norm(Qt.mT @ Qt if Qt.shape[-1] < Qt.shape[-2] else Qt @ Qt.mT) if self.Q.shape[-2]
                   else self.Q.new_zeros(*self.Q.shape[:2], 0))
-        return (self.c.norm(dim=-1) + eps * gram_norm(self.token_grams()) + self.box_norms()[0]
+        first = eps * gram_norm(self.token_grams())
+        # ‖G_tδ + A_tζ‖ jointly (:func:`joint_norm`), the cross term through each token's G_tᵀA_t
+        return (self.c.norm(dim=-1) + joint_norm(eps, first, self.box_norms()[0], self.cross_norms()[0])
                 + self.grouped(groups) + self.token_ball())
 
     def box_norms(self) -> tuple[Tensor, Tensor]:
@@ -117,6 +120,13 @@ class DeviationSet:
             self._box = box_norms(self.A)
         return self._box
 
+    def cross_norms(self) -> tuple[Tensor, Tensor]:
+        """Upper bounds of max_{ζ ∈ [−1, 1]^m} ‖G_tᵀA_tζ‖₂ per token [B, n] and of ‖GᵀAζ‖ over all
+        tokens [B] (:func:`cross_norms`), formed once and kept."""
+        if self._cross is None:
+            self._cross = cross_norms(self.G, self.A)
+        return self._cross
+
     def radius(self, eps: float, tokens: Tensor | None = None) -> Tensor:
         """An upper bound of ‖Δ‖_F, [B]: the smallest of the route, (Σ_t r_t²)^½ and, where its Gram
         is small enough (:data:`GRAM_LIMIT`), the norm of the parts with ‖G‖₂ exact."""
@@ -128,7 +138,8 @@ class DeviationSet:
             k, g = self.Q.shape[-2:]
             Q = self.Q.permute(0, 3, 1, 2, 4).reshape(B, k, n * d, g)
             gram = G.mT @ G if P <= n * d else G @ G.mT
-            whole = (self.c.reshape(B, -1).norm(dim=-1) + eps * gram_norm(gram) + self.box_norms()[1]
+            whole = (self.c.reshape(B, -1).norm(dim=-1)
+                     + joint_norm(eps, eps * gram_norm(gram), self.box_norms()[1], self.cross_norms()[1])
                      + self.grouped(gram_norm(Q.mT @ Q)) + self.ball())
             out = torch.minimum(out, whole)
         return out
@@ -284,6 +295,50 @@ def box_norms(A: Tensor) -> tuple[Tensor, Tensor]:
     # the whole sum adds n per-token Grams: each entry a sum of n·d products
     every = ((total + gamma(n * d) * all_box**2) * grow).sqrt() * grow
     return torch.minimum(tok_box, tok), torch.minimum(all_box, every)
+
+
+def rounding(k: int, dtype: torch.dtype) -> float:
+    """γ_k = k·u/(1 − k·u): a computed sum of k products is off by at most γ_k times the sum of their
+    magnitudes (Higham, Thm 3.5)."""
+    u = torch.finfo(dtype).eps / 2
+    return k * u / (1 - k * u)
+
+
+def rounded_box(M: Tensor, mags: Tensor, k: int) -> Tensor:
+    """‖|M|·1‖₂ over the trailing [p, m] of a computed product M whose entries are sums of k products,
+    rounding included: ``mags`` [..., p] bounds each row's Σ_j of the products' magnitudes."""
+    return M.abs().sum(-1).norm(dim=-1) + rounding(k, M.dtype) * mags.norm(dim=-1)
+
+
+def cross_norms(G: Tensor, A: Tensor) -> tuple[Tensor, Tensor]:
+    """Upper bounds of max_{ζ ∈ [−1, 1]^m} ‖G_tᵀA_tζ‖₂ per token, [B, n], and of ‖GᵀAζ‖₂ over all
+    tokens, [B], for G [B, n, d, P] and symbol columns A [B, n, d, m] (:func:`joint_norm`'s cross
+    term): per token the box of the computed G_tᵀA_t, for all tokens :func:`box_norms` of the computed
+    GᵀA = Σ_t G_tᵀA_t, each plus its rounding (:func:`rounded_box`). Image by image on its own nonzero
+    columns, as :func:`box_norms`, so that a chunk's padding changes no bit."""
+    B, n, d = G.shape[:3]
+    tok, whole = A.new_zeros(B, n), A.new_zeros(B)
+    for b in range(B):
+        own = A[b][..., A[b].abs().amax((0, 1)) > 0]  # [n, d, m_b]
+        if not own.shape[-1]:
+            continue
+        GA = G[b].mT @ own  # [n, P, m_b]
+        mags = G[b].abs().mT @ own.abs().sum(-1)[..., None]  # [n, P, 1]
+        tok[b] = rounded_box(GA, mags[..., 0], d)
+        total = GA.sum(0)  # [P, m_b]: a sum of n·d products an entry
+        whole[b] = box_norms(total[None, None])[1][0] + rounding(n * d, A.dtype) * mags.sum(0)[..., 0].norm()
+    return tok, whole
+
+
+def joint_norm(eps: float, first: Tensor, symbols: Tensor, cross: Tensor) -> Tensor:
+    """An upper bound of ‖Gδ + Aζ‖ over ‖δ‖₂ ≤ ε and ζ ∈ [−1, 1]^m (docs/bounds.md §5.1, "The symbols'
+    share of a radius") from ``first`` ≥ ε‖G‖₂, ``symbols`` ≥ max ‖Aζ‖ and ``cross`` ≥ max ‖GᵀAζ‖:
+    ‖Gδ + Aζ‖² = ‖Gδ‖² + 2⟨δ, GᵀAζ⟩ + ‖Aζ‖² ≤ first² + 2ε·cross + symbols². With the cross term at
+    most ‖G‖·max ‖Aζ‖ it is never above first + symbols, which it takes where it is smaller, so the
+    square root's rounding cannot lift it above the triangle's sum."""
+    cross = torch.minimum(cross, first / eps * symbols) if eps > 0 else cross
+    joint = (first**2 + 2 * eps * cross + symbols**2).sqrt() * (1 + 4 * torch.finfo(first.dtype).eps)
+    return torch.minimum(joint, first + symbols)
 
 
 def along_u(u: Tensor, M: Tensor) -> Tensor:
