@@ -362,17 +362,17 @@ def test_the_box_norms_hold_every_vertex_and_beat_the_box(shape):
         assert torch.equal(alone[0], tok[1:2]) and torch.equal(alone[1], whole[1:2])
 
 
-@pytest.mark.parametrize("case", ["random", "aligned", "orthogonal"])
+@pytest.mark.parametrize("case", ["random", "aligned", "orthogonal", "shift"])
 def test_the_joint_norm_holds_every_vertex_and_beats_the_triangle(case):
-    """max over ‖δ‖ ≤ ε and the box's vertices ζ of ‖Gδ + Aζ‖ (per vertex, δ by projected gradient
-    ascent from ±ε·(the top right singular vector) and ε·Gᵀv/‖Gᵀv‖, in float64) is never above
-    joint_norm, which is never above ε‖G‖ + max ‖Aζ‖; where A's columns are orthogonal to G's range
-    (the cross term 0) it is the square root of the sum of squares."""
+    """max over ‖δ‖ ≤ ε and the box's vertices ζ of ‖Gδ + Aζ‖ and of ‖Gδ + Aζ + c‖ (per vertex, δ by
+    projected gradient ascent from ±ε·(the top right singular vector) and ε·Gᵀv/‖Gᵀv‖, in float64) is
+    never above joint_norm, which is never above the triangle's sum; where A's columns are orthogonal
+    to G's range (the cross term 0) it is the square root of the sum of squares."""
     from itertools import product
 
     from bounds.network.zonotope import box_norms, joint_norm, rounded_box
 
-    gen = torch.Generator().manual_seed(["random", "aligned", "orthogonal"].index(case))
+    gen = torch.Generator().manual_seed(["random", "aligned", "orthogonal", "shift"].index(case))
     N, P, m, eps = 12, 5, 7, 0.3
     G = torch.randn(N, P, generator=gen, dtype=torch.float64)
     A = torch.randn(N, m, generator=gen, dtype=torch.float64) * 0.2
@@ -385,10 +385,27 @@ def test_the_joint_norm_holds_every_vertex_and_beats_the_triangle(case):
     GA = (G.T @ A)[None]
     cross = rounded_box(GA, (G.abs().T @ A.abs().sum(-1))[None], N)[0]
     bound = joint_norm(eps, first, symbols, cross)
+    c = torch.randn(N, generator=gen, dtype=torch.float64) * 0.3  # a shift, as the relaxations' β
+    if case == "orthogonal":
+        c[:N // 2] = 0
+    elif case == "aligned":  # in G's range too
+        c = G @ torch.randn(P, generator=gen, dtype=torch.float64) * 0.1
+    elif case == "shift":  # no symbols, c along G's top direction: ‖Gδ + c‖ ≤ ε‖G‖ + ‖c‖ is attained
+        A.zero_()
+        symbols, cross = symbols * 0, cross * 0
+        bound = joint_norm(eps, first, symbols, cross)
+        c = G @ torch.linalg.svd(G).Vh[0] * 0.5
+    shifted = joint_norm(eps, first, symbols, cross, c.norm(), (G.T @ c).norm(), (A.T @ c).abs().sum())
     top = torch.linalg.svd(G).Vh[0]
-    truth = 0.0
+    truth = truth_c = 0.0
     for zeta in product((-1.0, 1.0), repeat=m):
         v = A @ torch.tensor(zeta, dtype=torch.float64)
+        for start in (eps * top, -eps * top, eps * G.T @ (v + c) / (G.T @ (v + c)).norm().clamp_min(1e-300)):
+            d = start.clone()
+            for _ in range(50):
+                d = d + 0.5 * G.T @ (G @ d + v + c) / first**2 * eps**2
+                d = d * min(1.0, eps / max(float(d.norm()), 1e-300))
+            truth_c = max(truth_c, float((G @ d + v + c).norm()))
         for start in (eps * top, -eps * top, eps * G.T @ v / (G.T @ v).norm().clamp_min(1e-300)):
             d = start.clone()
             for _ in range(50):  # ascent on ‖Gd + v‖², projected on the ball
@@ -397,6 +414,8 @@ def test_the_joint_norm_holds_every_vertex_and_beats_the_triangle(case):
             truth = max(truth, float((G @ d + v).norm()))
     assert bound >= truth * (1 - 1e-12)
     assert bound <= first + symbols
+    assert shifted >= truth_c * (1 - 1e-12)
+    assert shifted <= first + symbols + c.norm()
     if case == "orthogonal":
         assert torch.allclose(bound, (first**2 + symbols**2).sqrt(), rtol=1e-12)
 

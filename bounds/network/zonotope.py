@@ -98,16 +98,23 @@ class DeviationSet:
         return self.gram
 
     def token_radii(self, eps: float) -> Tensor:
-        """An upper bound of ‖Δ_t‖ per token, [B, n]:
-        ‖c_t‖ + ε‖G_t‖₂ + ‖A_t‖_box + Σ_j ‖Q_{t,j}‖₂ (grouped) + ‖E‖_F, every spectral norm from an
-        exact float64 Gram eigenvalue rounded up (docs/bounds.md §2.4) and ‖A_t‖_box ≥ max over the
-        box of ‖A_tζ‖₂ (:meth:`box_norms`)."""
+        """An upper bound of ‖Δ_t‖ per token, [B, n]: the joint bound of ‖G_tδ + A_tζ + c_t‖
+        (:func:`joint_norm`, at most ‖c_t‖ + ε‖G_t‖₂ + ‖A_t‖_box) + Σ_j ‖Q_{t,j}‖₂ (grouped) + ‖E_t‖, every
+        spectral norm from an exact float64 Gram eigenvalue rounded up (docs/bounds.md §2.4) and
+        ‖A_t‖_box ≥ max over the box of ‖A_tζ‖₂ (:meth:`box_norms`)."""
         Qt = self.Q.transpose(2, 3)  # [B, n, k, d, g]: the smaller of the two Grams
         groups = (gram_norm(Qt.mT @ Qt if Qt.shape[-1] < Qt.shape[-2] else Qt @ Qt.mT) if self.Q.shape[-2]
                   else self.Q.new_zeros(*self.Q.shape[:2], 0))
         first = eps * gram_norm(self.token_grams())
-        # ‖G_tδ + A_tζ‖ jointly (:func:`joint_norm`), the cross term through each token's G_tᵀA_t
-        return (self.c.norm(dim=-1) + joint_norm(eps, first, self.box_norms()[0], self.cross_norms()[0])
+        # ‖G_tδ + A_tζ + c_t‖ jointly (:func:`joint_norm`): the cross terms through each token's G_tᵀA_t,
+        # G_tᵀc_t and A_tᵀc_t, each with its products' rounding
+        G, A, c = self.G, self.A, self.c
+        err = rounding(G.shape[2], c.dtype)
+        gc = (torch.einsum("bndp,bnd->bnp", G, c).norm(dim=-1)
+              + err * torch.einsum("bndp,bnd->bnp", G.abs(), c.abs()).norm(dim=-1))
+        ac = (torch.einsum("bndm,bnd->bnm", A, c).abs().sum(-1)
+              + err * torch.einsum("bndm,bnd->bnm", A.abs(), c.abs()).sum(-1))
+        return (joint_norm(eps, first, self.box_norms()[0], self.cross_norms()[0], c.norm(dim=-1), gc, ac)
                 + self.grouped(groups) + self.token_ball())
 
     def box_norms(self) -> tuple[Tensor, Tensor]:
@@ -138,8 +145,14 @@ class DeviationSet:
             k, g = self.Q.shape[-2:]
             Q = self.Q.permute(0, 3, 1, 2, 4).reshape(B, k, n * d, g)
             gram = G.mT @ G if P <= n * d else G @ G.mT
-            whole = (self.c.reshape(B, -1).norm(dim=-1)
-                     + joint_norm(eps, eps * gram_norm(gram), self.box_norms()[1], self.cross_norms()[1])
+            c = self.c.reshape(B, n * d)
+            A = self.A.reshape(B, n * d, -1)
+            gc = ((G.mT @ c[..., None])[..., 0].norm(dim=-1)
+                  + rounding(n * d, c.dtype) * (G.abs().mT @ c.abs()[..., None])[..., 0].norm(dim=-1))
+            ac = ((A.mT @ c[..., None]).abs().sum((-1, -2))
+                  + rounding(n * d, c.dtype) * (A.abs().mT @ c.abs()[..., None]).sum((-1, -2)))
+            whole = (joint_norm(eps, eps * gram_norm(gram), self.box_norms()[1], self.cross_norms()[1],
+                                c.norm(dim=-1), gc, ac)
                      + self.grouped(gram_norm(Q.mT @ Q)) + self.ball())
             out = torch.minimum(out, whole)
         return out
@@ -330,15 +343,28 @@ def cross_norms(G: Tensor, A: Tensor) -> tuple[Tensor, Tensor]:
     return tok, whole
 
 
-def joint_norm(eps: float, first: Tensor, symbols: Tensor, cross: Tensor) -> Tensor:
-    """An upper bound of ‖Gδ + Aζ‖ over ‖δ‖₂ ≤ ε and ζ ∈ [−1, 1]^m (docs/bounds.md §5.1, "The symbols'
-    share of a radius") from ``first`` ≥ ε‖G‖₂, ``symbols`` ≥ max ‖Aζ‖ and ``cross`` ≥ max ‖GᵀAζ‖:
-    ‖Gδ + Aζ‖² = ‖Gδ‖² + 2⟨δ, GᵀAζ⟩ + ‖Aζ‖² ≤ first² + 2ε·cross + symbols². With the cross term at
-    most ‖G‖·max ‖Aζ‖ it is never above first + symbols, which it takes where it is smaller, so the
-    square root's rounding cannot lift it above the triangle's sum."""
-    cross = torch.minimum(cross, first / eps * symbols) if eps > 0 else cross
-    joint = (first**2 + 2 * eps * cross + symbols**2).sqrt() * (1 + 4 * torch.finfo(first.dtype).eps)
-    return torch.minimum(joint, first + symbols)
+def joint_norm(eps: float, first: Tensor, symbols: Tensor, cross: Tensor, shift: Tensor | None = None,
+               shift_first: Tensor | None = None, shift_symbols: Tensor | None = None) -> Tensor:
+    """An upper bound of ‖Gδ + Aζ + c‖ over ‖δ‖₂ ≤ ε and ζ ∈ [−1, 1]^m (docs/bounds.md §5.1, "The
+    symbols' share of a radius") from ``first`` ≥ ε‖G‖₂, ``symbols`` ≥ max ‖Aζ‖, ``cross`` ≥
+    max ‖GᵀAζ‖ and, where a shift c is given, ``shift`` = ‖c‖, ``shift_first`` ≥ ‖Gᵀc‖ and
+    ``shift_symbols`` ≥ ‖Aᵀc‖₁: the square expands into its three squares and three cross terms,
+
+        ‖Gδ + Aζ + c‖² ≤ first² + symbols² + ‖c‖² + 2ε·cross + 2ε‖Gᵀc‖ + 2‖Aᵀc‖₁,
+
+    as ⟨δ, GᵀAζ⟩ ≤ ε‖GᵀAζ‖, ⟨δ, Gᵀc⟩ ≤ ε‖Gᵀc‖ and ⟨Aζ, c⟩ = Σ_j ζ_j (Aᵀc)_j ≤ ‖Aᵀc‖₁. With each cross
+    term taken at most the product of its two norms it is never above first + symbols + ‖c‖, which it
+    takes where it is smaller, so the square root's rounding cannot lift it above the triangle's sum."""
+    if shift is None:
+        shift = shift_first = shift_symbols = torch.zeros_like(first)
+    if eps > 0:
+        cross = torch.minimum(cross, first / eps * symbols)
+        shift_first = torch.minimum(shift_first, first / eps * shift)
+    shift_symbols = torch.minimum(shift_symbols, symbols * shift)
+    square = (first**2 + symbols**2 + shift**2 + 2 * eps * cross + 2 * eps * shift_first
+              + 2 * shift_symbols)
+    joint = square.sqrt() * (1 + 8 * torch.finfo(first.dtype).eps)
+    return torch.minimum(joint, first + symbols + shift)
 
 
 def along_u(u: Tensor, M: Tensor) -> Tensor:
