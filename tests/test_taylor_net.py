@@ -420,6 +420,16 @@ def test_the_joint_norm_holds_every_vertex_and_beats_the_triangle(case):
         assert torch.allclose(bound, (first**2 + symbols**2).sqrt(), rtol=1e-12)
 
 
+def test_the_backward_pass_refuses_a_stage_it_does_not_know():
+    """A stage record of an unknown kind stops the backward pass with its name (#56): it was crossed
+    as LayerProject by a final ``else``, a bound of some other map."""
+    from bounds.network.taylor_net import backward
+
+    Lam = torch.zeros(1, 2, 3, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="unknown stage record 'layernorm'"):
+        backward([{"kind": "layernorm"}], Lam, torch.zeros(3, 4, 5, dtype=torch.float64), 0.1)
+
+
 def pgd(net: ViT, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 200, restarts: int = 10,
         seed: int = 0) -> torch.Tensor:
     """The smallest margin over ‖δ‖₂ ≤ eps an own projected gradient descent finds per image: its own

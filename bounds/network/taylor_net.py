@@ -629,7 +629,7 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float,
                 Lam = transpose_apply(rec["layer"], rec["X"], rec["J"], Lam, rec["parts"])
             else:
                 Lam = delta1_transpose(rec["layer"], rec["parts"], Lam)
-        else:
+        elif rec["kind"] == "project":
             u = rec["u"][:, None]  # [B, 1, n, d]
             gam = -(Lam * u).sum(-1)  # the coefficient of q − q₀ (q = w or v), [B, C, n]
             s, b = relu_bounds(gam, *(rec[f][:, None] for f in ("z0", "lo", "hi")))
@@ -650,6 +650,8 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float,
             # L_tᵀΛ_t = base_t·(Λ_t − [tangential]·u_t(u_tᵀΛ_t)), and u_tᵀΛ_t = −γ_t
             along = (rec["tangent"][:, None] * gam)[..., None] * u
             Lam = rec["base"][:, None, :, None] * (Lam + along) + radial
+        else:  # a stage this pass does not know has no backward step: crossing it as another would be unsound
+            raise ValueError(f"backward: unknown stage record {rec.get('kind')!r}")
     first = eps * torch.einsum("bcnd,ndp->bcp", Lam, embed).norm(dim=-1)
     if split is not None:
         split["first_order"] = first
