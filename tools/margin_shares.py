@@ -53,16 +53,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", help="certify --json outputs")
     ap.add_argument("--label", default="", help="a label for the rows (e.g. the commit)")
     args = ap.parse_args(argv)
-    print("| model | code | ε | first order | kinks | remainders per block | unstable per block | "
-          "straddling per block | certified |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for path in args.runs:
+    table = []
+    for path in args.runs:  # every file read and tabled before anything is printed: no half table
         try:
-            run = json.loads(Path(path).read_text())
+            table += rows(json.loads(Path(path).read_text()), args.label)
         except (OSError, json.JSONDecodeError) as e:
             print(f"error: {path}: {e}", file=sys.stderr)
             return 2
-        print("\n".join(rows(run, args.label)))
+        except (KeyError, TypeError, ZeroDivisionError) as e:
+            print(f"error: {path} is not a certify --json output with taylor_net's diagnostics ({e!r})",
+                  file=sys.stderr)
+            return 2
+    print("| model | code | ε | first order | kinks | remainders per block | unstable per block | "
+          "straddling per block | certified |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(table))
     return 0
 
 

@@ -488,8 +488,9 @@ class Mapped:
     added after it: the last FFN's, which only the margins read, as functionals pulled back through
     L (:meth:`TaylorNet._margins`), so that the set itself is never mapped (a quarter of a first
     pass's products on the 1-block digits model). ``S`` holds the set before the map with E's radii,
-    route and per-token bounds of after it; L_t = I + W₂ diag(λ_t) W₁ is never formed either
-    (:meth:`pull`); :meth:`formed` is the set after the map."""
+    route and per-token bounds of after it; L_t = I + W₂ diag(λ_t) W₁, formed for its norm (which E
+    crosses, :func:`ffn`), is applied to the functionals through its factors (:meth:`pull`) and to the
+    set only by :meth:`formed`, the set after the map."""
 
     S: DeviationSet
     W1: Tensor  # [w, d]
@@ -497,16 +498,14 @@ class Mapped:
     lam: Tensor  # [B, n, w]: the neurons' slopes
     shift: Tensor  # [B, n, d]
     new: Tensor  # [B, n, d, m']
+    L: Tensor  # [B, n, d, d]: I + W₂ diag(λ_t) W₁ per token
 
     def pull(self, c: Tensor) -> Tensor:
         """L_tᵀc at every token for functionals c [B, C, d]: c + W₁ᵀ diag(λ_t) W₂ᵀc, [B, C, n, d]."""
         return c[:, :, None, :] + ((c @ self.W2)[:, :, None, :] * self.lam[:, None]) @ self.W1
 
     def formed(self) -> DeviationSet:
-        d = self.W1.shape[-1]
-        L = torch.eye(d, dtype=self.lam.dtype, device=self.lam.device) + torch.einsum(
-            "dw,bnw,we->bnde", self.W2, self.lam, self.W1)
-        return self.S.per_token(L, self.shift).with_symbols(self.new)
+        return self.S.per_token(self.L, self.shift).with_symbols(self.new)
 
 
 def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
@@ -550,7 +549,7 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
     own = torch.minimum(gram_norm(L.mT @ L), torch.as_tensor(lipschitz, dtype=W1.dtype))  # [B, n]
     tok = None if S.tok is None else S.tok * own  # the FFN acts per token
     out = Mapped(replace(S, rho=S.rho * own.amax(-1)[:, None], route=S.route * lipschitz, tok=tok), W1, W2,
-                 lam, beta @ W2.T, columns(idx // w, coef[..., None] * W2.T[idx % w], n, d))
+                 lam, beta @ W2.T, columns(idx // w, coef[..., None] * W2.T[idx % w], n, d), L)
     return out.formed() if form else out, unstable.reshape(B, -1).sum(-1)
 
 

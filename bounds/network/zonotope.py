@@ -108,13 +108,8 @@ class DeviationSet:
         first = eps * gram_norm(self.token_grams())
         # ‖G_tδ + A_tζ + c_t‖ jointly (:func:`joint_norm`): the cross terms through each token's G_tᵀA_t,
         # G_tᵀc_t and A_tᵀc_t, each with its products' rounding
-        G, A, c = self.G, self.A, self.c
-        err = rounding(G.shape[2], c.dtype)
-        gc = (torch.einsum("bndp,bnd->bnp", G, c).norm(dim=-1)
-              + err * torch.einsum("bndp,bnd->bnp", G.abs(), c.abs()).norm(dim=-1))
-        ac = (torch.einsum("bndm,bnd->bnm", A, c).abs().sum(-1)
-              + err * torch.einsum("bndm,bnd->bnm", A.abs(), c.abs()).sum(-1))
-        return (joint_norm(eps, first, self.box_norms()[0], self.cross_norms()[0], c.norm(dim=-1), gc, ac)
+        return (joint_norm(eps, first, self.box_norms()[0], self.cross_norms()[0],
+                           *shift_terms(self.G, self.A, self.c))
                 + self.grouped(groups) + self.token_ball())
 
     def box_norms(self) -> tuple[Tensor, Tensor]:
@@ -145,14 +140,9 @@ class DeviationSet:
             k, g = self.Q.shape[-2:]
             Q = self.Q.permute(0, 3, 1, 2, 4).reshape(B, k, n * d, g)
             gram = G.mT @ G if P <= n * d else G @ G.mT
-            c = self.c.reshape(B, n * d)
-            A = self.A.reshape(B, n * d, -1)
-            gc = ((G.mT @ c[..., None])[..., 0].norm(dim=-1)
-                  + rounding(n * d, c.dtype) * (G.abs().mT @ c.abs()[..., None])[..., 0].norm(dim=-1))
-            ac = ((A.mT @ c[..., None]).abs().sum((-1, -2))
-                  + rounding(n * d, c.dtype) * (A.abs().mT @ c.abs()[..., None]).sum((-1, -2)))
+            shifts = shift_terms(G, self.A.reshape(B, n * d, -1), self.c.reshape(B, n * d))
             whole = (joint_norm(eps, eps * gram_norm(gram), self.box_norms()[1], self.cross_norms()[1],
-                                c.norm(dim=-1), gc, ac)
+                                *shifts)
                      + self.grouped(gram_norm(Q.mT @ Q)) + self.ball())
             out = torch.minimum(out, whole)
         return out
@@ -285,7 +275,6 @@ def box_norms(A: Tensor) -> tuple[Tensor, Tensor]:
     if m == 0:
         return tok_box, all_box
     u = torch.finfo(A.dtype).eps / 2
-    gamma = lambda k: k * u / (1 - k * u)
     per, total, width = A.new_zeros(B, n), A.new_zeros(B), [0] * B
     # image by image, on its own nonzero columns: a chunk pads every image's symbols to the largest
     # count in it, and the padding would change the sums' rounding (and cost m² for nothing)
@@ -304,9 +293,9 @@ def box_norms(A: Tensor) -> tuple[Tensor, Tensor]:
                 whole += M
             total[b] = whole.abs().sum()
     grow = 1 + 2 * (torch.tensor(width, dtype=A.dtype, device=A.device) ** 2 + 2) * u  # [B]
-    tok = ((per + gamma(d) * tok_box**2) * grow[:, None]).sqrt() * grow[:, None]
+    tok = ((per + rounding(d, A.dtype) * tok_box**2) * grow[:, None]).sqrt() * grow[:, None]
     # the whole sum adds n per-token Grams: each entry a sum of n·d products
-    every = ((total + gamma(n * d) * all_box**2) * grow).sqrt() * grow
+    every = ((total + rounding(n * d, A.dtype) * all_box**2) * grow).sqrt() * grow
     return torch.minimum(tok_box, tok), torch.minimum(all_box, every)
 
 
@@ -341,6 +330,17 @@ def cross_norms(G: Tensor, A: Tensor) -> tuple[Tensor, Tensor]:
         total = GA.sum(0)  # [P, m_b]: a sum of n·d products an entry
         whole[b] = box_norms(total[None, None])[1][0] + rounding(n * d, A.dtype) * mags.sum(0)[..., 0].norm()
     return tok, whole
+
+
+def shift_terms(G: Tensor, A: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`joint_norm`'s shift terms over the trailing coordinates N of G [..., N, P], symbol columns
+    A [..., N, m] and a shift c [..., N] (one token's, or every token's flattened): ‖c‖, ‖Gᵀc‖ and
+    ‖Aᵀc‖₁, each product with its rounding (γ_N times the products' magnitudes, :func:`rounding`)."""
+    err = rounding(c.shape[-1], c.dtype)
+    times = lambda M, v: (M.mT @ v[..., None])[..., 0]  # Mᵀv
+    first = times(G, c).norm(dim=-1) + err * times(G.abs(), c.abs()).norm(dim=-1)
+    symbols = times(A, c).abs().sum(-1) + err * times(A.abs(), c.abs()).sum(-1)
+    return c.norm(dim=-1), first, symbols
 
 
 def joint_norm(eps: float, first: Tensor, symbols: Tensor, cross: Tensor, shift: Tensor | None = None,
