@@ -155,9 +155,43 @@ class Net(nn.Module):
         return self.head(x.mean(1))
 
 
+class TorchMHA(nn.Module):
+    """torch's own nn.MultiheadAttention as self-attention on [B, n, d] tokens."""
+
+    def __init__(self, d: int, h: int):
+        super().__init__()
+        self.h = h
+        self.mha = nn.MultiheadAttention(d, h, batch_first=True)
+
+    def forward(self, x):
+        return self.mha(x, x, x, need_weights=False)[0]
+
+
+class ImageViT(nn.Module):
+    """A ViT on [B, 1, side, side] images as a timm-style file holds one: a conv patch embedding, a
+    class token expanded to the batch size read off the input (what makes an older exporter write
+    Shape, Gather and ConstantOfShape), positions, blocks, and the class token's head."""
+
+    def __init__(self, blocks: list[nn.Module], d: int, side: int = 8, patch: int = 4, classes: int = 10):
+        super().__init__()
+        n = (side // patch) ** 2 + 1
+        self.patch = nn.Conv2d(1, d, patch, patch)
+        self.cls = nn.Parameter(torch.randn(1, 1, d) * 0.1)
+        self.pos = nn.Parameter(torch.randn(1, n, d) * 0.1)
+        self.blocks = nn.ModuleList(blocks)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        z = self.patch(x).flatten(2).transpose(1, 2)
+        z = torch.cat([self.cls.expand(x.shape[0], -1, -1), z], 1) + self.pos
+        for b in self.blocks:
+            z = b(z)
+        return self.head(z[:, 0])
+
+
 def dense(attn: nn.Module, X: torch.Tensor, residual: bool) -> torch.Tensor:
-    """The attention sub-layer of ``attn`` (Fused or Separate) at X [n, d], in float64 from the
-    module's own weights: per head softmax(Q Kᵀ/√d_h) V, heads concatenated, then the projection."""
+    """The attention sub-layer of ``attn`` (Fused, Separate or TorchMHA) at X [n, d], in float64 from
+    the module's own weights: per head softmax(Q Kᵀ/√d_h) V, heads concatenated, then the projection."""
     X = X.double()
     d = X.shape[-1]
     h = attn.h
@@ -167,7 +201,10 @@ def dense(attn: nn.Module, X: torch.Tensor, residual: bool) -> torch.Tensor:
         W = m.weight.detach().double()
         return W, m.bias.detach().double() if m.bias is not None else torch.zeros(W.shape[0], dtype=W.dtype)
 
-    if isinstance(attn, Fused):
+    if isinstance(attn, TorchMHA):
+        W, b = attn.mha.in_proj_weight.detach().double(), attn.mha.in_proj_bias.detach().double()
+        (Wq, Wk, Wv), (bq, bk, bv) = W.split(d), b.split(d)
+    elif isinstance(attn, Fused):
         W, b = lin(attn.qkv)
         (Wq, Wk, Wv), (bq, bk, bv) = W.split(d), b.split(d)
     else:
@@ -177,7 +214,7 @@ def dense(attn: nn.Module, X: torch.Tensor, residual: bool) -> torch.Tensor:
         s = slice(head * e, (head + 1) * e)
         Q, K, V = X @ Wq[s].T + bq[s], X @ Wk[s].T + bk[s], X @ Wv[s].T + bv[s]
         ctx.append(torch.softmax(Q @ K.T / math.sqrt(e), -1) @ V)
-    Wo, bo = lin(attn.proj)
+    Wo, bo = lin(attn.mha.out_proj if isinstance(attn, TorchMHA) else attn.proj)
     out = torch.cat(ctx, -1) @ Wo.T + bo
     return out + X if residual else out
 

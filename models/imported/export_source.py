@@ -36,6 +36,7 @@ KINDS = {
     **dict.fromkeys(["sin", "cos", "neg"], "rotary"),
 }
 SHAPE_OPS = {"sym_size", "size"}
+KINDS.update(dict.fromkeys(SHAPE_OPS, "shape"))
 # A view traced at one batch holds for that batch's strides only: a program exported at a batch of 1
 # reshapes a transposed [n, 1, d] with aten.view, which fails at a batch of 2 (torch 2.11's export of
 # nn.MultiheadAttention). reshape returns that very view wherever the strides allow one, and copies

@@ -19,7 +19,7 @@ from torch import Tensor
 # add, sub, mul, div, where (a mask: Where, masked_fill), layout (reshape, transpose, slice, select,
 # squeeze, concat of one value's parts...), pass (identity, dropout, clone, a cast), norm (layer, RMS,
 # batch or L2 normalization, or its reductions), rotary (sin, cos, neg: the parts of a rotation),
-# other
+# shape (reads a value's shape only: Shape, sym_size), other
 AFFINE = frozenset({"matmul", "linear", "add", "sub", "mul", "div", "layout", "pass"})
 
 
@@ -72,6 +72,8 @@ class Graph:
             for v in op.outputs:
                 self.producer[v] = op
                 self.order[v] = i
+            if op.kind == "shape":  # reads no value: an older exporter's view of a product is no fork
+                continue
             for v in op.inputs:
                 if v is not None:
                     self.consumers.setdefault(v, []).append(op)

@@ -32,6 +32,7 @@ KINDS = {
                      "LpNormalization", "ReduceMean", "ReduceL2", "ReduceSumSquare", "Sqrt",
                      "Reciprocal"], "norm"),
     **dict.fromkeys(["Sin", "Cos", "Neg"], "rotary"),
+    **dict.fromkeys(["Shape", "Size"], "shape"),
 }
 SHAPE_OPS = {"Shape", "Size"}  # their value is the static shape: constant whatever the input
 FLOAT, DOUBLE = 1, 11  # onnx.TensorProto.FLOAT, DOUBLE
@@ -81,6 +82,29 @@ class OnnxRuntime:
         self.model = model
         self.sessions: dict = {}
         self.graph: Graph | None = None
+        # the values read off a tensor's shape (Shape and what is computed from it alone), from the
+        # model's own last run: an older exporter computes a reshape's target or a class token's expand
+        # from the batch size of the graph's input, which a probe from an inner value does not have
+        self.known: dict[str, Tensor] = {}
+
+    def outside(self, given: dict[str, Tensor], wanted: list[str]) -> dict[str, Tensor]:
+        """The known shape values the sub-model computing ``wanted`` from ``given`` is fed because
+        their own computation needs a value that is neither given nor stored (a graph input)."""
+        g = self.graph
+        avail = set(given) | set(g.weights) | {None}
+        ops = needed(g, wanted, given)
+        fed: dict[str, Tensor] = {}
+        for op in g.ops:
+            if op.name not in ops:
+                continue
+            if all(x in avail for x in op.inputs):
+                avail.update(op.outputs)
+                continue
+            for o in op.outputs:
+                if o in self.known:
+                    fed[o] = self.known[o]
+                    avail.add(o)
+        return fed
 
     def session(self, given: dict[str, Tensor], wanted: list[str], float64: bool):
         onnx, ort = require()
@@ -112,6 +136,7 @@ class OnnxRuntime:
         return sess
 
     def __call__(self, given: dict[str, Tensor], wanted: list[str], float64: bool) -> dict[str, Tensor]:
+        given = {**self.outside(given, wanted), **given}
         if float64:
             given = {k: v.double() if v.is_floating_point() else v for k, v in given.items()}
         try:
@@ -121,7 +146,11 @@ class OnnxRuntime:
             if float64:
                 raise Float64Unavailable(str(e)) from e
             raise
-        return {w: torch.from_numpy(np.asarray(o)) for w, o in zip(wanted, outs, strict=True)}
+        got = {w: torch.from_numpy(np.asarray(o)) for w, o in zip(wanted, outs, strict=True)}
+        if not float64 and set(self.graph.inputs) <= set(given):  # the model's own run: its shape values
+            self.known.update({w: v for w, v in got.items() if w in self.graph.constant
+                               and w not in self.graph.weights})
+        return got
 
 
 def _np(t: Tensor) -> np.ndarray:
