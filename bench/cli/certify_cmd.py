@@ -11,7 +11,7 @@ import torch
 
 import bounds
 from bounds.certificates import KINDS
-from bounds.network import check_certifiable, network_bound
+from bounds.network import check_network, network_bound
 from bounds.network.netcrown import METHODS
 from bounds.registry import CASCADE, CASCADE_FIRST, CASCADE_TN, TAYLOR_NET
 from models import InputError
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
                          f"and {args.pgd_restarts}")
     device = resolve_device(args.device)
     net, card = load_model(args.model)
-    check_certifiable(net)
+    check_network(net, names, cascade)
     images, labels, index = select_images(args.dataset, net, args.limit, offset=args.offset,
                                         sample=args.sample, seed=args.seed)
     res = run_certify(net, images, labels, eps, names, steps=args.pgd_steps, restarts=args.pgd_restarts,

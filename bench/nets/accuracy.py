@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from attacks.margin import attack_margin, margin
 from bounds.certificates import Certificate, exact_norm, reuse
-from bounds.network import Certifier, network_bound, network_bounds
+from bounds.network import Certifier, check_network, default_bounds, network_bound
 from bounds.network.netcrown import METHODS, RELAXATION, TracedViT, verify
 from bounds.network.taylor_net import Diagnostics, TaylorNet
 from bounds.registry import CASCADE, CASCADE_TN, CASCADES, TAYLOR_NET, TAYLOR_NETS
@@ -152,9 +152,10 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                 progress: bool = False, cascade: bool = False,
                 dtype: torch.dtype = torch.float64) -> CertifyRun:
     """Every bound (``names``, default those of :func:`bounds.network.network_bounds` that are not
-    opt-in) and PGD on the margin at every ε, in chunks of :func:`chunk_size` samples. ``memo`` (a
-    dict, filled by the first call) keeps each chunk's trace and certified norms for a later call on
-    the same network and images at other ε: the norms do not depend on ε. ``progress``: a bar over
+    opt-in and take the network: on a vanilla ViT, taylor_net's) and PGD on the margin at every ε,
+    in chunks of :func:`chunk_size` samples. ``memo`` (a dict, filled by the first call) keeps each
+    chunk's trace and certified norms for a later call on the same network and images at other ε:
+    the norms do not depend on ε. ``progress``: a bar over
     the images on stderr (450 images are minutes of work).
 
     ``crown`` and ``alpha_crown`` verify the margins of the whole network directly
@@ -165,8 +166,11 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
 
     The margin attack searches in ``dtype`` and judges an image broken by its float64 margin
     (attacks.margin.attack_margin); the certified side is float64 whatever ``dtype``."""
-    bounds_ = [network_bound(n) for n in names] if names else network_bounds()
+    check_network(net, names, cascade)
+    bounds_ = [network_bound(n) for n in names] if names else default_bounds(net)
     eps = [check_eps(e) for e in eps]
+    # the norm route's trace and norms, where a bound or the cascade takes them (never on a vanilla ViT)
+    routed = cascade or any(b.name not in METHODS and b.name not in TAYLOR_NETS for b in bounds_)
     net = net.to(device)
     images, labels = images.to(device=device, dtype=torch.float64), labels.to(device)
     direct = [b for b in bounds_ if b.name in METHODS]
@@ -190,12 +194,16 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
             x, y = images[i:i + chunk], labels[i:i + chunk]
             # without a memo each chunk's norms are dropped after it, not held to the end of the run
             held = memo.get(i) if memo is not None else None
-            if held is None:
-                held = (Certifier(net, x, y), {})
+            if held is None or (routed and held[0] is None):
+                held = (Certifier(net, x, y) if routed else None, {})
                 if memo is not None:
                     memo[i] = held
             cert, norms = held
-            clean.append(cert.logits)
+            if cert is not None:
+                clean.append(cert.logits)
+            else:
+                with torch.no_grad():
+                    clean.append(net(x))
             with reuse(norms):  # one chunk's norms, shared by every bound and ε (they do not depend on ε)
                 for e in eps:
                     for b in bounds_:

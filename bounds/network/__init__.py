@@ -9,11 +9,13 @@ from .propagated import (
     Certifier,
     NetworkCertificate,
     check_certifiable,
+    check_network,
+    default_bounds,
     network_bound,
     network_bounds,
     pairwise,
     prop1,
 )
 
-__all__ = ["PROCEDURES", "ROUNDING", "Certifier", "NetworkCertificate", "check_certifiable", "network_bound",
-           "network_bounds", "pairwise", "prop1"]
+__all__ = ["PROCEDURES", "ROUNDING", "Certifier", "NetworkCertificate", "check_certifiable", "check_network",
+           "default_bounds", "network_bound", "network_bounds", "pairwise", "prop1"]

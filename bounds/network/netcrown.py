@@ -21,7 +21,7 @@ from tqdm import tqdm
 from models.vit import ViT
 
 from ..crown import RELAXATION, float64_lirpa, intersect, lirpa_module, nan_as
-from .propagated import ROUNDING, check_certifiable
+from .propagated import ROUNDING, check_stages
 
 METHODS = {"crown": "CROWN", "alpha_crown": "alpha-CROWN"}
 # Images bounded at once. auto_LiRPA's tensors grow with the batch: CROWN was fastest at 1–2 images
@@ -46,9 +46,14 @@ class TracedViT(nn.Module):
 
     def __init__(self, net: ViT):
         super().__init__()
-        check_certifiable(net)
+        check_stages(net)
         cfg = net.cfg
         self.n, self.d, self.R = cfg.n_tokens, cfg.d, float(cfg.R)
+        # LayerNorm where the vanilla variant has it: (x − μ)/(σ² + e)^½·γ + β from a mean, products,
+        # a sum, sqrt and a division (auto_LiRPA relaxes each; its sqrt needs σ² + e ≥ 0 over the box)
+        self.norms = [None if b.norm is None else (float(b.norm.eps), b.norm.weight.detach().double().clone(),
+                                                   b.norm.bias.detach().double().clone())
+                      for b in net.blocks]
         pixels = cfg.image * cfg.image
         self.register_buffer("M", net.pixel_map().reshape(pixels, self.n * self.d))
         self.register_buffer("pos", net.pos.detach().double().clone())
@@ -87,8 +92,13 @@ class TracedViT(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         X = x.matmul(self.M).reshape(-1, self.n, self.d) + self.pos
         for k in self.blocks:
-            norms = torch.sqrt((X * X).sum(-1, keepdim=True))
-            X = X * (self.R / (self.R + torch.relu(norms - self.R)))
+            if self.norms[k] is not None:
+                e, gamma, beta = self.norms[k]
+                Z = X - X.mean(-1, keepdim=True)
+                X = Z / torch.sqrt((Z * Z).mean(-1, keepdim=True) + e) * gamma.to(X) + beta.to(X)
+            else:
+                norms = torch.sqrt((X * X).sum(-1, keepdim=True))
+                X = X * (self.R / (self.R + torch.relu(norms - self.R)))
             out = X
             for head in range(self.heads):
                 Q, K = X.matmul(self._w("W_q", k)[head]), X.matmul(self._w("W_k", k)[head])

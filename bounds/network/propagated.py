@@ -81,6 +81,42 @@ def check_certifiable(net: ViT) -> None:
                          f"(docs/bounds.md §1.4, §5)")
 
 
+# the network bounds that take a LayerNorm (vanilla) ViT: taylor_net's, with LayerNorm as a stage of
+# its own (docs/bounds.md §5.1), and CROWN's through auto_LiRPA's relaxations of LayerNorm's ops
+LAYERNORM_BOUNDS = (*PROCEDURES, "crown", "alpha_crown")
+
+
+def check_network(net: ViT, names: list[str] | None, cascade: bool = False) -> None:
+    """Refuses, before any work, the bounds (``names``; None: the default list) and the cascade that
+    cannot certify ``net``: a vanilla ViT is certified by :data:`LAYERNORM_BOUNDS` alone."""
+    check_stages(net)
+    if net.cfg.variant == "lofast":
+        return
+    wrong = [n for n in names or [] if n not in LAYERNORM_BOUNDS]
+    if wrong:
+        raise InputError(f"{', '.join(wrong)} cannot certify a {net.cfg.variant!r} ViT: a norm route "
+                         f"through each block needs LayerProject, and LayerNorm is not Lipschitz as a "
+                         f"token's variance goes to 0 (docs/bounds.md §5); these can: "
+                         f"{', '.join(LAYERNORM_BOUNDS)}")
+    if cascade:
+        raise InputError(f"--cascade starts from the norm route, which cannot certify a "
+                         f"{net.cfg.variant!r} ViT; name the bounds instead ({', '.join(LAYERNORM_BOUNDS)})")
+
+
+def default_bounds(net: ViT) -> list[Bound]:
+    """The bounds a certify run takes when none are named: :func:`network_bounds`, those that take
+    ``net``."""
+    every = network_bounds()
+    return every if net.cfg.variant == "lofast" else [b for b in every if b.name in LAYERNORM_BOUNDS]
+
+
+def check_stages(net: ViT) -> None:
+    """Refuses a network with a block ``taylor_net`` has no stage for: it takes LayerProject
+    (``lofast``) and LayerNorm (``vanilla``) blocks alike (docs/bounds.md §5.1)."""
+    if net.cfg.variant not in ("lofast", "vanilla"):
+        raise InputError(f"a {net.cfg.variant!r} ViT has no stages taylor_net knows")
+
+
 @dataclass(frozen=True)
 class NetworkCertificate:
     """One bound at one ε over a batch of samples."""

@@ -50,7 +50,8 @@ from ..certificates import gram_norm
 from ..lofast import delta2_xi, xi
 from ..remainder import remainder
 from .constants import net_constants
-from .propagated import check_certifiable
+from .layernorm import NormRecord, layer_norm
+from .propagated import check_stages
 from .zonotope import DeviationSet, along_u, columns, relu_relaxation, symbols
 
 # Room for float64 rounding, relative to the magnitudes of the margin and of every term of its loss:
@@ -611,7 +612,12 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float,
     if split is not None:
         split["kinks"] = Lam.new_zeros(B, C)
     for rec in reversed(log):
-        if rec["kind"] == "ffn":
+        if isinstance(rec, NormRecord):
+            Lam, charge = rec.step(Lam)
+            const, mag = const - charge, mag + charge
+            if split is not None:
+                split[rec.name] = charge
+        elif rec["kind"] == "ffn":
             g = Lam @ rec["W2"]  # [B, C, n, w]
             s, b = relu_bounds(g, *(rec[f][:, None] for f in ("z0", "lo", "hi")))
             const = const + (g * b).sum((-1, -2))
@@ -650,7 +656,8 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float,
             along = (rec["tangent"][:, None] * gam)[..., None] * u
             Lam = rec["base"][:, None, :, None] * (Lam + along) + radial
         else:  # a stage this pass does not know has no backward step: crossing it as another would be unsound
-            raise ValueError(f"backward: unknown stage record {rec.get('kind')!r}")
+            kind = rec.get("kind") if isinstance(rec, dict) else type(rec).__name__
+            raise ValueError(f"backward: unknown stage record {kind!r}")
     first = eps * torch.einsum("bcnd,ndp->bcp", Lam, embed).norm(dim=-1)
     if split is not None:
         split["first_order"] = first
@@ -730,7 +737,7 @@ class TaylorNet:
     """The network's clean trace at a batch of images, and its certificate at any ε."""
 
     def __init__(self, net: ViT, images: Tensor, labels: Tensor):
-        check_certifiable(net)
+        check_stages(net)
         if net.head.weight.dtype != torch.float64:
             raise InputError("certify a float64 network (models.load_vit loads one)")
         if net.head.weight.shape[0] < 2:
@@ -870,7 +877,7 @@ class TaylorNet:
         log: list = []
         stages = self.stages(eps, images, log, refine, split, form=False)
         unstable = [count for name, _, count in stages if name.startswith("ffn")]
-        straddling = [count for name, _, count in stages if name.startswith("project")]
+        straddling = [count for name, _, count in stages if name.startswith(("project", "norm"))]
         return self._margins(stages[-1][1], eps, unstable, straddling, images, log)
 
     def stages(self, eps: float, images: slice | Tensor = slice(None), log: list | None = None,
@@ -891,9 +898,13 @@ class TaylorNet:
         refine = self._refiner(log, eps) if log is not None and refine else None
         for k, block in enumerate(self.net.blocks):
             entry = tuple(t.expand(B, *t.shape[1:]) for t in self._entry_radii(eps)) if k == 0 else None
-            S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log, refine if k else None,
-                           every=refine is not None, radii=entry, span=self.span if k == 0 else None)
-            out.append((f"project{k}", S, s))
+            if block.norm is not None:  # the vanilla variant: LayerNorm where LayerProject is
+                S, s = layer_norm(S, self.raw[k][images], block.norm, eps, k, log, radii=entry)
+                out.append((f"norm{k}", S, s))
+            else:
+                S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log, refine if k else None,
+                               every=refine is not None, radii=entry, span=self.span if k == 0 else None)
+                out.append((f"project{k}", S, s))
             # the quadratic form of the remainder costs h·n²-wide eigenproblems: the second pass only
             S = attention(S, self.layers[k], self.inputs[k][images], k, log, split,
                           quadratic=refine is not None,
@@ -977,6 +988,8 @@ class TaylorNet:
         back_slack = ROUND * (own.abs() + logits_j.abs() + mag)
         better = back - back_slack > lower - slack
         lower, slack = torch.where(better, back, lower), torch.where(better, back_slack, slack)
+        if S.void is not None:  # a stage undefined in the image's ball: nothing is certified there
+            lower = lower.masked_fill(S.void[:, None], -math.inf)
         total = margins + lower
         verified = total > slack
         ok = torch.ones_like(logits, dtype=torch.bool).scatter(-1, others, verified)  # True at j = y

@@ -48,6 +48,10 @@ class DeviationSet:
     budgets: dict[str, Tensor] = field(default_factory=dict)
     gram: Tensor | None = None
     tok: Tensor | None = None
+    # [B] bool where a stage is undefined somewhere in the image's ball (LayerNorm without eps whose
+    # ball reaches σ = 0): that image's set is emptied so that later stages stay finite, and its
+    # margins are bounded by −∞ (None: every image defined)
+    void: Tensor | None = None
     # box_norms' value, formed at first use (``replace`` resets it: every map makes a new set)
     _box: tuple[Tensor, Tensor] | None = field(default=None, init=False, repr=False, compare=False)
     _cross: tuple[Tensor, Tensor] | None = field(default=None, init=False, repr=False, compare=False)
@@ -80,6 +84,8 @@ class DeviationSet:
     def only(self, name: str) -> DeviationSet:
         """The set's bookkeeping of the groups of source ``name`` alone (for :meth:`grouped`)."""
         keep = [j for j, g in enumerate(self.groups) if g == name]
+        if self.caps is None:  # no groups at all (a network without LayerProject)
+            return replace(self, groups=[])
         return replace(self, groups=[name] * len(keep), caps=self.caps[:, keep])
 
     def ball(self) -> Tensor:

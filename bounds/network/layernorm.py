@@ -1,0 +1,136 @@
+"""LayerNorm as a stage of ``taylor_net`` (docs/bounds.md §5.1, "LayerNorm"): its exact Jacobian at
+the clean token and a second-order remainder on the token's ball.
+
+LayerNorm(x) = γ ⊙ √d·h(Cx) + β with C = I − 11ᵀ/d (centring, a projection) and
+h(z) = z/ρ(z), ρ(z) = (‖z‖² + d·e)^½ (e: the module's eps). At the clean token x₀ (z₀ = Cx₀,
+ρ₀ = ρ(z₀)) the Jacobian is
+
+    L = diag(γ)·(√d/ρ₀)·(I − z₀z₀ᵀ/ρ₀²)·C,
+
+and for a deviation Δ with ‖Δ‖ ≤ r (so ‖CΔ‖ ≤ r) the error e = LN(x₀ + Δ) − LN(x₀) − LΔ obeys
+
+    ‖e‖ ≤ max|γ|·√d·min( r²/(√3·ρ_min²),  min(2, r/ρ_min) + r/ρ₀ ),   ρ_min² = (‖z₀‖ − r)₊² + d·e,
+
+the first from ‖D²h(z)[v, v]‖ ≤ (2/√3)‖v‖²/ρ(z)² (docs/bounds.md §5.1), the second from
+‖Dh(z)‖ ≤ 1/ρ(z) and ‖h‖ < 1. Where e = 0 and the ball reaches z = 0 (σ = 0) LayerNorm is undefined
+at a point of the ball: the bound is +inf there, and the image is not certified.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor, nn
+
+from ..certificates import gram_norm
+from .zonotope import DeviationSet
+
+__all__ = ["NormRecord", "layer_norm", "norm_jacobian", "norm_remainder"]
+
+
+def _gamma(norm: nn.LayerNorm, like: Tensor) -> Tensor:
+    d = like.shape[-1]
+    if norm.weight is None:
+        return like.new_ones(d)
+    return norm.weight.detach().to(like)
+
+
+def norm_jacobian(norm: nn.LayerNorm, X: Tensor) -> Tensor:
+    """LayerNorm's Jacobian at every clean token of X [..., n, d], [..., n, d, d] (float64 as X)."""
+    d = X.shape[-1]
+    z = X - X.mean(-1, keepdim=True)
+    rho0 = ((z * z).sum(-1) + d * norm.eps).sqrt()  # [..., n]
+    eye = torch.eye(d, dtype=X.dtype, device=X.device)
+    M = eye - z[..., :, None] * z[..., None, :] / rho0[..., None, None] ** 2
+    C = eye - 1.0 / d
+    return _gamma(norm, X)[:, None] * (math.sqrt(d) / rho0)[..., None, None] * (M @ C)
+
+
+def norm_remainder(norm: nn.LayerNorm, X: Tensor, r: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per token of X [B, n, d] with deviation radius r [B, n]: (the error bound of the module
+    docstring [B, n], whether it is the second-order form [B, n] bool, and the Lipschitz constant
+    max|γ|·√d/ρ_min of LayerNorm on the token's ball [B, n])."""
+    d = X.shape[-1]
+    z = X - X.mean(-1, keepdim=True)
+    nu = z.norm(dim=-1)
+    c = d * norm.eps
+    rho0 = (nu**2 + c).sqrt()
+    rho_min2 = (nu - r).clamp_min(0) ** 2 + c
+    g = float(_gamma(norm, X).abs().max()) * math.sqrt(d)
+    # where e = 0 and the ball reaches the origin ρ_min = 0: both forms are +inf (0 at r = 0)
+    second = g * r**2 / (math.sqrt(3) * rho_min2)
+    lip = g * (torch.clamp(r / rho_min2.sqrt(), max=2.0) + r / rho0)  # h maps into the unit ball
+    lip = torch.where(rho_min2 > 0, lip, math.inf)
+    second = torch.where(r > 0, second, 0.0)
+    lip = torch.where(r > 0, lip, 0.0)
+    use2 = second <= lip
+    return torch.where(use2, second, lip), use2, g / rho_min2.sqrt()
+
+
+@dataclass(frozen=True)
+class NormRecord:
+    """What the backward pass needs of one LayerNorm stage: the per-token Jacobian L [B, n, d, d], each
+    token's error bound err [B, n] (second-order tokens' ones share the ball's budget: err_t ≤
+    K_t‖Δ_t‖² with K_t = err_t/caps_t and Σ_t ‖Δ_t‖² ≤ budget), which tokens took the second-order
+    form [B, n], caps = r² [B, n], budget [B]."""
+
+    name: str
+    L: Tensor
+    err: Tensor
+    second: Tensor
+    caps: Tensor
+    budget: Tensor
+
+    def charge(self, norms: Tensor) -> Tensor:
+        """An upper bound of Σ_t ⟨Λ_t, e_t⟩ for functionals of token norms ``norms`` [B, C, n], [B, C]."""
+        two = norms * torch.where(self.second, self.err, 0.0)[:, None]
+        one = norms * torch.where(self.second, 0.0, self.err)[:, None]
+        shared = torch.minimum(two.sum(-1), self.budget[:, None] * (two / self.caps[:, None]).amax(-1))
+        return shared + one.sum(-1)
+
+    def step(self, Lam: Tensor) -> tuple[Tensor, Tensor]:
+        """(L_tᵀΛ_t per token, the remainder's charge) for functionals Λ [B, C, n, d]."""
+        return torch.einsum("bcnd,bnde->bcne", Lam, self.L), self.charge(Lam.norm(dim=-1))
+
+
+def layer_norm(S: DeviationSet, raw: Tensor, norm: nn.LayerNorm, eps: float, k: int,
+               log: list | None = None,
+               radii: tuple[Tensor, Tensor] | None = None) -> tuple[DeviationSet, Tensor]:
+    """The set after LayerNorm at the clean tokens ``raw`` [B, n, d]: its per-token Jacobian applied
+    (exactly, to every part of the set), E crossing it at ‖L_t‖₂, and the tokens' errors as a
+    Frobenius ball of source ``norm<k>`` (second-order ones sharing the input ball's budget, as
+    LayerProject's do). ``radii``: the set's token radii [B, n] and radius [B] where the caller has
+    them. Returns the set and the count 0 per image (LayerNorm has no kink)."""
+    r, whole = radii if radii is not None else (S.token_radii(eps), None)
+    whole = S.radius(eps, r) if whole is None else whole
+    L = norm_jacobian(norm, raw)
+    err, use2, lip = norm_remainder(norm, raw, r)
+    g = float(_gamma(norm, raw).abs().max()) * math.sqrt(raw.shape[-1])
+    d = raw.shape[-1]
+    rho0 = ((raw - raw.mean(-1, keepdim=True)).norm(dim=-1) ** 2 + d * norm.eps).sqrt()
+    own = torch.minimum(gram_norm(L @ L.mT), g / rho0)  # ‖L_t‖₂ per token, [B, n]
+    tok = None if S.tok is None else S.tok * own
+    # the route: ‖LN(x + Δ) − LN(x)‖_F ≤ max_t Lip_t·‖Δ‖_F, LayerNorm's constant on each token's ball
+    route = torch.minimum(S.route, whole) * lip.amax(-1)
+    out = replace(S.per_token(L), rho=S.rho * own.amax(-1)[:, None], tok=tok, route=route)
+    caps = torch.where(r > 0, r**2, 1.0)
+    two = torch.where(use2, err, 0.0)
+    one = torch.where(use2, 0.0, err)
+    smooth = torch.minimum(two.norm(dim=-1), (two / caps).amax(-1) * whole**2) + one.norm(dim=-1)
+    out = out.add_ball(f"norm{k}", smooth, err)
+    void = ~torch.isfinite(err).all(-1)  # [B]: LayerNorm is undefined at a point of the ball
+    if void.any():  # emptied (later stages stay finite), and bounded by −∞ at the margins
+        keep = lambda t: None if t is None else torch.where(void.reshape(-1, *[1] * (t.dim() - 1)), 0.0, t)
+        out = replace(out, G=keep(out.G), A=keep(out.A), Q=keep(out.Q), c=keep(out.c), rho=keep(out.rho),
+                      route=keep(out.route), gram=keep(out.gram), tok=keep(out.tok),
+                      void=void if S.void is None else S.void | void)
+        err, smooth = keep(err), keep(smooth)
+    # attention reads its input's radius off the route: the set's own radius where it is smaller (its
+    # first order through the exact Jacobians, where the route charges every token LayerNorm's worst
+    # constant)
+    out = replace(out, route=out.radius(eps))
+    if log is not None:
+        log.append(NormRecord(f"norm{k}", L, err, use2, caps, whole**2))
+    return out, torch.zeros(len(raw), dtype=torch.long, device=raw.device)

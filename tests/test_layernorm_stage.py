@@ -1,0 +1,188 @@
+"""LayerNorm as a stage of taylor_net (#56, docs/bounds.md §5.1 "LayerNorm"): its Jacobian equals
+torch.func's of nn.LayerNorm in float64, its remainder holds sampled and attacked deviations (tokens
+near σ = 0, a single token, d = 2, random γ), and on pre-LayerNorm ViTs (the vanilla variant) every
+stage holds the sampled deviations and no certified image is broken by an independent attack."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_taylor_net import ZOO, check_stages, pgd
+from torch import nn
+
+from bench.nets.accuracy import first_test_images
+from bounds.network.layernorm import norm_jacobian, norm_remainder
+from bounds.network.taylor_net import TaylorNet
+from models.vit import ViT, ViTConfig
+from models.vit_io import load_vit
+
+VANILLA = ZOO / "digits-d32-b2-h2-vanilla.safetensors"
+
+
+def layer_norm(d: int, eps: float, seed: int) -> nn.LayerNorm:
+    torch.manual_seed(seed)
+    norm = nn.LayerNorm(d, eps=eps).double()
+    with torch.no_grad():
+        norm.weight.uniform_(-2, 2)
+        norm.bias.uniform_(-1, 1)
+    return norm
+
+
+def tokens(d: int, n: int, seed: int) -> torch.Tensor:
+    """[1, n, d]: tokens of centred norms from 1e-4 (σ near 0) to 10, each around a random offset."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, n, d, generator=gen, dtype=torch.float64)
+    z = x - x.mean(-1, keepdim=True)
+    scale = torch.logspace(-4, 1, n, dtype=torch.float64)
+    return z / z.norm(dim=-1, keepdim=True) * scale[:, None] + torch.randn(1, n, 1, generator=gen,
+                                                                           dtype=torch.float64)
+
+
+@pytest.mark.parametrize("d,eps", [(2, 1e-5), (8, 1e-5), (16, 0.0), (32, 1e-3)])
+def test_the_jacobian_is_torch_funcs(d, eps):
+    norm = layer_norm(d, eps, 0)
+    X = tokens(d, 7, 1)[0]
+    X = X[X.sub(X.mean(-1, keepdim=True)).norm(dim=-1) > 1e-3]  # where eps = 0 the Jacobian needs σ > 0
+    want = torch.stack([torch.func.jacrev(norm)(x) for x in X])
+    got = norm_jacobian(norm, X[None])[0]
+    assert torch.allclose(got, want.detach(), rtol=1e-12, atol=1e-12 * float(want.detach().abs().max()))
+
+
+def errors(norm: nn.LayerNorm, X: torch.Tensor, dev: torch.Tensor) -> torch.Tensor:
+    """‖LN(x + Δ) − LN(x) − JΔ‖ per token, J by torch.func (independent of the stage's own)."""
+    J = torch.stack([torch.func.jacrev(norm)(x) for x in X[0]])[None]
+    return (norm(X + dev) - norm(X) - torch.einsum("bnde,bne->bnd", J, dev)).norm(dim=-1)
+
+
+@pytest.mark.parametrize("d,eps", [(2, 1e-5), (8, 1e-5), (16, 1e-5), (16, 0.0), (64, 1e-3)])
+@pytest.mark.parametrize("share", [0.05, 0.5, 0.99, 3.0])
+def test_the_remainder_holds_sampled_and_attacked_deviations(d, eps, share):
+    """r = share·‖z₀‖ per token: inside the centred sphere (≤ 0.99) and reaching past σ = 0 (3), where
+    with eps = 0 the bound is +inf. Deviations on the sphere of radius r, inside it, and the point an
+    ascent on ‖e‖ reaches."""
+    norm = layer_norm(d, eps, d)
+    X = tokens(d, 9, d + 1)
+    r = share * (X - X.mean(-1, keepdim=True)).norm(dim=-1)
+    bound, _, _ = norm_remainder(norm, X, r)
+    if eps == 0 and share >= 1:
+        assert torch.isinf(bound).all()
+        return
+    assert torch.isfinite(bound).all()
+    gen = torch.Generator().manual_seed(7)
+    worst = torch.zeros_like(bound)
+    for k in range(64):
+        v = torch.randn(X.shape, generator=gen, dtype=X.dtype)
+        v = v / v.norm(dim=-1, keepdim=True) * r[..., None] * (1.0 if k % 2 else torch.rand(1, generator=gen,
+                                                                                            dtype=X.dtype))
+        worst = torch.maximum(worst, errors(norm, X, v))
+    v = torch.randn(X.shape, generator=gen, dtype=X.dtype)
+    for _ in range(150):  # projected ascent on each token's error
+        v = v.detach().requires_grad_(True)
+        e = errors(norm, X, v)
+        (g,) = torch.autograd.grad(e.sum(), v)
+        with torch.no_grad():
+            v = v + 0.1 * r[..., None] * g / g.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+            v = v * (r / v.norm(dim=-1).clamp_min(1e-300)).clamp(max=1.0)[..., None]
+            worst = torch.maximum(worst, errors(norm, X, v))
+    assert (worst <= bound * (1 + 1e-9) + 1e-15).all(), float((worst / bound).max())
+    assert (worst > 0.2 * bound).any()  # the bound is not vacuous somewhere
+
+
+def vanilla_vit(seed: int, depth: int = 2, qk: float = 1.0) -> ViT:
+    """An untrained float64 pre-LayerNorm ViT on 8×8 images, LayerNorm's γ and β random, its query
+    and key weights scaled by ``qk``."""
+    torch.manual_seed(seed)
+    cfg = ViTConfig(image=8, classes=4, d=8, depth=depth, heads=2, patch=2, ffn=16, variant="vanilla",
+                    constraint=None, ffn_constraint=None)
+    net = ViT(cfg, constrained=False).double()
+    with torch.no_grad():
+        for block in net.blocks:
+            block.attn.W_q.mul_(qk)
+            block.attn.W_k.mul_(qk)
+            block.ffn.up.bias.uniform_(-0.5, 0.5)
+            block.norm.weight.uniform_(0.5, 1.5)
+            block.norm.bias.uniform_(-0.3, 0.3)
+    return net
+
+
+@pytest.mark.parametrize("refine", [False, True], ids=["first", "second"])
+@pytest.mark.parametrize("seed,qk,eps", [(0, 1.0, 0.01), (1, 4.0, 0.05), (2, 0.3, 0.3)])
+def test_every_stage_holds_the_sampled_deviations_on_pre_layernorm_vits(seed, qk, eps, refine):
+    net = vanilla_vit(seed, qk=qk)
+    x = torch.rand(5, 8, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    y = torch.arange(5) % 4
+    assert check_stages(net, x, y, eps, refine=refine) > 0
+
+
+@pytest.mark.parametrize("which,eps", [("random", 0.01), ("random", 0.05), ("zoo", 0.001)])
+def test_no_pre_layernorm_image_it_certifies_is_broken_by_an_independent_attack(which, eps):
+    if which == "zoo":
+        net, _ = load_vit(VANILLA)
+        x, y = first_test_images("digits", net, 20)
+        x = x.double()
+    else:
+        net = vanilla_vit(3, depth=2)
+        x = torch.rand(30, 8, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+        with torch.no_grad():
+            y = net(x).argmax(-1)
+    cert = TaylorNet(net, x, y).certify(eps)
+    worst = pgd(net, x, y, eps)
+    assert not (cert.certified & (worst <= 0)).any()
+    assert cert.certified.any()
+    assert {f"norm{k}" for k in range(net.cfg.depth)} <= set(cert.diagnostics.remainders)
+
+
+def test_a_ball_that_reaches_sigma_zero_certifies_nothing_and_raises_nothing():
+    """LayerNorm with eps = 0 is not Lipschitz at σ = 0: a token whose ball reaches it makes the bound
+    +inf, and the image is not certified (no NaN, no error)."""
+    net = vanilla_vit(5, depth=1)
+    with torch.no_grad():
+        net.blocks[0].norm.eps = 0.0
+    x = torch.rand(3, 8, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        y = net(x).argmax(-1)
+    cert = TaylorNet(net, x, y).certify(50.0)
+    assert not cert.certified.any()
+    assert not torch.isnan(cert.lower).any()
+    assert (cert.lower == -math.inf).any()  # the images whose ball reaches σ = 0
+
+
+def test_certify_takes_a_vanilla_vit_with_the_bounds_that_can_and_refuses_the_rest(capsys):
+    """``certify`` on a pre-LayerNorm zoo model: taylor_net's rows by default; a norm-route bound or
+    the cascade named is refused in one error line before any work."""
+    from helpers import main_inprocess
+
+    model = ZOO / "digits-d16-b2-h1-vanilla.safetensors"
+    code, out, err = main_inprocess(capsys, "certify", "--model", model, "--limit", 3, "--eps", "1e-3",
+                                    "--pgd-steps", 2, "--pgd-restarts", 1, "--json")
+    assert code == 0, err
+    import json
+
+    names = set(json.loads(out)["certified_accuracy"])
+    assert "taylor_net" in names and "naive" not in names
+    for args, words in ((("--bounds", "naive,taylor_net"), "naive cannot certify a 'vanilla' ViT"),
+                        (("--cascade",), "--cascade starts from the norm route")):
+        code, out, err = main_inprocess(capsys, "certify", "--model", model, "--limit", 3, "--eps", "1e-3",
+                                        *args)
+        assert code == 2 and err.startswith("error:") and words in err and err.count("\n") == 1
+
+
+def test_crown_takes_the_layernorm_of_a_vanilla_vit():
+    """The traced network auto_LiRPA bounds computes the vanilla ViT's own logits (LayerNorm written
+    from a mean, products, sqrt and a division), and no image CROWN certifies is broken."""
+    from bounds import crown
+    from bounds.network.netcrown import TracedViT, verify
+
+    if not crown.available():
+        pytest.skip("auto_LiRPA is not installed")
+    net = vanilla_vit(3, depth=1)
+    x = torch.rand(6, 8, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    with torch.no_grad():
+        y = net(x).argmax(-1)
+        traced = TracedViT(net)
+        assert torch.allclose(traced(x.reshape(6, -1)), net(x), rtol=1e-12, atol=1e-12)
+    v = verify(net, x, y, 0.01, "crown", traced)
+    assert v.certified.any()
+    assert not (v.certified & (pgd(net, x, y, 0.01) <= 0)).any()
