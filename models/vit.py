@@ -26,6 +26,12 @@ from .errors import InputError, check_heads
 from .layers import DotMHA, layer_project
 
 VARIANTS = ("lofast", "vanilla")
+# the FFN's activation: relu, or GELU exact (x·Φ(x)) or in its tanh approximation, as torch names them
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+# max |GELU'(x)| = GELU'(√2) = Φ(√2) + √2·φ(√2) = 1.128904..., rounded up (GELU'' = φ(x)(2 − x²) vanishes
+# at ±√2; GELU' > 0 is at its largest there, and its least, −0.1289 at −√2, is smaller in size); the tanh
+# approximation's is 1.128993... at x ≈ 1.42, also below
+GELU_LIPSCHITZ = 1.1300
 
 
 def _cap(value: float | None, name: str) -> float | None:
@@ -55,6 +61,7 @@ class ViTConfig:
     # training sharpen attention until ‖W^Q_l W^K_lᵀ‖ ~ 100 and no bound certifies anything at ε ≥ 1e-3.
     qk_constraint: float | None = None
     R: float = 1.0  # LayerProject radius (lofast variant only)
+    activation: str = "relu"  # the FFN's (ACTIVATIONS); a card without it is a relu model
 
     def __post_init__(self):
         for name in ("image", "classes", "d", "depth", "heads", "patch", "ffn"):
@@ -68,6 +75,9 @@ class ViTConfig:
             raise InputError(f"patch {self.patch} does not divide the image side {self.image}")
         if self.variant not in VARIANTS:
             raise InputError(f"unknown variant {self.variant!r}; expected one of {', '.join(VARIANTS)}")
+        if self.activation not in ACTIVATIONS:
+            raise InputError(f"unknown activation {self.activation!r}; expected one of "
+                             f"{', '.join(ACTIVATIONS)}")
         _cap(self.constraint, "constraint")
         _cap(self.ffn_constraint, "ffn_constraint")
         _cap(self.qk_constraint, "qk_constraint")
@@ -82,7 +92,10 @@ class ViTConfig:
         return (self.image // self.patch) ** 2
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if out["activation"] == "relu":  # the cards written before GELU, unchanged
+            del out["activation"]
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> ViTConfig:
@@ -134,21 +147,28 @@ class Attention(nn.Module):
 
 
 class FFN(nn.Module):
-    """Row-wise ``x + W₂ relu(W₁x + b₁) + b₂``: relu is 1-Lipschitz and the biases cancel in
-    differences, so Lip = 1 + ‖W₂‖₂‖W₁‖₂ per row, hence also from Frobenius to Frobenius."""
+    """Row-wise ``x + W₂ σ(W₁x + b₁) + b₂``, σ relu (1-Lipschitz) or GELU (:data:`GELU_LIPSCHITZ`); the
+    biases cancel in differences, so Lip = 1 + Lip(σ)‖W₂‖₂‖W₁‖₂ per row, hence also from Frobenius to
+    Frobenius."""
 
-    def __init__(self, d: int, width: int):
+    def __init__(self, d: int, width: int, activation: str = "relu"):
         super().__init__()
         self.up = nn.Linear(d, width)
         self.down = nn.Linear(width, d)
+        self.activation = activation
+
+    def act(self, Z: Tensor) -> Tensor:
+        if self.activation == "relu":
+            return torch.relu(Z)
+        return torch.nn.functional.gelu(Z, approximate="tanh" if self.activation == "gelu_tanh" else "none")
 
     def forward(self, X: Tensor) -> Tensor:
-        return X + self.down(torch.relu(self.up(X)))
+        return X + self.down(self.act(self.up(X)))
 
     def lipschitz(self) -> float:
-        """``1 + ‖W₂‖₂‖W₁‖₂`` from the exact singular values of the current weights, in float64."""
+        """``1 + Lip(σ)‖W₂‖₂‖W₁‖₂`` from the exact singular values of the current weights, in float64."""
         norms = [torch.linalg.matrix_norm(m.weight.detach().double(), ord=2) for m in (self.up, self.down)]
-        return float(1.0 + norms[0] * norms[1])
+        return float(1.0 + (1.0 if self.activation == "relu" else GELU_LIPSCHITZ) * norms[0] * norms[1])
 
 
 class Block(nn.Module):
@@ -159,7 +179,7 @@ class Block(nn.Module):
         self.R = cfg.R if cfg.variant == "lofast" else None
         self.norm = nn.LayerNorm(cfg.d) if cfg.variant == "vanilla" else None
         self.attn = Attention(cfg.d, cfg.heads)
-        self.ffn = FFN(cfg.d, cfg.ffn)
+        self.ffn = FFN(cfg.d, cfg.ffn, cfg.activation)
 
     def prepare(self, X: Tensor) -> Tensor:
         return layer_project(X, self.R) if self.norm is None else self.norm(X)

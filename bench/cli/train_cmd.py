@@ -13,7 +13,7 @@ from pathlib import Path
 
 from models import InputError
 from models.data import DATASETS, SHAPES
-from models.vit import ViTConfig
+from models.vit import ACTIVATIONS, ViTConfig
 from models.vit_io import card_path, save_vit
 
 from ..core.env import ROOT, set_threads
@@ -48,7 +48,8 @@ def config_from_args(args: argparse.Namespace) -> ViTConfig:
                      variant=args.variant,
                      constraint=parse_cap(args.constraint, args.variant, 0.5),
                      ffn_constraint=parse_cap(args.ffn_constraint, args.variant, 1.0),
-                     qk_constraint=parse_cap(args.qk_constraint, args.variant, None))
+                     qk_constraint=parse_cap(args.qk_constraint, args.variant, None),
+                     activation=args.activation)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -66,6 +67,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help="cap on the FFN's ‖W₁‖₂, ‖W₂‖₂ (default 1; none for vanilla)")
     tr.add_argument("--qk-constraint", default=None, metavar="C|none",
                     help="cap on every per-head ‖W^Q_l‖₂, ‖W^K_l‖₂ (default none, as LoFAST)")
+    tr.add_argument("--activation", default="relu", choices=ACTIVATIONS,
+                    help="the FFN's activation (default relu; gelu, or gelu_tanh: its tanh approximation)")
     tr.add_argument("--margin-eps", type=float, default=0.0, metavar="EPS",
                     help="Lipschitz-margin training at this image radius (default 0: plain cross-entropy)")
     tr.add_argument("--epochs", type=int, default=None, help="default: digits 60, fashion-mnist 10")
@@ -91,7 +94,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 # the options that describe one model: --zoo trains the zoo's own recipes and takes none of them
 SINGLE = ("dataset", "variant", "d", "depth", "heads", "patch", "ffn", "constraint", "ffn_constraint",
-          "qk_constraint", "margin_eps", "epochs", "batch_size", "lr", "head_lr_scale", "seed", "force")
+          "qk_constraint", "activation", "margin_eps", "epochs", "batch_size", "lr", "head_lr_scale", "seed",
+          "force")
 
 
 def check_zoo_options(args: argparse.Namespace) -> None:

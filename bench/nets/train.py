@@ -47,6 +47,8 @@ def model_name(dataset: str, cfg: ViTConfig, margin_eps: float = 0.0) -> str:
         tail += f"-q{cfg.qk_constraint:g}"
     if margin_eps:
         tail += f"-m{margin_eps:g}"
+    if cfg.activation != "relu":
+        tail += f"-{cfg.activation.replace('_', '-')}"
     return f"{dataset}-d{cfg.d}-b{cfg.depth}-h{cfg.heads}-{tail}"
 
 
@@ -243,6 +245,7 @@ def command(cfg: ViTConfig, card: dict, out: str | Path) -> str:
              "--constraint", cap(a["constraint"]), "--ffn-constraint", cap(a["ffn_constraint"]),
              *(["--qk-constraint", cap(a["qk_constraint"])] if a["qk_constraint"] is not None else []),
              *(["--margin-eps", repr(card["margin_eps"])] if card.get("margin_eps") else []),
+             *(["--activation", a["activation"]] if "activation" in a else []),
              "--epochs", card["epochs"], "--batch-size", card["batch_size"], "--lr", repr(card["lr"]),
              "--head-lr-scale", repr(card["head_lr_scale"]),
              "--seed", card["seed"], "--device", card.get("device", "cpu"), "--threads", card["threads"],

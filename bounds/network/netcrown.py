@@ -30,6 +30,19 @@ METHODS = {"crown": "CROWN", "alpha_crown": "alpha-CROWN"}
 BATCH = {"crown": 2, "alpha_crown": 1}
 
 
+class _Gelu(torch.autograd.Function):
+    """GELU as one node auto_LiRPA relaxes (``custom::Gelu``, its BoundGelu): traced as F.gelu it
+    becomes an Erf, which auto_LiRPA has no bound for."""
+
+    @staticmethod
+    def symbolic(g, x):
+        return g.op("custom::Gelu", x)
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.nn.functional.gelu(x)
+
+
 class TracedViT(nn.Module):
     """A lofast ViT as ops auto_LiRPA traces, on the flattened image [B, H·W] → logits [B, C].
 
@@ -67,6 +80,7 @@ class TracedViT(nn.Module):
                 self.register_buffer(f"{name}_{k}", value.detach().double().clone())
             self.blocks.append(k)
         self.heads = cfg.heads
+        self.act = cfg.activation
         self.register_buffer("W", net.head_matrix().clone())
         self.register_buffer("b", net.head_bias().clone())
 
@@ -106,7 +120,8 @@ class TracedViT(nn.Module):
                 E = torch.exp(Q.matmul(K.transpose(1, 2)) * self.scale)
                 P = E / E.sum(-1, keepdim=True)
                 out = out + P.matmul(V).matmul(self._w("W_o", k)[head])
-            hidden = torch.relu(out.matmul(self._w("W_1", k).T) + self._w("b_1", k))
+            pre = out.matmul(self._w("W_1", k).T) + self._w("b_1", k)
+            hidden = torch.relu(pre) if self.act == "relu" else _Gelu.apply(pre)
             X = out + hidden.matmul(self._w("W_2", k).T) + self._w("b_2", k)
         return X.mean(1).matmul(self.W.T) + self.b
 

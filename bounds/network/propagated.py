@@ -115,6 +115,8 @@ def check_stages(net: ViT) -> None:
     (``lofast``) and LayerNorm (``vanilla``) blocks alike (docs/bounds.md §5.1)."""
     if net.cfg.variant not in ("lofast", "vanilla"):
         raise InputError(f"a {net.cfg.variant!r} ViT has no stages taylor_net knows")
+    if net.cfg.activation not in ("relu", "gelu"):
+        raise InputError(f"an FFN with {net.cfg.activation} has no stage yet (relu and exact gelu do)")
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from models.vit import ViT
 from ..certificates import gram_norm
 from ..lofast import delta2_xi, xi
 from ..remainder import remainder
+from .activations import gelu_bounds, relaxation
 from .constants import net_constants
 from .layernorm import NormRecord, layer_norm
 from .propagated import check_stages
@@ -538,9 +539,10 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
     lo, hi = z0 + zc - half, z0 + zc + half
     if refine is not None:  # the neurons that can cross 0, again by the backward pass
         lo, hi = _refine_neurons(refine, W1, z0, lo, hi)
-    lam, beta, mu = relu_relaxation(z0, lo, hi)
+    act = block.ffn.activation
+    lam, beta, mu = relaxation(act, z0, lo, hi)
     if log is not None:
-        log.append({"kind": "ffn", "W1": W1, "W2": W2, "z0": z0, "lo": lo, "hi": hi})
+        log.append({"kind": "ffn", "act": act, "W1": W1, "W2": W2, "z0": z0, "lo": lo, "hi": hi})
     unstable = mu > 0
     idx, coef = symbols(unstable.reshape(B, -1), mu.reshape(B, -1))
     # E enters the relaxed neurons through z − z₀ = W₁Δ, so it leaves as L_tE_t, L_t = I + W₂ diag(λ_t) W₁:
@@ -619,7 +621,8 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float,
                 split[rec.name] = charge
         elif rec["kind"] == "ffn":
             g = Lam @ rec["W2"]  # [B, C, n, w]
-            s, b = relu_bounds(g, *(rec[f][:, None] for f in ("z0", "lo", "hi")))
+            bounds_of = relu_bounds if rec["act"] == "relu" else gelu_bounds
+            s, b = bounds_of(g, *(rec[f][:, None] for f in ("z0", "lo", "hi")))
             const = const + (g * b).sum((-1, -2))
             if split is not None:
                 split["kinks"] = split["kinks"] - (g * b).sum((-1, -2))
