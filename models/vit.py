@@ -25,7 +25,7 @@ from torch.nn.utils import parametrize
 from .errors import InputError, check_heads
 from .layers import DotMHA, layer_project
 
-VARIANTS = ("lofast", "vanilla")
+VARIANTS = ("lofast", "vanilla", "standard")
 # the FFN's activation: relu, or GELU exact (x·Φ(x)) or in its tanh approximation, as torch names them
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 # max |GELU'(x)| = GELU'(√2) = Φ(√2) + √2·φ(√2) = 1.128904..., rounded up (GELU'' = φ(x)(2 − x²) vanishes
@@ -89,7 +89,8 @@ class ViTConfig:
 
     @property
     def n_tokens(self) -> int:
-        return (self.image // self.patch) ** 2
+        """The sequence's length: the patches, and the class token of the standard variant."""
+        return (self.image // self.patch) ** 2 + (self.variant == "standard")
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -127,10 +128,12 @@ class SpectralCap(nn.Module):
 
 
 class Attention(nn.Module):
-    """The weights of one ``models.DotMHA`` (residual, no biases) as trainable parameters."""
+    """The weights of one ``models.DotMHA`` (no biases; residual unless the block adds its own) as
+    trainable parameters."""
 
-    def __init__(self, d: int, heads: int):
+    def __init__(self, d: int, heads: int, residual: bool = True):
         super().__init__()
+        self.residual = residual
         d_h = d // heads
         # 1/√d keeps the initial logits and values O(1) for tokens of norm ≤ R
         self.W_q = nn.Parameter(torch.randn(heads, d, d_h) / math.sqrt(d))
@@ -140,7 +143,7 @@ class Attention(nn.Module):
 
     def layer(self) -> DotMHA:
         """The suite's layer on the current (capped) weights; gradients flow through it."""
-        return DotMHA(self.W_q, self.W_k, self.W_v, self.W_o, residual=True)
+        return DotMHA(self.W_q, self.W_k, self.W_v, self.W_o, residual=self.residual)
 
     def forward(self, X: Tensor) -> Tensor:
         return self.layer()(X)
@@ -162,29 +165,42 @@ class FFN(nn.Module):
             return torch.relu(Z)
         return torch.nn.functional.gelu(Z, approximate="tanh" if self.activation == "gelu_tanh" else "none")
 
-    def forward(self, X: Tensor) -> Tensor:
-        return X + self.down(self.act(self.up(X)))
+    def branch(self, X: Tensor) -> Tensor:
+        """``W₂ σ(W₁x + b₁) + b₂``, the part a residual adds."""
+        return self.down(self.act(self.up(X)))
 
-    def lipschitz(self) -> float:
-        """``1 + Lip(σ)‖W₂‖₂‖W₁‖₂`` from the exact singular values of the current weights, in float64."""
+    def forward(self, X: Tensor) -> Tensor:
+        return X + self.branch(X)
+
+    def lipschitz(self, residual: bool = True) -> float:
+        """``1 + Lip(σ)‖W₂‖₂‖W₁‖₂`` (without ``residual``: the branch's, no 1 +) from the exact singular
+        values of the current weights, in float64."""
         norms = [torch.linalg.matrix_norm(m.weight.detach().double(), ord=2) for m in (self.up, self.down)]
-        return float(1.0 + (1.0 if self.activation == "relu" else GELU_LIPSCHITZ) * norms[0] * norms[1])
+        lip = (1.0 if self.activation == "relu" else GELU_LIPSCHITZ) * norms[0] * norms[1]
+        return float(residual + lip)
 
 
 class Block(nn.Module):
-    """``X ↦ FFN(F(prepare(X)))``, prepare = LayerProject_R (lofast) or LayerNorm (vanilla)."""
+    """``X ↦ FFN(F(prepare(X)))``, prepare = LayerProject_R (lofast) or LayerNorm (vanilla); the
+    standard variant's pre-LayerNorm block ``X ← X + A(LN₁(X)); X ← X + M(LN₂(X))`` with A the
+    attention without its residual and M the FFN's branch (the residuals around the norms)."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.R = cfg.R if cfg.variant == "lofast" else None
-        self.norm = nn.LayerNorm(cfg.d) if cfg.variant == "vanilla" else None
-        self.attn = Attention(cfg.d, cfg.heads)
+        self.norm = nn.LayerNorm(cfg.d) if cfg.variant != "lofast" else None
+        self.standard = cfg.variant == "standard"
+        self.norm2 = nn.LayerNorm(cfg.d) if self.standard else None
+        self.attn = Attention(cfg.d, cfg.heads, residual=not self.standard)
         self.ffn = FFN(cfg.d, cfg.ffn, cfg.activation)
 
     def prepare(self, X: Tensor) -> Tensor:
         return layer_project(X, self.R) if self.norm is None else self.norm(X)
 
     def forward(self, X: Tensor) -> Tensor:
+        if self.standard:
+            X = X + self.attn(self.norm(X))
+            return X + self.ffn.branch(self.norm2(X))
         return self.ffn(self.attn(self.prepare(X)))
 
 
@@ -209,6 +225,11 @@ class ViT(nn.Module):
         self.pos = nn.Parameter(torch.randn(cfg.n_tokens, cfg.d) / math.sqrt(cfg.d))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         self.head = nn.Linear(cfg.d, cfg.classes)
+        # the standard variant: a class token first in the sequence, a final LayerNorm, and the head
+        # on the class token (ViT's own pooling) where the others take the tokens' mean
+        self.standard = cfg.variant == "standard"
+        self.cls = nn.Parameter(torch.randn(1, cfg.d) * 0.02) if self.standard else None
+        self.norm = nn.LayerNorm(cfg.d) if self.standard else None
         if constrained:
             for block in self.blocks:
                 for name, c in (("W_v", cfg.constraint), ("W_o", cfg.constraint),
@@ -228,16 +249,24 @@ class ViT(nn.Module):
         return images.reshape(B, g, p, g, p).permute(0, 1, 3, 2, 4).reshape(B, g * g, p * p)
 
     def tokens(self, images: Tensor) -> Tensor:
-        """The first block's raw input ``patches·E + pos``, [B, n, d]."""
-        return self.embed(self.patches(images)) + self.pos
+        """The first block's raw input ``patches·E + pos`` (the class token first in the standard
+        variant), [B, n, d]."""
+        X = self.embed(self.patches(images))
+        if self.standard:
+            X = torch.cat([self.cls.expand(X.shape[0], 1, -1), X], -2)
+        return X + self.pos
+
+    def pool(self, X: Tensor) -> Tensor:
+        """The features of the last block's output: the mean token, or the standard variant's class
+        token after the final LayerNorm."""
+        return self.norm(X[..., 0, :]) if self.standard else X.mean(dim=-2)
 
     def trace(self, images: Tensor) -> Trace:
         X, inputs = self.tokens(images), []
         for block in self.blocks:
-            X = block.prepare(X)
-            inputs.append(X)
-            X = block.ffn(block.attn(X))
-        features = X.mean(dim=-2)
+            inputs.append(block.prepare(X))
+            X = block(X)
+        features = self.pool(X)
         return Trace(inputs, features, self.head(features))
 
     def forward(self, images: Tensor) -> Tensor:
@@ -267,7 +296,10 @@ class ViT(nn.Module):
         basis = torch.eye(pixels, dtype=torch.float64, device=self.embed.weight.device)
         basis = basis.reshape(pixels, self.cfg.image, self.cfg.image)
         with torch.no_grad():
-            return self.patches(basis) @ self.embedding_matrix()
+            out = self.patches(basis) @ self.embedding_matrix()
+        if self.standard:  # the class token moves with no pixel
+            out = torch.cat([out.new_zeros(pixels, 1, self.cfg.d), out], 1)
+        return out
 
     def embedding_norm(self) -> float:
         return float(torch.linalg.matrix_norm(self.embedding_matrix(), ord=2))
@@ -275,7 +307,7 @@ class ViT(nn.Module):
     def attention_layers(self) -> tuple[DotMHA, ...]:
         """Each block's attention as a float64 ``models.DotMHA`` (residual=True), weights detached."""
         return tuple(DotMHA(*(getattr(b.attn, n).detach().double() for n in ("W_q", "W_k", "W_v", "W_o")),
-                            residual=True) for b in self.blocks)
+                            residual=not b.standard) for b in self.blocks)
 
     def ffn_lipschitz(self) -> list[float]:
         """Lip(FFN_k) = 1 + ‖W₂‖₂‖W₁‖₂ from exact float64 singular values, one per block."""

@@ -26,9 +26,10 @@ OUT_DIR = ROOT / "results" / "latest" / "zoo"
 
 
 def parse_cap(s: str | None, variant: str, default: float | None) -> float | None:
-    """A cap from the command line: a number > 0, ``none``, or absent (``default``; none for vanilla)."""
+    """A cap from the command line: a number > 0, ``none``, or absent (``default``; none for vanilla
+    and standard, which are trained uncapped as their recipes are)."""
     if s is None:
-        return None if variant == "vanilla" else default
+        return None if variant in ("vanilla", "standard") else default
     if s.strip().lower() == "none":
         return None
     try:

@@ -43,6 +43,8 @@ def model_name(dataset: str, cfg: ViTConfig, margin_eps: float = 0.0) -> str:
     """``digits-d32-b2-h2-c0.5``, then ``-q1`` for a cap on the logit weights and ``-m0.003`` for
     Lipschitz-margin training; vanilla models end in ``-vanilla`` instead of the caps."""
     tail = "vanilla" if cfg.variant == "vanilla" else f"c{cfg.constraint if cfg.constraint else 'none'}"
+    if cfg.variant == "standard":  # caps optional: named after the variant, then any cap it has
+        tail = "standard" + (f"-c{cfg.constraint:g}" if cfg.constraint else "")
     if cfg.qk_constraint is not None:
         tail += f"-q{cfg.qk_constraint:g}"
     if margin_eps:

@@ -95,7 +95,7 @@ class NormRecord:
         return torch.einsum("bcnd,bnde->bcne", Lam, self.L), self.charge(Lam.norm(dim=-1))
 
 
-def layer_norm(S: DeviationSet, raw: Tensor, norm: nn.LayerNorm, eps: float, k: int,
+def layer_norm(S: DeviationSet, raw: Tensor, norm: nn.LayerNorm, eps: float, k: int | str,
                log: list | None = None,
                radii: tuple[Tensor, Tensor] | None = None) -> tuple[DeviationSet, Tensor]:
     """The set after LayerNorm at the clean tokens ``raw`` [B, n, d]: its per-token Jacobian applied

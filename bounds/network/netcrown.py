@@ -64,12 +64,20 @@ class TracedViT(nn.Module):
         self.n, self.d, self.R = cfg.n_tokens, cfg.d, float(cfg.R)
         # LayerNorm where the vanilla variant has it: (x − μ)/(σ² + e)^½·γ + β from a mean, products,
         # a sum, sqrt and a division (auto_LiRPA relaxes each; its sqrt needs σ² + e ≥ 0 over the box)
-        self.norms = [None if b.norm is None else (float(b.norm.eps), b.norm.weight.detach().double().clone(),
-                                                   b.norm.bias.detach().double().clone())
-                      for b in net.blocks]
+        kept = lambda m: None if m is None else (float(m.eps), m.weight.detach().double().clone(),
+                                                 m.bias.detach().double().clone())
+        self.norms = [kept(b.norm) for b in net.blocks]
+        # the standard variant's second norm per block, final norm and class token (in ``pos``: the
+        # tokens' constant part, as the pixel map gives the class token no pixel)
+        self.standard = net.standard
+        self.norms2 = [kept(b.norm2) for b in net.blocks]
+        self.final = kept(net.norm)
         pixels = cfg.image * cfg.image
         self.register_buffer("M", net.pixel_map().reshape(pixels, self.n * self.d))
-        self.register_buffer("pos", net.pos.detach().double().clone())
+        pos = net.pos.detach().double().clone()
+        if net.standard:
+            pos[0] += net.cls.detach().double()[0]
+        self.register_buffer("pos", pos)
         self.scale = 1 / math.sqrt(cfg.d // cfg.heads)
         self.blocks = []
         for k, block in enumerate(net.blocks):
@@ -103,27 +111,42 @@ class TracedViT(nn.Module):
     def _w(self, name: str, k: int) -> Tensor:
         return getattr(self, f"{name}_{k}")
 
+    def _norm(self, X: Tensor, params: tuple) -> Tensor:
+        e, gamma, beta = params
+        Z = X - X.mean(-1, keepdim=True)
+        return Z / torch.sqrt((Z * Z).mean(-1, keepdim=True) + e) * gamma.to(X) + beta.to(X)
+
+    def _attention(self, X: Tensor, k: int) -> Tensor:
+        out = 0
+        for head in range(self.heads):
+            Q, K = X.matmul(self._w("W_q", k)[head]), X.matmul(self._w("W_k", k)[head])
+            V = X.matmul(self._w("W_v", k)[head])
+            E = torch.exp(Q.matmul(K.transpose(1, 2)) * self.scale)
+            P = E / E.sum(-1, keepdim=True)
+            out = out + P.matmul(V).matmul(self._w("W_o", k)[head])
+        return out
+
+    def _branch(self, X: Tensor, k: int) -> Tensor:
+        pre = X.matmul(self._w("W_1", k).T) + self._w("b_1", k)
+        hidden = torch.relu(pre) if self.act == "relu" else _Gelu.apply(pre)
+        return hidden.matmul(self._w("W_2", k).T) + self._w("b_2", k)
+
     def forward(self, x: Tensor) -> Tensor:
         X = x.matmul(self.M).reshape(-1, self.n, self.d) + self.pos
         for k in self.blocks:
+            if self.standard:  # X + A(LN₁X), then + M(LN₂·)
+                X = X + self._attention(self._norm(X, self.norms[k]), k)
+                X = X + self._branch(self._norm(X, self.norms2[k]), k)
+                continue
             if self.norms[k] is not None:
-                e, gamma, beta = self.norms[k]
-                Z = X - X.mean(-1, keepdim=True)
-                X = Z / torch.sqrt((Z * Z).mean(-1, keepdim=True) + e) * gamma.to(X) + beta.to(X)
+                X = self._norm(X, self.norms[k])
             else:
                 norms = torch.sqrt((X * X).sum(-1, keepdim=True))
                 X = X * (self.R / (self.R + torch.relu(norms - self.R)))
-            out = X
-            for head in range(self.heads):
-                Q, K = X.matmul(self._w("W_q", k)[head]), X.matmul(self._w("W_k", k)[head])
-                V = X.matmul(self._w("W_v", k)[head])
-                E = torch.exp(Q.matmul(K.transpose(1, 2)) * self.scale)
-                P = E / E.sum(-1, keepdim=True)
-                out = out + P.matmul(V).matmul(self._w("W_o", k)[head])
-            pre = out.matmul(self._w("W_1", k).T) + self._w("b_1", k)
-            hidden = torch.relu(pre) if self.act == "relu" else _Gelu.apply(pre)
-            X = out + hidden.matmul(self._w("W_2", k).T) + self._w("b_2", k)
-        return X.mean(1).matmul(self.W.T) + self.b
+            out = X + self._attention(X, k)
+            X = out + self._branch(out, k)
+        features = self._norm(X[:, 0], self.final) if self.standard else X.mean(1)
+        return features.matmul(self.W.T) + self.b
 
 
 def spec(labels: Tensor, classes: int) -> Tensor:

@@ -113,7 +113,7 @@ def default_bounds(net: ViT) -> list[Bound]:
 def check_stages(net: ViT) -> None:
     """Refuses a network with a block ``taylor_net`` has no stage for: it takes LayerProject
     (``lofast``) and LayerNorm (``vanilla``) blocks alike (docs/bounds.md §5.1)."""
-    if net.cfg.variant not in ("lofast", "vanilla"):
+    if net.cfg.variant not in ("lofast", "vanilla", "standard"):
         raise InputError(f"a {net.cfg.variant!r} ViT has no stages taylor_net knows")
     if net.cfg.activation not in ("relu", "gelu"):
         raise InputError(f"an FFN with {net.cfg.activation} has no stage yet (relu and exact gelu do)")

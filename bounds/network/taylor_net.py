@@ -34,6 +34,7 @@ exact factors: the certificate is ``deterministic``. Built on torch alone (no au
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -512,7 +513,7 @@ class Mapped:
 
 def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
         log: list | None = None, refine: Refine | None = None,
-        form: bool = True) -> tuple[DeviationSet | Mapped, Tensor]:
+        form: bool = True, residual: bool = True) -> tuple[DeviationSet | Mapped, Tensor]:
     """``x + W₂ relu(W₁x + b₁) + b₂`` at its clean input Y: each neuron's range from the set (the
     first-order part through the token Grams, ‖(W₁G_t)_i‖² = w_iᵀ G_tG_tᵀ w_i), the unstable ones
     relaxed with a symbol each (:func:`relu_relaxation`); the rest as the per-token map
@@ -542,13 +543,16 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
     act = block.ffn.activation
     lam, beta, mu = relaxation(act, z0, lo, hi)
     if log is not None:
-        log.append({"kind": "ffn", "act": act, "W1": W1, "W2": W2, "z0": z0, "lo": lo, "hi": hi})
+        log.append({"kind": "ffn", "act": act, "W1": W1, "W2": W2, "z0": z0, "lo": lo, "hi": hi,
+                    "residual": residual})
     unstable = mu > 0
     idx, coef = symbols(unstable.reshape(B, -1), mu.reshape(B, -1))
     # E enters the relaxed neurons through z − z₀ = W₁Δ, so it leaves as L_tE_t, L_t = I + W₂ diag(λ_t) W₁:
     # ‖L_t‖₂ per token (exact float64 Gram eigenvalues, d×d), never above Lip(FFN). The route is a
     # bound of the true deviation, which the relaxation's shifts and symbols add to: it keeps Lip(FFN)
-    L = torch.eye(d, dtype=W1.dtype, device=W1.device) + torch.einsum("dw,bnw,we->bnde", W2, lam, W1)
+    L = torch.einsum("dw,bnw,we->bnde", W2, lam, W1)
+    if residual:  # without it, the branch a standard block's residual adds (Mapped is for the residual)
+        L = L + torch.eye(d, dtype=W1.dtype, device=W1.device)
     own = torch.minimum(gram_norm(L.mT @ L), torch.as_tensor(lipschitz, dtype=W1.dtype))  # [B, n]
     tok = None if S.tok is None else S.tok * own  # the FFN acts per token
     out = Mapped(replace(S, rho=S.rho * own.amax(-1)[:, None], route=S.route * lipschitz, tok=tok), W1, W2,
@@ -613,8 +617,14 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float,
     mag = Lam.new_zeros(B, C)
     if split is not None:
         split["kinks"] = Lam.new_zeros(B, C)
+    skips: list[Tensor] = []  # the functionals on a residual's input, from its join to its fork
     for rec in reversed(log):
-        if isinstance(rec, NormRecord):
+        if isinstance(rec, dict) and rec["kind"] == "join":  # out = x + branch(x): Λ reaches x both ways
+            skips.append(Lam)
+        elif isinstance(rec, dict) and rec["kind"] == "fork":
+            # a fork whose join is not in the log (a unit inside the branch, refined) has no skip
+            Lam = Lam + skips.pop() if skips else Lam
+        elif isinstance(rec, NormRecord):
             Lam, charge = rec.step(Lam)
             const, mag = const - charge, mag + charge
             if split is not None:
@@ -627,7 +637,7 @@ def backward(log: list[dict], Lam: Tensor, embed: Tensor, eps: float,
             if split is not None:
                 split["kinks"] = split["kinks"] - (g * b).sum((-1, -2))
             mag = mag + (g * b).abs().sum((-1, -2))
-            Lam = Lam + (g * s) @ rec["W1"]
+            Lam = Lam + (g * s) @ rec["W1"] if rec["residual"] else (g * s) @ rec["W1"]
         elif rec["kind"] == "attention":
             charge = Lam.flatten(2).norm(dim=-1) * rec["rho"][:, None]
             const, mag = const - charge, mag + charge
@@ -751,15 +761,21 @@ class TaylorNet:
         # thousands of small torch calls (7 % of a pass on the 1-block digits model, 8 images)
         with torch.inference_mode():
             X = net.tokens(x)
-            self.raw, self.inputs, self.mids = [], [], []
+            self.raw, self.inputs, self.mids, self.mid_norms = [], [], [], []
             for block in net.blocks:
                 self.raw.append(X)
                 Xp = block.prepare(X)
                 self.inputs.append(Xp)
-                Y = block.attn(Xp)
+                if block.standard:  # X + A(LN₁X), then + M(LN₂·): the FFN branch's input is LN₂'s output
+                    Y = X + block.attn(Xp)
+                    self.mid_norms.append(block.norm2(Y))
+                    X = Y + block.ffn.branch(self.mid_norms[-1])
+                else:
+                    Y = block.attn(Xp)
+                    X = block.ffn(Y)
                 self.mids.append(Y)
-                X = block.ffn(Y)
-            self.features = X.mean(-2)
+            self.last = X
+            self.features = net.pool(X)
             self.logits = net.head(self.features)
         self.correct = self.logits.argmax(-1) == labels  # a misclassified image gets no pass
         # the weights' own constants (norms, G₀ and its patch columns), kept per network (.constants)
@@ -880,7 +896,7 @@ class TaylorNet:
         log: list = []
         stages = self.stages(eps, images, log, refine, split, form=False)
         unstable = [count for name, _, count in stages if name.startswith("ffn")]
-        straddling = [count for name, _, count in stages if name.startswith(("project", "norm"))]
+        straddling = [count for name, _, count in stages if re.fullmatch(r"(project|norm)\d+", name)]
         return self._margins(stages[-1][1], eps, unstable, straddling, images, log)
 
     def stages(self, eps: float, images: slice | Tensor = slice(None), log: list | None = None,
@@ -901,6 +917,9 @@ class TaylorNet:
         refine = self._refiner(log, eps) if log is not None and refine else None
         for k, block in enumerate(self.net.blocks):
             entry = tuple(t.expand(B, *t.shape[1:]) for t in self._entry_radii(eps)) if k == 0 else None
+            if block.standard:
+                S = self._standard_block(S, k, block, eps, images, log, refine, split, entry, out)
+                continue
             if block.norm is not None:  # the vanilla variant: LayerNorm where LayerProject is
                 S, s = layer_norm(S, self.raw[k][images], block.norm, eps, k, log, radii=entry)
                 out.append((f"norm{k}", S, s))
@@ -916,7 +935,36 @@ class TaylorNet:
             last = k == len(self.net.blocks) - 1
             S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine, form or not last)
             out.append((f"ffn{k}", S, u))
+        if self.net.standard:  # the final LayerNorm before the head (on every token; the margins read one)
+            S, s = layer_norm(S, self.last[images], self.net.norm, eps, "_out", log)
+            out.append(("norm_out", S, s))
         return out
+
+    def _standard_block(self, S: DeviationSet, k: int, block, eps: float, images: slice | Tensor,
+                        log: list | None, refine: Refine | None, split: str,
+                        entry: tuple[Tensor, Tensor] | None, out: list) -> DeviationSet:
+        """A standard pre-LayerNorm block: X + A(LN₁X), then + M(LN₂·), each residual the sum of the
+        set and its branch's (:meth:`DeviationSet.plus`), marked by a fork and a join in ``log`` for
+        the backward pass (docs/bounds.md §5.1, "Residual branches")."""
+        mark = (lambda kind: log.append({"kind": kind})) if log is not None else (lambda kind: None)
+        mark("fork")
+        S1, s = layer_norm(S, self.raw[k][images], block.norm, eps, k, log, radii=entry)
+        out.append((f"norm{k}", S1, s))
+        branch = attention(S1, self.layers[k], self.inputs[k][images], k, log, split,
+                           quadratic=refine is not None,
+                           cache=self.clean_parts.setdefault((k, *_key(images)), {}))
+        mark("join")
+        S = S.plus(branch)
+        out.append((f"attention{k}", S, None))
+        mark("fork")
+        S2, s = layer_norm(S, self.mids[k][images], block.norm2, eps, f"{k}b", log)
+        out.append((f"norm{k}b", S2, s))
+        branch, u = ffn(S2, block, self.mid_norms[k][images], self.lip[k] - 1.0, eps, log, refine,
+                        residual=False)
+        mark("join")
+        S = S.plus(branch)
+        out.append((f"ffn{k}", S, u))
+        return S
 
     def _entry_radii(self, eps: float) -> tuple[Tensor, Tensor]:
         """The first block's input set's token radii [1, n] and radius [1] at ``eps``: that set, the
@@ -954,6 +1002,8 @@ class TaylorNet:
         logits = self.logits[images]
         mapped = S if isinstance(S, Mapped) else None
         S = S.S if mapped else S
+        N = S.c.shape[1]  # every token; the standard variant's head reads the class token alone
+        S = S.token(0) if self.net.standard else S
         n = S.c.shape[1]
         # the classes j ≠ y alone (m_y ≡ 0 needs no bound): [B, C − 1], each image's in order
         at = torch.arange(W.shape[0] - 1, device=y.device)[None]
@@ -987,7 +1037,10 @@ class TaylorNet:
         # the backward pass over the same ranges: CROWN's slopes per sign, remainders at their own
         # coefficients; each margin takes the better of the two sound bounds
         split: dict[str, Tensor] = {}
-        back, mag = backward(log, rows[:, :, None, :].expand(-1, -1, n, -1), self.embed, eps, split)
+        Lam = rows[:, :, None, :].expand(-1, -1, n, -1)
+        if N != n:  # the class token's functional, zero at every other token
+            Lam = torch.cat([Lam, Lam.new_zeros(*Lam.shape[:2], N - n, Lam.shape[-1])], 2)
+        back, mag = backward(log, Lam, self.embed, eps, split)
         back_slack = ROUND * (own.abs() + logits_j.abs() + mag)
         better = back - back_slack > lower - slack
         lower, slack = torch.where(better, back, lower), torch.where(better, back_slack, slack)

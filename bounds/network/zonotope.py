@@ -232,6 +232,31 @@ class DeviationSet:
         # E's per-token bounds do not survive a map that mixes tokens: the caller sets them anew
         return replace(self, G=G, A=A, Q=Q.reshape(B, n, d, k, g), c=c[..., 0], gram=None, tok=None)
 
+    def plus(self, branch: DeviationSet) -> DeviationSet:
+        """The set of Δ + B(Δ) (a residual around a branch) from this set and ``branch``, the branch's
+        set made from this one: its symbols, groups and sources begin with these (every map keeps
+        their order and appends its own), so the shared parts add column by column; E's radii add
+        per source (‖E + E_B‖ ≤ Σρ + Σρ_B), and so do the per-token bounds and the routes."""
+        m, (k, g) = self.A.shape[-1], self.Q.shape[-2:]
+        A = branch.A.clone()
+        A[..., :m] += self.A
+        Q = branch.Q.clone()
+        if k:
+            Q[..., :k, :g] += self.Q
+        rho = branch.rho.clone()
+        rho[:, :self.rho.shape[1]] += self.rho
+        tok = None if self.tok is None or branch.tok is None else self.tok + branch.tok
+        voids = [v for v in (self.void, branch.void) if v is not None]
+        void = voids[0] | voids[-1] if voids else None
+        return replace(branch, G=self.G + branch.G, A=A, Q=Q, c=self.c + branch.c, rho=rho, tok=tok,
+                       route=self.route + branch.route, gram=None, void=void)
+
+    def token(self, t: int) -> DeviationSet:
+        """The set of token t's deviation alone, as a set of one token."""
+        keep = slice(t, t + 1)
+        return replace(self, G=self.G[:, keep], A=self.A[:, keep], Q=self.Q[:, keep], c=self.c[:, keep],
+                       tok=None if self.tok is None else self.tok[:, keep], gram=None)
+
     def with_symbols(self, columns: Tensor) -> DeviationSet:
         """The set plus new symbol columns [B, n, d, k]."""
         return replace(self, A=torch.cat([self.A, columns], -1))
