@@ -1,0 +1,245 @@
+"""Attention as a stage of ``taylor_net`` (docs/bounds.md §5.1): its exact Jacobian at the clean input
+(dense on small layers, as an operator on large ones, and in one-token closed form), the bound of its
+norm that E's radii cross, the Taylor remainder of §2.3 (or LoFAST's split), and its transpose for
+the backward pass."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from models import DotMHA
+from models.structured import dot_jacobian
+
+from ..certificates import gram_norm
+from ..lofast import delta2_xi, xi
+from ..remainder import remainder
+from .zonotope import DeviationSet
+
+# the share of the first order (‖J‖·r) below which attention's global remainder is taken as it is,
+# without the local and first-order ones (docs/bounds.md §5, "What a network certificate skips"): on
+# the margin-trained digits models it is 2e-6 of it at ε 0.02, the local one 6× smaller still
+NEGLIGIBLE = 1e-5
+# the largest n·d for which attention's Jacobian is formed densely: applied as one matrix product,
+# its norm bounded from its entries too and E kept per token through its d×d blocks. Beyond it the
+# Jacobian is applied as an operator (:func:`jacobian_apply`): at n·d = 512 (the digits models) that is
+# 1.2–1.3× faster an image with the same verdicts on 750 image-ε pairs; at 128 (the tests' random
+# ViTs) the dense form is 1.35× faster and its bounds tighter
+DENSE_J = 256
+# the largest n·d for which attention's Jacobian is also formed for its norm alone (applied as an
+# operator above DENSE_J): ‖J‖₂ from its Gram's exact float64 eigenvalue, which E's radii and the route
+# cross, and its d×d blocks for E's per-token bounds. On the digits models (n·d = 512) the bound from
+# factors was 2.2× ‖J‖₂ a block, and E grew by that at every attention
+NORM_J = 1024
+
+# how attention is split into a linear part and a remainder (docs/bounds.md §5.1, "what the attention
+# bound buys"): ``taylor`` its Jacobian and the Taylor remainder (§2.3); ``lofast`` LoFAST's split,
+# Δ₁ (attention frozen at P_l(X)) and δ₂ of eq. 28 (ξ_l: no Lanczos), a first-order remainder;
+# ``lofast_half`` the same with softmax ½-Lipschitz (§2.2)
+SPLITS = ("taylor", "lofast", "lofast_half")
+# ``best``: each margin takes the better of these splits' sound bounds (docs/bounds.md §5.1, "The
+# best split"); the second runs only on the images the first leaves uncertified. Measured on the
+# Fashion-MNIST models at ε ≥ 0.05 the halved δ₂ certifies images the Taylor split does not, and at
+# ε ≤ 0.02 the reverse; δ₂ itself is never below its half, so it is not tried
+BEST = "best"
+BEST_OF = ("taylor", "lofast_half")
+
+
+def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | None = None,
+              split: str = "taylor", quadratic: bool | None = None,
+              cache: dict | None = None) -> DeviationSet:
+    """Attention at its clean input X [B, n, d]: Δ ↦ J[Δ] + R(Δ) with J the exact Jacobian
+    (:func:`jacobian_apply`) and ‖R‖_F ≤ the Taylor remainder of docs/bounds.md §2.3 at the set's
+    radius (or, with ``split`` lofast, LoFAST's Δ₁ and δ₂); E's radii and the route grow by
+    :func:`jacobian_bound`. ``quadratic`` as in ``bounds.remainder.remainder`` (the second pass asks
+    for the quadratic form, docs/bounds.md §2.3.2); ``cache`` keeps its parts that depend on X alone
+    (``bounds.remainder.quadratic_remainder``)."""
+    r = S.route  # the radius LayerProject left (bounds.network.zonotope.DeviationSet.radius)
+    parts = attention_parts(layer, X)
+    N = X.shape[-2] * X.shape[-1]
+    J = None
+    if split != "taylor":
+        out = S.mixed(lambda T: jacobian_apply(layer, parts, T, logits=False),
+                      lambda g, t: sparse_apply(layer, parts, g, t, logits=False))
+        rest = delta2_xi(layer, X, r, factor=0.5 if split == "lofast_half" else 1.0)
+    else:
+        if N <= DENSE_J:  # small layers: one matrix product with the dense Jacobian is faster
+            J = dot_jacobian(layer, X)
+            out = S.mixed(lambda T: (J @ T.flatten(1, 2)).reshape(T.shape))
+        else:
+            out = S.mixed(lambda T: jacobian_apply(layer, parts, T),
+                          lambda g, t: sparse_apply(layer, parts, g, t))
+        parts["xi"] = xi(layer, X)  # ξ_l: the remainder's core and the Jacobian bound's, formed once
+    # for the norm alone between DENSE_J and NORM_J (the pass still applies the operator)
+    dense = J if J is not None or split != "taylor" or N > NORM_J else dot_jacobian(layer, X)
+    bound = jacobian_bound(layer, X, parts, dense, logits=split == "taylor")
+    if split == "taylor":
+        rest = remainder(layer, X, r, core=parts["xi"], quadratic=quadratic, cache=cache,
+                         enough=NEGLIGIBLE * bound * r)
+    out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
+                  tok=_mix_tokens(layer, parts, dense, S.tok, split))
+    if log is not None:
+        log.append({"kind": "attention", "name": f"attention{k}", "layer": layer, "X": X, "J": J,
+                    "rho": rest, "parts": parts, "split": split})
+    return out.add_ball(f"attention{k}", rest)
+
+
+def _mix_tokens(layer: DotMHA, parts: dict[str, Tensor], J: Tensor | None, tok: Tensor | None,
+                split: str) -> Tensor | None:
+    """E's per-token bounds after attention's linear part, [B, n]: ‖(ME)_t‖ ≤ Σ_s ‖M_ts‖ ‖E_s‖ with
+    M_ts the d×d block of the linear part from token s to token t, ‖M_ts‖₂ ≤ ‖M_ts‖_F for the dense
+    Jacobian, ≤ ‖H‖δ_ts + Σ_l p_lts‖C_l‖ for LoFAST's Δ₁; None where neither is at hand (attention's
+    Jacobian as an operator)."""
+    if tok is None or (split == "taylor" and J is None):
+        return None
+    B, n = tok.shape
+    if split == "taylor":
+        blocks = J.reshape(B, n, -1, n, J.shape[-1] // n).square().sum((2, 4)).sqrt()
+    else:
+        blocks = torch.einsum("bhts,h->bts", parts["P"], layer.C_norm())
+        blocks = blocks + layer.H_norm * torch.eye(n, dtype=tok.dtype, device=tok.device)
+    return torch.einsum("bts,bs->bt", blocks, tok) * (1 + 1e-12)  # the sums' own rounding
+
+
+def attention_parts(layer: DotMHA, X: Tensor) -> dict[str, Tensor]:
+    """What J_F(X) is made of, per head: P, the queries and keys (biases included), X W^V, and the
+    weights stacked for one product ([W^Q | W^K | W^V] as [d, 3·h·d_h], W^O as [h·d_h, d])."""
+    Q, K = layer.queries_keys(X)
+    stacked, W_o = layer.stacked_weights()
+    return {"P": layer.attention(X), "Q": Q, "K": K, "V": torch.einsum("bnd,hde->bhne", X, layer.W_v),
+            "W": stacked, "W_o": W_o}
+
+
+def jacobian_apply(layer: DotMHA, parts: dict[str, Tensor], T: Tensor, logits: bool = True) -> Tensor:
+    """J_F(X)[Γ] for K directions Γ at once, stored as columns: T [B, n, d, K] → [B, n, d, K]
+    (docs/bounds.md §2.3): ``HΓ + Σ_l (P_l Γ W^V_l + dP_l[Γ] X W^V_l) W^O_l``, dP_l[Γ] row i
+    = (diag p_i − p_i p_iᵀ) dS_i, dS_l = (Γ W^Q_l K_lᵀ + Q_l (Γ W^K_l)ᵀ)/√d_h. A value bias cancels
+    (rows of dP_l sum to 0). It costs O(h(n d d_h + n² d_h) + n d²) a direction where the dense
+    Jacobian costs n²d²; every step is a batched matrix product with the K directions as its columns
+    (1.5× faster than with them as rows, which had to be copied into place at every step: 77 against
+    113 ms for K = 800 on the Fashion-MNIST layers). Without ``logits`` it is LoFAST's Δ₁ (P_l held
+    at P_l(X)): ``HΓ + Σ_l P_l Γ C_l``."""
+    B, n, _, K = T.shape
+    h, e = layer.h, layer.d_h
+    P, Qx, Kx, V = parts["P"], parts["Q"], parts["K"], parts["V"]  # [B, h, n, n], [B, h, n, e] ×3
+    W = parts["W"] if logits else parts["W"][:, 2 * h * e:]  # [W^Q | W^K | W^V], or W^V alone
+    moved = (W.mT @ T).reshape(B, n, -1, h, e, K)  # per token [3he, d] @ [d, K]
+    # P_l (Γ W^V): P [n, n] on every direction's [n, e]
+    dV = moved[:, :, -1].permute(0, 2, 1, 3, 4)  # [B, h, n, e, K]
+    out = (P @ dV.reshape(B, h, n, e * K)).reshape(B, h, n, e, K)
+    if logits:
+        dQ, dK = (moved[:, :, i].permute(0, 2, 1, 3, 4) for i in range(2))
+        out = out + _logit_part(P, Qx, Kx, V, dQ, dK)
+    out = parts["W_o"].mT @ out.permute(0, 2, 1, 3, 4).reshape(B, n, h * e, K)
+    return out + layer.H_norm * T if layer.H_norm else out
+
+
+def sparse_apply(layer: DotMHA, parts: dict[str, Tensor], gamma: Tensor, tokens: Tensor,
+                 logits: bool = True) -> Tensor:
+    """J_F(X)[Γ] for K directions that each move one token: Γ_k = e_t γ_kᵀ with t = tokens[:, k] and
+    γ = gamma [B, d, K]; returns [B, n, d, K] as :func:`jacobian_apply` does (docs/bounds.md §5.1,
+    "Directions in one token"). Only row t of ΓW moves, so per head l, with q = Q_l W^K_lᵀ/√d_h,
+    u = K_l W^Q_lᵀ/√d_h, V = X W^V_l, v̄ = P_l V and Y = V W^O_l, Ȳ = v̄ W^O_l (a value bias cancels):
+
+        row i:  p_it (γᵀC_l + (q_i·γ)(Y_t − Ȳ_i))  +  δ_it Σ_j p_tj (u_j·γ)(Y_j − Ȳ_t)
+
+    summed over heads, plus Hγ at row t. O(h n d K) where :func:`jacobian_apply` costs
+    O(h(n d d_h + n² d_h) + n d²) a direction: the pixels' directions, a ReLU's symbol and a
+    LayerProject error are in one token until attention mixes them. Without ``logits``, Δ₁: the first
+    term's γᵀC_l alone."""
+    P, V = parts["P"], parts["V"]  # [B, h, n, n], [B, h, n, e]
+    B, h, n, _ = P.shape
+    K = tokens.shape[1]
+    Pt = P.gather(-1, tokens[:, None, None, :].expand(B, h, n, K))  # [B, h, i, k]: p_it
+    # the result is built in its own layout [B, i, f, k] by one multiply-add per head and term: a
+    # contraction over the h heads as one einsum was a batch of tiny products and a copy into this
+    # layout, 3× slower on the digits models' sets (K ≈ 200 columns)
+    CT = layer.C().mT @ gamma[:, None]  # [B, h, f, k]: γᵀC_l
+    out = Pt[:, 0, :, None, :] * CT[:, 0, None]
+    for head in range(1, h):
+        out.addcmul_(Pt[:, head, :, None, :], CT[:, head, None])
+    if logits:
+        root = math.sqrt(layer.d_h)
+        q = (parts["Q"] @ layer.W_k.mT / root) @ gamma[:, None]  # [B, h, i, k]: q_i·γ
+        u = (parts["K"] @ layer.W_q.mT / root) @ gamma[:, None]  # [B, h, j, k]: u_j·γ
+        Y = V @ layer.W_o  # [B, h, n, d]
+        Ybar = P @ Y  # v̄ W^O = P_l (V W^O)
+        rows = lambda M: M.gather(2, tokens[:, None, :, None].expand(B, h, K, M.shape[-1]))  # rows t
+        w = Pt * q  # [B, h, i, k]: p_it (q_i·γ)
+        Yt = rows(Y).mT.contiguous()  # [B, h, f, k]: Y_t
+        for head in range(h):  # + p_it (q_i·γ)(Y_t − Ȳ_i)
+            out.addcmul_(w[:, head, :, None, :], Yt[:, head, None])
+            out.addcmul_(w[:, head, :, None, :], Ybar[:, head, :, :, None], value=-1)
+        r = rows(P).mT * u  # [B, h, j, k]: p_tj (u_j·γ)
+        own = (Y.mT @ r).sum(1) - (r.sum(2)[..., None] * rows(Ybar)).sum(1).mT  # [B, f, k]
+    else:
+        own = torch.zeros_like(gamma)
+    own = own + layer.H_norm * gamma  # at row t: H = I moves token t by γ
+    return out.scatter_add_(1, tokens[:, None, None, :].expand(B, 1, *own.shape[1:]), own[:, None])
+
+
+def _logit_part(P: Tensor, Qx: Tensor, Kx: Tensor, V: Tensor, dQ: Tensor, dK: Tensor) -> Tensor:
+    """dP_l[Γ] X W^V_l for K directions, [B, h, n, e, K], from dQ = Γ W^Q and dK = Γ W^K as
+    [B, h, n, e, K] (:func:`jacobian_apply`)."""
+    dS = Kx[:, :, None] @ dQ  # [B, h, i, j, K]: Σ_e (K_l)_je (Γ W^Q)_iek
+    dS = dS + (Qx[:, :, None] @ dK).transpose(2, 3)  # Σ_e (Q_l)_ie (Γ W^K)_jek, as rows i
+    dS = dS / math.sqrt(Qx.shape[-1])
+    Pk = P[..., None]
+    dP = Pk * (dS - (Pk * dS).sum(3, keepdim=True))  # [B, h, i, j, K]
+    return V.mT[:, :, None] @ dP  # Σ_j (X W^V_l)_je dP_ijk
+
+
+def jacobian_bound(layer: DotMHA, X: Tensor, parts: dict[str, Tensor], J: Tensor | None = None,
+                   logits: bool = True) -> Tensor:
+    """A deterministic upper bound of ‖J_F(X)‖ from exact factors (and, given the dense J, the smaller
+    of that and (‖J‖₁‖J‖_∞)^½), [B]:
+    ``‖H‖ + Σ_l ‖P_l‖‖C_l‖ + Σ_l ½ ξ_l ‖X C_l‖/√d_h`` (‖P_l Γ C_l‖_F ≤ ‖P_l‖‖Γ‖_F‖C_l‖; softmax's Jacobian
+    is ½-bounded row by row, §2.2, so ‖dP_l[Γ]‖_F ≤ ½‖dS_l‖_F ≤ ½ξ_l‖Γ‖_F/√d_h). ξ_l is ``parts["xi"]``
+    where :func:`attention` formed it."""
+    P = gram_norm(parts["P"].mT @ parts["P"])  # [B, h]
+    bound = layer.H_norm + (P * layer.C_norm()).sum(-1)  # ≥ ‖Δ₁‖ (LoFAST eq. 12), all of it without logits
+    if logits:
+        core = parts["xi"] if "xi" in parts else xi(layer, X)
+        bound = bound + (0.5 * core * layer.XC_norm(X)).sum(-1) / math.sqrt(layer.d_h)
+    if J is not None:  # the sum above is loose on saturated heads; (‖J‖₁‖J‖_∞)^½ ≥ ‖J‖₂ is not, and
+        # ‖J‖₂ itself is its Gram's top eigenvalue (§2.4, exact)
+        N = J.shape[-1]
+        holder = (J.abs().sum(-2).amax(-1) * J.abs().sum(-1).amax(-1)).sqrt() * (1 + N * 2.3e-16)
+        bound = torch.minimum(bound, torch.minimum(holder, gram_norm(J.mT @ J)))
+    return bound
+
+
+
+def transpose_apply(layer: DotMHA, X: Tensor, J: Tensor | None, Lam: Tensor,
+                    parts: dict[str, Tensor] | None = None) -> Tensor:
+    """J_F(X)ᵀΛ for Λ [B, C, n, d]: with the dense J where it was formed, else in closed form
+    (docs/bounds.md §5.1): with Y_l = ΛW^O_lᵀ, Z_l = Y_l V_lᵀ (V_l = X W^V_l) and G_l row i
+    = (diag p_i − p_i p_iᵀ) Z_l[i],
+    ``JᵀΛ = HΛ + Σ_l [P_lᵀY_l W^V_lᵀ + (G_l K_l W^Q_lᵀ + G_lᵀQ_l W^K_lᵀ)/√d_h]``."""
+    if J is not None:
+        return (Lam.flatten(2) @ J).reshape(Lam.shape)
+    parts = attention_parts(layer, X) if parts is None else parts
+    P, Qx, Kx, V = (parts[k][:, None] for k in ("P", "Q", "K", "V"))  # [B, 1, h, n, ·]
+    B, C, n, _ = Lam.shape
+    h, e = layer.h, layer.d_h
+    Y = (Lam @ parts["W_o"].mT).reshape(B, C, n, h, e).transpose(2, 3)  # [B, C, h, n, e]: Λ W^O_lᵀ
+    Z = Y @ V.mT  # [B, C, h, n, n]
+    G = P * (Z - (P * Z).sum(-1, keepdim=True))
+    root = math.sqrt(e)
+    # the coefficients of Γ W^Q, Γ W^K and Γ W^V, through every head's weights in one product
+    # ([W^Q | W^K | W^V] stacked as [d, 3·h·d_h], attention_parts)
+    coef = torch.stack([G @ Kx / root, G.mT @ Qx / root, P.mT @ Y], 2)  # [B, C, 3, h, n, e]
+    out = coef.permute(0, 1, 4, 2, 3, 5).reshape(B, C, n, 3 * h * e) @ parts["W"].mT
+    return out + layer.H_norm * Lam if layer.H_norm else out
+
+
+def delta1_transpose(layer: DotMHA, parts: dict[str, Tensor], Lam: Tensor) -> Tensor:
+    """Δ₁ᵀΛ = HΛ + Σ_l P_lᵀ Λ C_lᵀ for Λ [B, C, n, d] (LoFAST's linear part, attention frozen)."""
+    Y = torch.einsum("bcnf,hef->bchne", Lam, layer.W_o)  # Λ W^O_lᵀ
+    Y = torch.einsum("bhkn,bchke->bchne", parts["P"], Y)  # P_lᵀ ·
+    out = torch.einsum("bchne,hde->bcnd", Y, layer.W_v)  # · W^V_lᵀ
+    return out + layer.H_norm * Lam if layer.H_norm else out
+

@@ -1,0 +1,178 @@
+"""LayerProject as a stage of ``taylor_net`` (docs/bounds.md §5.1): its radial and tangential forms per
+token, the ReLU of a token's radial change, and the second-order errors as groups of their own."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from ..certificates import gram_norm
+from .ffn import Refine
+from .zonotope import DeviationSet, along_u, columns, relu_relaxation, symbols
+
+# A straddling token needs its radius below its clean norm (the decomposition's remainder blows up at
+# the origin); beyond it the token is bounded by LayerProject's 1-Lipschitz property alone.
+SAFE = 0.999
+
+
+def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
+            log: list | None = None, refine: Refine | None = None,
+            every: bool = False, radii: tuple[Tensor, Tensor] | None = None,
+            span: Tensor | None = None) -> tuple[DeviationSet, Tensor]:
+    """LayerProject p(x) = x·min(1, R/‖x‖) on the set (docs/bounds.md §5.1), per token with clean
+    input x₀ = ν·u, radial change a = uᵀΔ and radius r ≥ ‖Δ‖:
+
+    * the identity where ν + r ≤ R (the ball stays inside);
+    * the *radial* form, from p(x) = x − relu(‖x‖ − R)·x/‖x‖: Δp = Δ − (w − w₀)u + e, w = relu(ν − R + a),
+      ‖e‖ ≤ K_in r² + (ν − R)⁺ r/R';
+    * the *tangential* form, from p(x) = Rx/‖x‖ − relu(R − ‖x‖)·x/‖x‖ (ν > R): Δp = (R/ν)(I − uuᵀ)Δ −
+      v·u + e, v = relu(R − ν − a), ‖e‖ ≤ K_out r²;
+
+    each token taking the form with the smaller error; w and v are ReLUs of a, relaxed as any ReLU
+    (:func:`relu_relaxation`: no symbol where the ball stays on one side of the sphere). A token with
+    r ≥ ν is bounded by LayerProject's 1-Lipschitz property alone (Δp = e, ‖e‖ ≤ r). Straddling
+    tokens' errors (with ``every``, every token's outside the sphere) are groups of their own sharing
+    the ball's budget (:meth:`DeviationSet.grouped`), the other tokens' one Frobenius ball. Returns the
+    set and the straddling tokens per image. ``radii``: the set's token radii [B, n] and radius [B]
+    where the caller has them (the first block's input set is the same for every image). ``span``
+    [n, d, m]: where each token's deviation lies in the range of these columns (the first block's,
+    the patch's pixels through the embedding), each error lies in span{u_t} + that range and its group
+    has m + 1 columns in place of d (:func:`error_frame`)."""
+    r, whole = radii if radii is not None else (S.token_radii(eps), None)  # [B, n]
+    whole = S.radius(eps, r) if whole is None else whole
+    nu = raw.norm(dim=-1)  # [B, n]
+    u = raw / nu.clamp_min(torch.finfo(raw.dtype).tiny)[..., None]
+    inside = nu + r <= R
+    wild = ~inside & (r >= SAFE * nu)  # the decomposition needs r < ν
+    a_G = along_u(u, S.G)
+    a_A = torch.einsum("bnd,bndm->bnm", u, S.A)
+    a_Q = torch.einsum("bnd,bndkg->bnkg", u, S.Q)
+    a_mid = (u * S.c).sum(-1)
+    a_half = eps * a_G.norm(dim=-1) + a_A.abs().sum(-1) + S.grouped(a_Q.norm(dim=-1)) + S.token_ball()
+    a_lo, a_hi = a_mid - a_half, a_mid + a_half
+    n, d = raw.shape[1:]
+    if refine is not None:  # the backward pass over the stages before gives its own range of a
+        units = torch.eye(n, dtype=raw.dtype, device=raw.device)[None, :, :, None] * u[:, None]
+        a_lo, a_hi = refine(units, a_lo, a_hi)
+    gap = (nu - r).clamp_min(torch.finfo(raw.dtype).tiny)
+    # radial form: z = ν − R + a; tangential: z = R − ν − a (z − z₀ = ±a)
+    radial_lo, tangential_lo = nu - R + a_lo, R - nu - a_hi
+    radial_hi, tangential_hi = nu - R + a_hi, R - nu - a_lo
+    radial = relu_relaxation(nu - R, radial_lo, radial_hi)
+    tangential = relu_relaxation(R - nu, tangential_lo, tangential_hi)
+    # ‖e‖ ≤ b²/D + |a|b/R' (+ (ν − R)⁺ b/R') with a² + b² = ‖Δ‖², whose largest value on the unit circle
+    # is (1/D + (1/D² + 1/R'²)^½)/2: D = max(R + ν − r, 2(ν − r)), R' = max(R, ν − r)
+    D = torch.maximum(R + gap, 2 * gap)
+    Rp = gap.clamp_min(R)
+    err_radial = (1 / D + (1 / D**2 + 1 / Rp**2).sqrt()) / 2 * r**2 + (nu - R).clamp_min(0) * r / Rp
+    # Rx/‖x‖'s second derivative is ≤ (2/√3)R/‖x‖² (docs), and where v can be nonzero
+    # b²/(2g) + |a|b/g ≤ 0.809‖Δ‖²/g (g = ν − r)
+    err_tangential = (R / (math.sqrt(3) * gap**2)
+                      + torch.where(tangential[2] > 0, (0.25 + math.sqrt(5) / 4) / gap, 0.0)) * r**2
+    use_t = (nu > R) & (err_tangential < err_radial)
+    lam, beta, half = (torch.where(use_t, t, q) for t, q in zip(tangential, radial, strict=True))
+    err = torch.where(use_t, err_tangential, err_radial)
+    off = inside | wild
+    lam, beta, half, err = (torch.where(off, 0.0, t) for t in (lam, beta, half, err))
+    straddle = half > 0
+    # linear part per token: scale·I + coef·uuᵀ; the radial form's w − w₀ ∈ λa + β + μζ enters as −u·(…),
+    # the tangential form's v − v₀ ∈ −λa + β + μζ as −u·(…) too
+    scale = torch.where(use_t, R / nu, 1.0)
+    coef = torch.where(use_t, -R / nu + lam, -lam)
+    scale, coef = torch.where(wild, 0.0, scale), torch.where(wild, 0.0, coef)
+
+    # L_t = scale·I + coef·uuᵀ; the Gram is not carried: attention, next, mixes the tokens
+    out = replace(S, gram=None).rank_one(scale, coef, u, -beta[..., None] * u)
+    idx, mu = symbols(straddle, half)
+    along = u.gather(1, idx[..., None].expand(-1, -1, d))
+    out = out.with_symbols(columns(idx, -mu[..., None] * along, n, d))
+    # the budget is shared by the second-order part only: the first-order (ν − R)⁺ r/R' is ≤ 1e-3 of it
+    # on the zoo's tokens, and is kept apart from it in the smooth ball below
+    first = torch.where(use_t | off, 0.0, (nu - R).clamp_min(0) * r / Rp)
+    grouped = ~off if every else straddle
+    # each group's error ball in its frame's columns (R^d, or the first block's span), and the part of
+    # the error the frame can miss by rounding (κ of its size), which joins the smooth ball below
+    frame, kappa = error_frame(u, span, grouped | wild)
+    pick = lambda idx: frame.gather(1, idx[..., None, None].expand(-1, -1, *frame.shape[2:]))
+    idx, radius = symbols(grouped, err - first)
+    _, caps = symbols(grouped, r**2)
+    out = out.with_groups(f"project{k}", columns(idx, radius[..., None, None] * pick(idx), n, d),
+                          torch.where(caps > 0, caps, 1.0), whole**2)
+    idx, radius = symbols(wild, r)
+    out = out.with_groups(f"project{k}_wild", columns(idx, radius[..., None, None] * pick(idx), n, d),
+                          torch.ones_like(radius))
+    # a grouped token's first-order part (ν − R)⁺‖Δ_t‖/R' is linear in ‖Δ_t‖, so it cannot share the
+    # second-order budget: a group of its own with no budget, which later stages cross at their exact
+    # linear parts. As a Frobenius ball it crossed each block at ‖J‖·Lip(FFN) (≈ 5 a block on the
+    # Fashion-MNIST models) and reached every token of the next block's input
+    carried = grouped & (first > 0)
+    idx, radius = symbols(carried, first)
+    out = out.with_groups(f"project{k}_first", columns(idx, radius[..., None, None] * pick(idx), n, d),
+                          torch.ones_like(radius))
+    miss = kappa * torch.where(wild, r, torch.where(grouped, err, 0.0))  # [B, n]
+    order1, first = first, torch.where(carried, 0.0, first)  # what stays in the ball below
+    # the other tokens: ‖e‖_F ≤ (Σ_t K_t² ‖Δ_t‖⁴)^½ ≤ max_t K_t · ‖Δ‖_F² (they share the ball's budget)
+    K = torch.where(grouped | off, 0.0, (err - first) / r.clamp_min(torch.finfo(raw.dtype).tiny) ** 2)
+    smooth = (torch.minimum((K * r**2).norm(dim=-1), K.amax(-1) * whole**2) + first.norm(dim=-1)
+              + miss.norm(dim=-1))
+    if log is not None:  # what the backward pass needs (:func:`backward`)
+        sign = torch.where(use_t, -1.0, 1.0).to(raw.dtype)
+        lo = torch.where(use_t, tangential_lo, radial_lo)
+        hi = torch.where(use_t, tangential_hi, radial_hi)
+        # the linear part L_t = base_t·(I − [tangential]·u_tu_tᵀ) (0 at a wild token), symmetric, kept
+        # as its two scalars: the backward pass applies it through u_tᵀΛ_t, O(d) a functional
+        base = torch.where(wild, 0.0, torch.where(use_t, R / nu, 1.0))
+        log.append({"kind": "project", "name": f"project{k}", "base": base, "tangent": use_t.to(raw.dtype),
+                    "u": u, "sign": sign,
+                    "z0": sign * (nu - R),
+                    "lo": lo, "hi": hi, "relu": ~off,
+                    "second": torch.where(off, 0.0, err - order1),
+                    "first": order1, "caps": torch.where(off, 1.0, r**2), "budget": whole**2,
+                    "wild": torch.where(wild, r, 0.0)})
+    # LayerProject is 1-Lipschitz per token: the projected set's radius is at most the input's
+    # per token, a smooth token's error is its own err (a grouped token's error, both its parts, and a
+    # wild token's are groups); E crosses the
+    # linear part at ‖L_t‖ ≤ 1 as it does in norm
+    own = torch.where(grouped | off, first, err) + miss
+    return replace(out.add_ball(f"project{k}", smooth, own), route=whole), straddle.sum(-1)
+
+
+# the largest κ (the rounding part of an error a frame can miss, relative to the error) for which the
+# first block's groups take their span's frame; beyond it (u nearly in the patch's range, a zero token)
+# the whole batch keeps R^d. On the zoo's digits models κ is 3e-13 to 2e-12
+FRAME_KAPPA = 1e-8
+
+
+def error_frame(u: Tensor, span: Tensor | None, need: Tensor) -> tuple[Tensor, Tensor]:
+    """Per token, columns F_t [B, n, d, g] and κ_t [B, n] such that every error e of LayerProject at
+    that token is F_t η + m with ‖η‖ ≤ ‖e‖ and ‖m‖ ≤ κ_t‖e‖ (docs/bounds.md §5.1, "The first block's
+    errors in their span"): the identity (κ = 0) without ``span``; with it, the error lies in
+    V_t = span{u_t} + range(span_t), since p(x) − p(x₀), the linear part and the ReLU's term all lie in
+    span{u, Δ}, and F_t = ‖Bᵀ_t‖·B_t with B_t an orthonormal basis of V_t from a QR (m + 1 columns in
+    place of d). Rounding makes range(B_t) miss V_t slightly: κ_t ≥ ‖(I − BBᵀ)A‖_F/σ_min(A) for A =
+    [u | span_t], with both sides' rounding bounded. Where a token of ``need`` [B, n] has κ_t above
+    :data:`FRAME_KAPPA` (A nearly singular) every token takes the identity."""
+    B, n, d = u.shape
+    eye = torch.eye(d, dtype=u.dtype, device=u.device).expand(B, n, d, d)
+    if span is None or not bool(need.any()):
+        return eye, u.new_zeros(B, n)
+    A = torch.cat([u[..., None], span.expand(B, n, d, -1)], -1)  # [B, n, d, m]
+    m = A.shape[-1]
+    basis = torch.linalg.qr(A).Q
+    unit = torch.finfo(u.dtype).eps / 2
+    grow = gram_norm(basis.mT @ basis)  # ≥ ‖B_t‖₂
+    fro = A.square().sum((-2, -1)).sqrt()
+    # (I − BBᵀ)A as computed, and a bound of its rounding: each entry of BᵀA and B(BᵀA) is a dot product
+    # of ≤ d terms, off by ≤ d·u times the sum of its terms' magnitudes (Higham, Thm 3.5)
+    miss = (A - basis @ (basis.mT @ A)).square().sum((-2, -1)).sqrt()
+    miss = (miss + 4 * (d + m) * unit * (1 + m * grow**2) * fro) * (1 + 2 * (d * m + 2) * unit)
+    # σ_min(A)² from below: the Gram's rounding (≤ d·u‖A‖_F² entrywise sum) and eigvalsh's backward error
+    low = torch.linalg.eigvalsh(A.mT @ A)[..., 0] - 16 * (d + m) * unit * fro**2
+    kappa = torch.where(low > 0, miss / low.clamp_min(torch.finfo(u.dtype).tiny).sqrt(), math.inf)
+    if bool((need & ~(kappa <= FRAME_KAPPA)).any()):
+        return eye, u.new_zeros(B, n)
+    return basis * grow[..., None, None], kappa
+
