@@ -186,3 +186,27 @@ def test_crown_takes_the_layernorm_of_a_vanilla_vit():
     v = verify(net, x, y, 0.01, "crown", traced)
     assert v.certified.any()
     assert not (v.certified & (pgd(net, x, y, 0.01) <= 0)).any()
+
+
+def test_the_normalisations_second_derivative_is_within_two_over_root_three_and_reaches_it():
+    """‖D²h(z)[v, v]‖ ≤ (2/√3)‖v‖²/ρ(z)² for h(z) = z/(‖z‖² + κ)^½, against dense float64 Hessians
+    (torch.func.hessian) at random z, v and κ; and the ratio comes within 1e-3 of 2/√3 where κ = 0 and
+    v is at α² = 1/3 from z (docs/bounds.md §5.1)."""
+    gen = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for kappa in (0.0, 1e-3, 0.5, 10.0):
+        h = lambda z, k=kappa: z / (z @ z + k).sqrt()
+        for _ in range(20):
+            d = int(torch.randint(2, 9, (1,), generator=gen))
+            z = torch.randn(d, generator=gen, dtype=torch.float64) * 3
+            v = torch.randn(d, generator=gen, dtype=torch.float64)
+            v = v / v.norm()
+            H = torch.func.hessian(h)(z)  # [d, d, d]: H[i] is the Hessian of h_i
+            ratio = float(torch.einsum("ijk,j,k->i", H, v, v).norm() * (z @ z + kappa))
+            assert ratio <= 2 / math.sqrt(3) * (1 + 1e-12)
+            worst = max(worst, ratio)
+    z = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    v = torch.tensor([math.sqrt(1 / 3), math.sqrt(2 / 3)], dtype=torch.float64)
+    H = torch.func.hessian(lambda z: z / (z @ z).sqrt())(z)
+    assert abs(float(torch.einsum("ijk,j,k->i", H, v, v).norm()) - 2 / math.sqrt(3)) < 1e-3
+    assert worst > 0.5  # the random cases reach a good part of it
