@@ -6,7 +6,7 @@ the backward pass."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -17,6 +17,7 @@ from models.structured import dot_jacobian
 from ..certificates import gram_norm
 from ..lofast import delta2_xi, xi
 from ..remainder import remainder
+from .record import Step
 from .zonotope import DeviationSet
 
 # the share of the first order (‖J‖·r) below which attention's global remainder is taken as it is,
@@ -82,8 +83,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
                   tok=_mix_tokens(layer, parts, dense, S.tok, split))
     if log is not None:
-        log.append({"kind": "attention", "name": f"attention{k}", "layer": layer, "X": X, "J": J,
-                    "rho": rest, "parts": parts, "split": split})
+        log.append(AttentionRecord(f"attention{k}", layer, X, J, rest, parts, split))
     return out.add_ball(f"attention{k}", rest)
 
 
@@ -243,3 +243,26 @@ def delta1_transpose(layer: DotMHA, parts: dict[str, Tensor], Lam: Tensor) -> Te
     out = torch.einsum("bchne,hde->bcnd", Y, layer.W_v)  # · W^V_lᵀ
     return out + layer.H_norm * Lam if layer.H_norm else out
 
+
+
+@dataclass(frozen=True)
+class AttentionRecord:
+    """Attention for the backward pass: the layer at its clean input X, its dense Jacobian where it was
+    formed, its parts, the split, and its remainder's radius ``rho`` [B]."""
+
+    name: str
+    layer: DotMHA
+    X: Tensor
+    J: Tensor | None
+    rho: Tensor
+    parts: dict
+    split: str
+
+    def step(self, Lam: Tensor) -> Step:
+        """Λ ↦ JᵀΛ (or Δ₁ᵀΛ for LoFAST's split), the remainder charged at ‖Λ‖_F·ρ."""
+        charge = Lam.flatten(2).norm(dim=-1) * self.rho[:, None]
+        if self.split == "taylor":
+            moved = transpose_apply(self.layer, self.X, self.J, Lam, self.parts)
+        else:
+            moved = delta1_transpose(self.layer, self.parts, Lam)
+        return Step(moved, charge=charge)

@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 from ..certificates import gram_norm
-from .activations import relaxation
+from .activations import gelu_bounds, relaxation
+from .record import Step
 from .zonotope import DeviationSet, columns, symbols
 
 # a callable (functionals [B, C, n, d], their forward ranges lo, hi [B, C]) → tighter (lo, hi): the
@@ -82,8 +83,7 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
     act = block.ffn.activation
     lam, beta, mu = relaxation(act, z0, lo, hi)
     if log is not None:
-        log.append({"kind": "ffn", "act": act, "W1": W1, "W2": W2, "z0": z0, "lo": lo, "hi": hi,
-                    "residual": residual})
+        log.append(FFNRecord(act, W1, W2, z0, lo, hi, residual))
     unstable = mu > 0
     idx, coef = symbols(unstable.reshape(B, -1), mu.reshape(B, -1))
     # E enters the relaxed neurons through z − z₀ = W₁Δ, so it leaves as L_tE_t, L_t = I + W₂ diag(λ_t) W₁:
@@ -134,3 +134,28 @@ def relu_bounds(g: Tensor, z0: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, 
     b = torch.where(unstable, torch.where(up, lam * (z0 - lo), alpha * z0) - torch.relu(z0), 0.0)
     return s.to(g.dtype), b
 
+
+
+@dataclass(frozen=True)
+class FFNRecord:
+    """The FFN for the backward pass: its weights, its neurons' clean values and ranges [B, n, w], the
+    activation, and whether the stage holds the identity (the standard block's branch does not)."""
+
+    act: str
+    W1: Tensor
+    W2: Tensor
+    z0: Tensor
+    lo: Tensor
+    hi: Tensor
+    residual: bool
+    name = None
+
+    def step(self, Lam: Tensor) -> Step:
+        """Λ ↦ Λ + W₁ᵀ diag(s) W₂ᵀΛ (without the identity for a branch), the slopes s and offsets b
+        chosen per sign of W₂ᵀΛ: CROWN's for ReLU, the exact slope and the error's end for GELU."""
+        g = Lam @ self.W2  # [B, C, n, w]
+        bounds_of = relu_bounds if self.act == "relu" else gelu_bounds
+        s, b = bounds_of(g, self.z0[:, None], self.lo[:, None], self.hi[:, None])
+        moved = (g * s) @ self.W1
+        gain = g * b
+        return Step(Lam + moved if self.residual else moved, gain.sum((-1, -2)), gain.abs().sum((-1, -2)))

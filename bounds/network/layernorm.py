@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..certificates import gram_norm
+from .record import Step
 from .zonotope import DeviationSet
 
 __all__ = ["NormRecord", "layer_norm", "norm_jacobian", "norm_remainder"]
@@ -90,9 +91,9 @@ class NormRecord:
         shared = torch.minimum(two.sum(-1), self.budget[:, None] * (two / self.caps[:, None]).amax(-1))
         return shared + one.sum(-1)
 
-    def step(self, Lam: Tensor) -> tuple[Tensor, Tensor]:
-        """(L_tᵀΛ_t per token, the remainder's charge) for functionals Λ [B, C, n, d]."""
-        return torch.einsum("bcnd,bnde->bcne", Lam, self.L), self.charge(Lam.norm(dim=-1))
+    def step(self, Lam: Tensor) -> Step:
+        """L_tᵀΛ_t per token for functionals Λ [B, C, n, d], the remainder charged."""
+        return Step(torch.einsum("bcnd,bnde->bcne", Lam, self.L), charge=self.charge(Lam.norm(dim=-1)))
 
 
 def layer_norm(S: DeviationSet, raw: Tensor, norm: nn.LayerNorm, eps: float, k: int | str,

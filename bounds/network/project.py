@@ -4,13 +4,14 @@ token, the ReLU of a token's radial change, and the second-order errors as group
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from ..certificates import gram_norm
-from .ffn import Refine
+from .ffn import Refine, relu_bounds
+from .record import Step
 from .zonotope import DeviationSet, along_u, columns, relu_relaxation, symbols
 
 # A straddling token needs its radius below its clean norm (the decomposition's remainder blows up at
@@ -125,13 +126,9 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
         # the linear part L_t = base_t·(I − [tangential]·u_tu_tᵀ) (0 at a wild token), symmetric, kept
         # as its two scalars: the backward pass applies it through u_tᵀΛ_t, O(d) a functional
         base = torch.where(wild, 0.0, torch.where(use_t, R / nu, 1.0))
-        log.append({"kind": "project", "name": f"project{k}", "base": base, "tangent": use_t.to(raw.dtype),
-                    "u": u, "sign": sign,
-                    "z0": sign * (nu - R),
-                    "lo": lo, "hi": hi, "relu": ~off,
-                    "second": torch.where(off, 0.0, err - order1),
-                    "first": order1, "caps": torch.where(off, 1.0, r**2), "budget": whole**2,
-                    "wild": torch.where(wild, r, 0.0)})
+        log.append(ProjectRecord(f"project{k}", base, use_t.to(raw.dtype), u, sign, sign * (nu - R), lo, hi,
+                                 ~off, torch.where(off, 0.0, err - order1), order1,
+                                 torch.where(off, 1.0, r**2), whole**2, torch.where(wild, r, 0.0)))
     # LayerProject is 1-Lipschitz per token: the projected set's radius is at most the input's
     # per token, a smooth token's error is its own err (a grouped token's error, both its parts, and a
     # wild token's are groups); E crosses the
@@ -176,3 +173,45 @@ def error_frame(u: Tensor, span: Tensor | None, need: Tensor) -> tuple[Tensor, T
         return eye, u.new_zeros(B, n)
     return basis * grow[..., None, None], kappa
 
+
+
+@dataclass(frozen=True)
+class ProjectRecord:
+    """LayerProject for the backward pass, per token [B, n]: the linear part L_t = base_t·(I −
+    [tangential]·u_tu_tᵀ) as its two scalars and u_t [B, n, d], the radial change's ReLU (its sign,
+    clean value, range, and whether it is relaxed at all), and the errors: second-order (sharing the
+    ball's budget over caps = r²), first-order and a wild token's."""
+
+    name: str
+    base: Tensor
+    tangent: Tensor
+    u: Tensor
+    sign: Tensor
+    z0: Tensor
+    lo: Tensor
+    hi: Tensor
+    relu: Tensor
+    second: Tensor
+    first: Tensor
+    caps: Tensor
+    budget: Tensor
+    wild: Tensor
+
+    def step(self, Lam: Tensor) -> Step:
+        """Λ_t ↦ L_tᵀΛ_t plus the radial ReLU's slope along u_t (CROWN's per sign), its offset gained and
+        every error charged at ‖Λ_t‖."""
+        u = self.u[:, None]  # [B, 1, n, d]
+        gam = -(Lam * u).sum(-1)  # the coefficient of q − q₀ (q = w or v), [B, C, n]
+        s, b = relu_bounds(gam, self.z0[:, None], self.lo[:, None], self.hi[:, None])
+        on = self.relu[:, None]
+        s, b = torch.where(on, s, 0.0), torch.where(on, b, 0.0)
+        norms = Lam.norm(dim=-1)  # ‖Λ_t‖
+        second = norms * self.second[:, None]
+        # the tokens' second-order errors share the ball's budget (DeviationSet.grouped's argument)
+        shared = torch.minimum(second.sum(-1), self.budget[:, None] * (second / self.caps[:, None]).amax(-1))
+        charge = shared + (norms * (self.first + self.wild)[:, None]).sum(-1)
+        radial = (gam * s * self.sign[:, None])[..., None] * u
+        # L_tᵀΛ_t = base_t·(Λ_t − [tangential]·u_t(u_tᵀΛ_t)), and u_tᵀΛ_t = −γ_t
+        along = (self.tangent[:, None] * gam)[..., None] * u
+        moved = self.base[:, None, :, None] * (Lam + along) + radial
+        return Step(moved, (gam * b).sum(-1), (gam * b).abs().sum(-1), charge)

@@ -75,6 +75,7 @@ from .ffn import REFINE_LIMIT, Mapped, Refine, ffn, relu_bounds
 from .layernorm import layer_norm
 from .project import FRAME_KAPPA, SAFE, error_frame, project
 from .propagated import check_stages
+from .record import Fork, Join
 from .zonotope import DeviationSet
 
 __all__ = ["BEST", "BEST_OF", "DENSE_J", "FRAME_KAPPA", "HOPELESS", "NEGLIGIBLE", "NORM_J", "REFINE_LIMIT",
@@ -397,22 +398,22 @@ class TaylorNet:
         """A standard pre-LayerNorm block: X + A(LN₁X), then + M(LN₂·), each residual the sum of the
         set and its branch's (:meth:`DeviationSet.plus`), marked by a fork and a join in ``log`` for
         the backward pass (docs/bounds.md §5.1, "Residual branches")."""
-        mark = (lambda kind: log.append({"kind": kind})) if log is not None else (lambda kind: None)
-        mark("fork")
+        mark = (lambda rec: log.append(rec)) if log is not None else (lambda rec: None)
+        mark(Fork())
         S1, s = layer_norm(S, self.raw[k][images], block.norm, eps, k, log, radii=entry)
         out.append((f"norm{k}", S1, s))
         branch = attention(S1, self.layers[k], self.inputs[k][images], k, log, split,
                            quadratic=refine is not None,
                            cache=self.clean_parts.setdefault((k, *_key(images)), {}))
-        mark("join")
+        mark(Join())
         S = S.plus(branch)
         out.append((f"attention{k}", S, None))
-        mark("fork")
+        mark(Fork())
         S2, s = layer_norm(S, self.mids[k][images], block.norm2, eps, f"{k}b", log)
         out.append((f"norm{k}b", S2, s))
         branch, u = ffn(S2, block, self.mid_norms[k][images], self.lip[k] - 1.0, eps, log, refine,
                         residual=False)
-        mark("join")
+        mark(Join())
         S = S.plus(branch)
         out.append((f"ffn{k}", S, u))
         return S
