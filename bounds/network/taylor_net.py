@@ -60,7 +60,6 @@ from .attention import (
     NEGLIGIBLE,
     NORM_J,
     SPLITS,
-    _mix_tokens,
     attention,
     attention_parts,
     delta1_transpose,
@@ -79,7 +78,7 @@ from .record import Fork, Join
 from .zonotope import DeviationSet
 
 __all__ = ["BEST", "BEST_OF", "DENSE_J", "FRAME_KAPPA", "HOPELESS", "NEGLIGIBLE", "NORM_J", "REFINE_LIMIT",
-           "SAFE", "SPLITS", "Diagnostics", "Mapped", "NetCertificate", "TaylorNet", "_mix_tokens",
+           "SAFE", "SPLITS", "Diagnostics", "Mapped", "NetCertificate", "TaylorNet",
            "attention", "attention_parts", "backward", "delta1_transpose", "error_frame", "ffn", "hopeless",
            "jacobian_apply", "jacobian_bound", "project", "relu_bounds", "sparse_apply", "transpose_apply"]
 
