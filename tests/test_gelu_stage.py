@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_taylor_net import check_stages, pgd
+from test_taylor_net import check_stages, survives_attack
 
 from bounds.network.activations import _second_range, gelu_bounds, gelu_relaxation, gelu_second
 from bounds.network.taylor_net import TaylorNet
@@ -82,23 +82,11 @@ def test_every_stage_holds_the_sampled_deviations_on_gelu_vits(variant, seed, qk
 @pytest.mark.parametrize("variant,eps", [("vanilla", 0.01), ("vanilla", 0.03), ("lofast", 0.05),
                                          ("lofast", 0.1)])
 def test_no_gelu_image_certified_by_taylor_net_or_crown_is_broken_by_an_independent_attack(variant, eps):
-    from bounds import crown
-    from bounds.network.netcrown import TracedViT, verify
-
     net = gelu_vit(3, variant)
     x = torch.rand(30, 8, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     with torch.no_grad():
         y = net(x).argmax(-1)
-    cert = TaylorNet(net, x, y).certify(eps)
-    worst = pgd(net, x, y, eps)
-    assert not (cert.certified & (worst <= 0)).any()
-    assert cert.certified.any()
-    if crown.available():
-        traced = TracedViT(net)
-        with torch.no_grad():
-            assert torch.allclose(traced(x.reshape(30, -1)), net(x), rtol=1e-12, atol=1e-12)
-        v = verify(net, x, y, eps, "crown", traced)
-        assert not (v.certified & (worst <= 0)).any()
+    survives_attack(net, x, y, eps, crown=True)
 
 
 def test_the_tanh_approximation_is_refused_by_name():

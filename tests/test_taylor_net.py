@@ -467,6 +467,27 @@ def pgd(net: ViT, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 200
     return best
 
 
+def survives_attack(net: ViT, x: torch.Tensor, y: torch.Tensor, eps: float, crown: bool = False):
+    """taylor_net's certificate at ``eps``, asserted: no image it certifies is broken by :func:`pgd`,
+    and it certifies some; with ``crown`` (where auto_LiRPA is installed) the traced network computes
+    the network's own logits and no image CROWN certifies is broken either."""
+    cert = TaylorNet(net, x, y).certify(eps)
+    worst = pgd(net, x, y, eps)
+    assert not (cert.certified & (worst <= 0)).any()
+    assert cert.certified.any()
+    from bounds import crown as lirpa
+
+    if crown and lirpa.available():
+        from bounds.network.netcrown import TracedViT, verify
+
+        traced = TracedViT(net)
+        with torch.no_grad():
+            assert torch.allclose(traced(x.reshape(len(x), -1)), net(x), rtol=1e-12, atol=1e-12)
+        v = verify(net, x, y, eps, "crown", traced)
+        assert not (v.certified & (worst <= 0)).any()
+    return cert
+
+
 @pytest.mark.parametrize("which,eps", [("one_block", 0.05), ("sharp", 0.01), ("random", 0.01),
                                        ("saturated", 1e-4), ("accurate", 0.02), ("accurate", 0.03)])
 def test_no_image_it_certifies_is_broken_by_an_independent_attack(which, eps):
