@@ -32,6 +32,10 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 # at ±√2; GELU' > 0 is at its largest there, and its least, −0.1289 at −√2, is smaller in size); the tanh
 # approximation's is 1.128993... at x ≈ 1.42, also below
 GELU_LIPSCHITZ = 1.1300
+# the standard variant's norms (LayerNorm, or BatchNorm as the VNN-COMP ViTs have it: affine in eval)
+# and its pooling (the class token, or the mean of the normalized tokens)
+NORMS = ("layer", "batch")
+POOLS = ("cls", "mean")
 
 
 def _cap(value: float | None, name: str) -> float | None:
@@ -62,6 +66,13 @@ class ViTConfig:
     qk_constraint: float | None = None
     R: float = 1.0  # LayerProject radius (lofast variant only)
     activation: str = "relu"  # the FFN's (ACTIVATIONS); a card without it is a relu model
+    # the standard variant only (a card without them has today's defaults): its norms (NORMS) and their
+    # eps, its pooling (POOLS), and biases on the attention's queries, keys, values and output (as a
+    # network imported from another framework has them: docs/bounds.md §1.5)
+    norm: str = "layer"
+    norm_eps: float = 1e-5
+    pool: str = "cls"
+    bias: bool = False
 
     def __post_init__(self):
         for name in ("image", "classes", "d", "depth", "heads", "patch", "ffn"):
@@ -78,6 +89,16 @@ class ViTConfig:
         if self.activation not in ACTIVATIONS:
             raise InputError(f"unknown activation {self.activation!r}; expected one of "
                              f"{', '.join(ACTIVATIONS)}")
+        if self.norm not in NORMS:
+            raise InputError(f"unknown norm {self.norm!r}; expected one of {', '.join(NORMS)}")
+        if self.pool not in POOLS:
+            raise InputError(f"unknown pooling {self.pool!r}; expected one of {', '.join(POOLS)}")
+        _cap(self.norm_eps, "norm_eps")
+        if not isinstance(self.bias, bool):
+            raise InputError(f"bias must be true or false, got {self.bias!r}")
+        custom = (self.norm, self.norm_eps, self.pool, self.bias) != ("layer", 1e-5, "cls", False)
+        if custom and self.variant != "standard":
+            raise InputError("norm, norm_eps, pool and bias are options of the standard variant")
         _cap(self.constraint, "constraint")
         _cap(self.ffn_constraint, "ffn_constraint")
         _cap(self.qk_constraint, "qk_constraint")
@@ -90,12 +111,20 @@ class ViTConfig:
     @property
     def n_tokens(self) -> int:
         """The sequence's length: the patches, and the class token of the standard variant."""
-        return (self.image // self.patch) ** 2 + (self.variant == "standard")
+        return (self.image // self.patch) ** 2 + self.class_token
+
+    @property
+    def class_token(self) -> bool:
+        """Whether the sequence starts with a class token (the standard variant pooling by it)."""
+        return self.variant == "standard" and self.pool == "cls"
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        if out["activation"] == "relu":  # the cards written before GELU, unchanged
-            del out["activation"]
+        # the cards written before these options, unchanged
+        for key, default in (("activation", "relu"), ("norm", "layer"), ("norm_eps", 1e-5), ("pool", "cls"),
+                             ("bias", False)):
+            if out[key] == default:
+                del out[key]
         return out
 
     @classmethod
@@ -128,10 +157,10 @@ class SpectralCap(nn.Module):
 
 
 class Attention(nn.Module):
-    """The weights of one ``models.DotMHA`` (no biases; residual unless the block adds its own) as
-    trainable parameters."""
+    """The weights of one ``models.DotMHA`` (residual unless the block adds its own; with ``bias``, the
+    biases b_q, b_k, b_v [h, d_h] and b_o [d]) as trainable parameters."""
 
-    def __init__(self, d: int, heads: int, residual: bool = True):
+    def __init__(self, d: int, heads: int, residual: bool = True, bias: bool = False):
         super().__init__()
         self.residual = residual
         d_h = d // heads
@@ -140,10 +169,19 @@ class Attention(nn.Module):
         self.W_k = nn.Parameter(torch.randn(heads, d, d_h) / math.sqrt(d))
         self.W_v = nn.Parameter(torch.randn(heads, d, d_h) / math.sqrt(d))
         self.W_o = nn.Parameter(torch.randn(heads, d_h, d) / math.sqrt(d_h))
+        self.bias = bias
+        if bias:
+            for name, shape in (("b_q", (heads, d_h)), ("b_k", (heads, d_h)), ("b_v", (heads, d_h)),
+                                ("b_o", (d,))):
+                setattr(self, name, nn.Parameter(torch.zeros(shape)))
+
+    def biases(self) -> dict[str, Tensor]:
+        """The biases as DotMHA takes them (none without ``bias``)."""
+        return {n: getattr(self, n) for n in ("b_q", "b_k", "b_v", "b_o")} if self.bias else {}
 
     def layer(self) -> DotMHA:
         """The suite's layer on the current (capped) weights; gradients flow through it."""
-        return DotMHA(self.W_q, self.W_k, self.W_v, self.W_o, residual=self.residual)
+        return DotMHA(self.W_q, self.W_k, self.W_v, self.W_o, residual=self.residual, **self.biases())
 
     def forward(self, X: Tensor) -> Tensor:
         return self.layer()(X)
@@ -180,6 +218,35 @@ class FFN(nn.Module):
         return float(residual + lip)
 
 
+class TokenBatchNorm(nn.BatchNorm1d):
+    """BatchNorm over the features of every token ([..., d]), as a ViT with BatchNorm in place of
+    LayerNorm has it (VNN-COMP's): in eval an affine map per feature, x ↦ a ⊙ x + b."""
+
+    def __init__(self, d: int, eps: float = 1e-5):
+        super().__init__(d, eps=eps)
+        # no batch counter: momentum is set, so it is never read, and a file holds float tensors only
+        self.register_buffer("num_batches_tracked", None)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # nn.Module's own: _NormBase's adds a batch counter to a state without a version
+        nn.Module._load_from_state_dict(self, state_dict, prefix, *args, **kwargs)
+
+    def forward(self, X: Tensor) -> Tensor:
+        return super().forward(X.reshape(-1, X.shape[-1])).reshape(X.shape)
+
+    def scale_shift(self) -> tuple[Tensor, Tensor]:
+        """(a, b) [d] in float64 with eval's output a ⊙ x + b: a = γ/√(var + eps), b = β − a·mean."""
+        a = self.weight.detach().double() / (self.running_var.double() + self.eps).sqrt()
+        return a, self.bias.detach().double() - a * self.running_mean.double()
+
+
+def make_norm(cfg: ViTConfig) -> nn.Module:
+    """The norm of a vanilla or standard block: LayerNorm, or the standard variant's BatchNorm."""
+    if cfg.norm == "batch":
+        return TokenBatchNorm(cfg.d, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d, eps=cfg.norm_eps)
+
+
 class Block(nn.Module):
     """``X ↦ FFN(F(prepare(X)))``, prepare = LayerProject_R (lofast) or LayerNorm (vanilla); the
     standard variant's pre-LayerNorm block ``X ← X + A(LN₁(X)); X ← X + M(LN₂(X))`` with A the
@@ -188,10 +255,10 @@ class Block(nn.Module):
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.R = cfg.R if cfg.variant == "lofast" else None
-        self.norm = nn.LayerNorm(cfg.d) if cfg.variant != "lofast" else None
+        self.norm = make_norm(cfg) if cfg.variant != "lofast" else None
         self.standard = cfg.variant == "standard"
-        self.norm2 = nn.LayerNorm(cfg.d) if self.standard else None
-        self.attn = Attention(cfg.d, cfg.heads, residual=not self.standard)
+        self.norm2 = make_norm(cfg) if self.standard else None
+        self.attn = Attention(cfg.d, cfg.heads, residual=not self.standard, bias=cfg.bias)
         self.ffn = FFN(cfg.d, cfg.ffn, cfg.activation)
 
     def prepare(self, X: Tensor) -> Tensor:
@@ -225,11 +292,12 @@ class ViT(nn.Module):
         self.pos = nn.Parameter(torch.randn(cfg.n_tokens, cfg.d) / math.sqrt(cfg.d))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         self.head = nn.Linear(cfg.d, cfg.classes)
-        # the standard variant: a class token first in the sequence, a final LayerNorm, and the head
-        # on the class token (ViT's own pooling) where the others take the tokens' mean
+        # the standard variant: a class token first in the sequence, a final norm, and the head on the
+        # class token (ViT's own pooling; with pool "mean", the mean of the normalized tokens) where the
+        # others take the tokens' mean
         self.standard = cfg.variant == "standard"
-        self.cls = nn.Parameter(torch.randn(1, cfg.d) * 0.02) if self.standard else None
-        self.norm = nn.LayerNorm(cfg.d) if self.standard else None
+        self.cls = nn.Parameter(torch.randn(1, cfg.d) * 0.02) if cfg.class_token else None
+        self.norm = make_norm(cfg) if self.standard else None
         if constrained:
             for block in self.blocks:
                 for name, c in (("W_v", cfg.constraint), ("W_o", cfg.constraint),
@@ -252,14 +320,16 @@ class ViT(nn.Module):
         """The first block's raw input ``patches·E + pos`` (the class token first in the standard
         variant), [B, n, d]."""
         X = self.embed(self.patches(images))
-        if self.standard:
+        if self.cls is not None:
             X = torch.cat([self.cls.expand(X.shape[0], 1, -1), X], -2)
         return X + self.pos
 
     def pool(self, X: Tensor) -> Tensor:
         """The features of the last block's output: the mean token, or the standard variant's class
-        token after the final LayerNorm."""
-        return self.norm(X[..., 0, :]) if self.standard else X.mean(dim=-2)
+        token after the final norm (with pool "mean": the mean of the normalized tokens)."""
+        if not self.standard:
+            return X.mean(dim=-2)
+        return self.norm(X[..., 0, :]) if self.cls is not None else self.norm(X).mean(dim=-2)
 
     def trace(self, images: Tensor) -> Trace:
         X, inputs = self.tokens(images), []
@@ -297,7 +367,7 @@ class ViT(nn.Module):
         basis = basis.reshape(pixels, self.cfg.image, self.cfg.image)
         with torch.no_grad():
             out = self.patches(basis) @ self.embedding_matrix()
-        if self.standard:  # the class token moves with no pixel
+        if self.cls is not None:  # the class token moves with no pixel
             out = torch.cat([out.new_zeros(pixels, 1, self.cfg.d), out], 1)
         return out
 
@@ -307,7 +377,9 @@ class ViT(nn.Module):
     def attention_layers(self) -> tuple[DotMHA, ...]:
         """Each block's attention as a float64 ``models.DotMHA`` (residual=True), weights detached."""
         return tuple(DotMHA(*(getattr(b.attn, n).detach().double() for n in ("W_q", "W_k", "W_v", "W_o")),
-                            residual=not b.standard) for b in self.blocks)
+                            residual=not b.standard,
+                            **{k: v.detach().double() for k, v in b.attn.biases().items()})
+                     for b in self.blocks)
 
     def ffn_lipschitz(self) -> list[float]:
         """Lip(FFN_k) = 1 + ‖W₂‖₂‖W₁‖₂ from exact float64 singular values, one per block."""

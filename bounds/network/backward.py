@@ -7,13 +7,14 @@ import torch
 from torch import Tensor
 
 from .attention import AttentionRecord
+from .batchnorm import ScaleRecord
 from .ffn import FFNRecord
 from .layernorm import NormRecord
 from .project import ProjectRecord
 from .record import Fork, Join
 
 # every stage record the pass knows (each with ``step``), and the residuals' marks
-STAGES = (AttentionRecord, FFNRecord, NormRecord, ProjectRecord)
+STAGES = (AttentionRecord, FFNRecord, NormRecord, ProjectRecord, ScaleRecord)
 
 
 def backward(log: list, Lam: Tensor, embed: Tensor, eps: float,

@@ -22,7 +22,7 @@ from .zonotope import DeviationSet, columns, symbols
 Refine = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 # the most neurons of one FFN whose ranges the backward pass refines (those nearest to stable first):
 # each costs two functionals through every stage before it
-REFINE_LIMIT = 1024
+REFINE_LIMIT = 4096
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from models.vit import ViT
+from models.vit import TokenBatchNorm, ViT
 
 from ..crown import RELAXATION, float64_lirpa, intersect, lirpa_module, nan_as
 from .propagated import ROUNDING, check_stages
@@ -64,18 +64,20 @@ class TracedViT(nn.Module):
         self.n, self.d, self.R = cfg.n_tokens, cfg.d, float(cfg.R)
         # LayerNorm where the vanilla variant has it: (x − μ)/(σ² + e)^½·γ + β from a mean, products,
         # a sum, sqrt and a division (auto_LiRPA relaxes each; its sqrt needs σ² + e ≥ 0 over the box)
-        kept = lambda m: None if m is None else (float(m.eps), m.weight.detach().double().clone(),
-                                                 m.bias.detach().double().clone())
+        # (BatchNorm in eval: x·a + b, kept as (None, a, b))
+        kept = lambda m: None if m is None else (
+            (None, *(t.clone() for t in m.scale_shift())) if isinstance(m, TokenBatchNorm)
+            else (float(m.eps), m.weight.detach().double().clone(), m.bias.detach().double().clone()))
         self.norms = [kept(b.norm) for b in net.blocks]
         # the standard variant's second norm per block, final norm and class token (in ``pos``: the
         # tokens' constant part, as the pixel map gives the class token no pixel)
-        self.standard = net.standard
+        self.standard, self.cls = net.standard, net.cls is not None
         self.norms2 = [kept(b.norm2) for b in net.blocks]
         self.final = kept(net.norm)
         pixels = cfg.image * cfg.image
         self.register_buffer("M", net.pixel_map().reshape(pixels, self.n * self.d))
         pos = net.pos.detach().double().clone()
-        if net.standard:
+        if self.cls:
             pos[0] += net.cls.detach().double()[0]
         self.register_buffer("pos", pos)
         self.scale = 1 / math.sqrt(cfg.d // cfg.heads)
@@ -83,7 +85,7 @@ class TracedViT(nn.Module):
         for k, block in enumerate(net.blocks):
             names = {"W_q": block.attn.W_q, "W_k": block.attn.W_k, "W_v": block.attn.W_v,
                      "W_o": block.attn.W_o, "W_1": block.ffn.up.weight, "b_1": block.ffn.up.bias,
-                     "W_2": block.ffn.down.weight, "b_2": block.ffn.down.bias}
+                     "W_2": block.ffn.down.weight, "b_2": block.ffn.down.bias, **block.attn.biases()}
             for name, value in names.items():
                 self.register_buffer(f"{name}_{k}", value.detach().double().clone())
             self.blocks.append(k)
@@ -113,14 +115,18 @@ class TracedViT(nn.Module):
 
     def _norm(self, X: Tensor, params: tuple) -> Tensor:
         e, gamma, beta = params
+        if e is None:  # BatchNorm in eval
+            return X * gamma.to(X) + beta.to(X)
         Z = X - X.mean(-1, keepdim=True)
         return Z / torch.sqrt((Z * Z).mean(-1, keepdim=True) + e) * gamma.to(X) + beta.to(X)
 
     def _attention(self, X: Tensor, k: int) -> Tensor:
-        out = 0
+        out = self._w("b_o", k) if hasattr(self, f"b_o_{k}") else 0
+        bias = (lambda name, head: self._w(name, k)[head]) if hasattr(self, f"b_q_{k}") else (lambda *_: 0)
         for head in range(self.heads):
-            Q, K = X.matmul(self._w("W_q", k)[head]), X.matmul(self._w("W_k", k)[head])
-            V = X.matmul(self._w("W_v", k)[head])
+            Q = X.matmul(self._w("W_q", k)[head]) + bias("b_q", head)
+            K = X.matmul(self._w("W_k", k)[head]) + bias("b_k", head)
+            V = X.matmul(self._w("W_v", k)[head]) + bias("b_v", head)
             E = torch.exp(Q.matmul(K.transpose(1, 2)) * self.scale)
             P = E / E.sum(-1, keepdim=True)
             out = out + P.matmul(V).matmul(self._w("W_o", k)[head])
@@ -145,7 +151,10 @@ class TracedViT(nn.Module):
                 X = X * (self.R / (self.R + torch.relu(norms - self.R)))
             out = X + self._attention(X, k)
             X = out + self._branch(out, k)
-        features = self._norm(X[:, 0], self.final) if self.standard else X.mean(1)
+        if not self.standard:
+            features = X.mean(1)
+        else:  # the class token after the final norm, or the mean of the normalized tokens
+            features = self._norm(X[:, 0], self.final) if self.cls else self._norm(X, self.final).mean(1)
         return features.matmul(self.W.T) + self.b
 
 

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from models import InputError
-from models.vit import ViT
+from models.vit import TokenBatchNorm, ViT
 
 from ..certificates import gram_norm
 from .attention import (
@@ -69,6 +69,7 @@ from .attention import (
     transpose_apply,
 )
 from .backward import backward
+from .batchnorm import batch_norm
 from .constants import net_constants
 from .ffn import REFINE_LIMIT, Mapped, Refine, ffn, relu_bounds
 from .layernorm import layer_norm
@@ -178,7 +179,16 @@ CHUNK_SYMBOLS = 1024
 # (docs/bounds.md §5.1, "Refined ranges"): it can cost a verdict, never soundness. LoFAST's recipe model
 # (about 1,000 unstable neurons a block) is short by 10³–10⁶ margins on every image, where the second
 # pass would cost 47 s on 50 images for nothing
-HOPELESS = 1000.0
+HOPELESS = 10000.0
+
+
+def normalize(S: DeviationSet, raw: Tensor, norm, eps: float, k: int | str, log: list | None = None,
+              radii: tuple[Tensor, Tensor] | None = None) -> tuple[DeviationSet, Tensor]:
+    """The norm stage of a vanilla or standard block: :func:`layer_norm`, or :func:`batch_norm` (affine
+    in eval) for the standard variant's BatchNorm."""
+    if isinstance(norm, TokenBatchNorm):
+        return batch_norm(S, norm, log)
+    return layer_norm(S, raw, norm, eps, k, log, radii=radii)
 
 
 def hopeless(low: Tensor, logits: Tensor, y: Tensor) -> Tensor:
@@ -372,7 +382,7 @@ class TaylorNet:
                 S = self._standard_block(S, k, block, eps, images, log, refine, split, entry, out)
                 continue
             if block.norm is not None:  # the vanilla variant: LayerNorm where LayerProject is
-                S, s = layer_norm(S, self.raw[k][images], block.norm, eps, k, log, radii=entry)
+                S, s = normalize(S, self.raw[k][images], block.norm, eps, k, log, radii=entry)
                 out.append((f"norm{k}", S, s))
             else:
                 S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log, refine if k else None,
@@ -386,8 +396,8 @@ class TaylorNet:
             last = k == len(self.net.blocks) - 1
             S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine, form or not last)
             out.append((f"ffn{k}", S, u))
-        if self.net.standard:  # the final LayerNorm before the head (on every token; the margins read one)
-            S, s = layer_norm(S, self.last[images], self.net.norm, eps, "_out", log)
+        if self.net.standard:  # the final norm (every token; the margins read one, or the mean)
+            S, s = normalize(S, self.last[images], self.net.norm, eps, "_out", log)
             out.append(("norm_out", S, s))
         return out
 
@@ -399,7 +409,7 @@ class TaylorNet:
         the backward pass (docs/bounds.md §5.1, "Residual branches")."""
         mark = (lambda rec: log.append(rec)) if log is not None else (lambda rec: None)
         mark(Fork())
-        S1, s = layer_norm(S, self.raw[k][images], block.norm, eps, k, log, radii=entry)
+        S1, s = normalize(S, self.raw[k][images], block.norm, eps, k, log, radii=entry)
         out.append((f"norm{k}", S1, s))
         branch = attention(S1, self.layers[k], self.inputs[k][images], k, log, split,
                            quadratic=refine is not None,
@@ -408,7 +418,7 @@ class TaylorNet:
         S = S.plus(branch)
         out.append((f"attention{k}", S, None))
         mark(Fork())
-        S2, s = layer_norm(S, self.mids[k][images], block.norm2, eps, f"{k}b", log)
+        S2, s = normalize(S, self.mids[k][images], block.norm2, eps, f"{k}b", log)
         out.append((f"norm{k}b", S2, s))
         branch, u = ffn(S2, block, self.mid_norms[k][images], self.lip[k] - 1.0, eps, log, refine,
                         residual=False)
@@ -453,8 +463,8 @@ class TaylorNet:
         logits = self.logits[images]
         mapped = S if isinstance(S, Mapped) else None
         S = S.S if mapped else S
-        N = S.c.shape[1]  # every token; the standard variant's head reads the class token alone
-        S = S.token(0) if self.net.standard else S
+        N = S.c.shape[1]  # every token; a head on the class token reads it alone
+        S = S.token(0) if self.net.cls is not None else S
         n = S.c.shape[1]
         # the classes j ≠ y alone (m_y ≡ 0 needs no bound): [B, C − 1], each image's in order
         at = torch.arange(W.shape[0] - 1, device=y.device)[None]

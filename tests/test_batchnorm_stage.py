@@ -1,0 +1,157 @@
+"""The standard ViT's options for networks brought from elsewhere (#56): BatchNorm in place of LayerNorm
+(VNN-COMP's ViTs; affine in eval), biases on the attention's queries, keys, values and output, and
+mean pooling in place of the class token. The forward pass equals an independent float64 construction
+from the weights; every margin bound of taylor_net is below sampled and attacked margin changes; the
+BatchNorm stage's backward step is its exact transpose; no image taylor_net or CROWN certifies is
+broken by an independent attack; a card round-trips and a card without the options is unchanged."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_taylor_net import perturbations, survives_attack
+
+from bounds.network.batchnorm import ScaleRecord, batch_norm
+from bounds.network.taylor_net import TaylorNet
+from bounds.network.zonotope import DeviationSet
+from models import InputError
+from models.vit import ViT, ViTConfig
+from models.vit_io import load_vit, save_vit
+
+OPTIONS = [("batch", "cls", True), ("batch", "mean", False), ("layer", "mean", True), ("batch", "cls", False)]
+
+
+def bn_vit(seed: int, norm: str = "batch", pool: str = "cls", bias: bool = True, qk: float = 0.5,
+           activation: str = "relu", depth: int = 2) -> ViT:
+    torch.manual_seed(seed)
+    cfg = ViTConfig(image=8, classes=4, d=8, depth=depth, heads=2, patch=2, ffn=16, variant="standard",
+                    constraint=None, ffn_constraint=None, activation=activation, norm=norm, pool=pool,
+                    bias=bias)
+    net = ViT(cfg, constrained=False).double()
+    with torch.no_grad():
+        for block in net.blocks:
+            block.attn.W_q.mul_(qk)
+            block.attn.W_k.mul_(qk)
+            block.ffn.up.bias.uniform_(-1.0, 1.0)
+            for p in block.attn.biases().values():
+                p.normal_(0, 0.5)
+        for m in net.modules():
+            if hasattr(m, "running_mean"):  # statistics as training leaves them, not 0 and 1
+                m.running_mean.normal_(0, 0.5)
+                m.running_var.uniform_(0.3, 3.0)
+            if isinstance(m, torch.nn.modules.batchnorm._NormBase | torch.nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.3, 0.3)
+    return net.eval()
+
+
+def dense_logits(net: ViT, x: torch.Tensor) -> torch.Tensor:
+    """The logits from the weights alone (einsums; BatchNorm from its running statistics by hand)."""
+    cfg = net.cfg
+    p, g = cfg.patch, cfg.image // cfg.patch
+    patches = x.reshape(len(x), g, p, g, p).permute(0, 1, 3, 2, 4).reshape(len(x), g * g, p * p)
+    X = patches @ net.embed.weight.T
+    if net.cls is not None:
+        X = torch.cat([net.cls.expand(len(x), 1, -1), X], 1)
+    X = X + net.pos
+
+    def norm(X, m):
+        if cfg.norm == "batch":
+            return (X - m.running_mean) / (m.running_var + m.eps).sqrt() * m.weight + m.bias
+        z = X - X.mean(-1, keepdim=True)
+        return z / ((z * z).mean(-1, keepdim=True) + m.eps).sqrt() * m.weight + m.bias
+
+    for b in net.blocks:
+        Y = norm(X, b.norm)
+        bias = b.attn.biases() or {k: torch.zeros(1, 1) for k in ("b_q", "b_k", "b_v")} | {"b_o": 0}
+        Q, K, V = (torch.einsum("bnd,hde->bhne", Y, getattr(b.attn, w)) + bias[v][:, None]
+                   for w, v in (("W_q", "b_q"), ("W_k", "b_k"), ("W_v", "b_v")))
+        P = torch.softmax(Q @ K.mT / math.sqrt(Q.shape[-1]), -1)
+        X = X + torch.einsum("bhne,hed->bnd", P @ V, b.attn.W_o) + bias["b_o"]
+        h = norm(X, b.norm2) @ b.ffn.up.weight.T + b.ffn.up.bias
+        X = X + torch.relu(h) @ b.ffn.down.weight.T + b.ffn.down.bias
+    feats = norm(X, net.norm)
+    feats = feats[:, 0] if cfg.pool == "cls" else feats.mean(1)
+    return feats @ net.head.weight.T + net.head.bias
+
+
+@pytest.mark.parametrize("norm,pool,bias", OPTIONS)
+def test_the_forward_pass_is_the_dense_construction(norm, pool, bias):
+    net = bn_vit(0, norm, pool, bias)
+    x = torch.rand(3, 8, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.allclose(net(x), dense_logits(net, x), rtol=1e-12, atol=1e-12)
+    assert net.cfg.n_tokens == 16 + (pool == "cls")
+
+
+def test_the_batchnorm_step_is_the_transpose_of_its_map():
+    """⟨Λ, diag(a)Δ⟩ = ⟨step(Λ), Δ⟩ and the set's centre moves as the map does, against the module."""
+    net = bn_vit(1)
+    norm = net.blocks[0].norm
+    gen = torch.Generator().manual_seed(1)
+    G = torch.randn(2, 5, 8, 3, generator=gen, dtype=torch.float64)
+    S = DeviationSet.ball_of(G, torch.ones(2, dtype=torch.float64))
+    log: list = []
+    out, _ = batch_norm(S, norm, log)
+    with torch.no_grad():  # the module on deviations: a ⊙ (x + Δ) + b − (a ⊙ x + b)
+        x = torch.randn(2, 5, 8, generator=gen, dtype=torch.float64)
+        want = norm(x[..., None].mT + G.mT).mT - norm(x)[..., None]
+    assert torch.allclose(out.G, want, atol=1e-12)
+    Lam = torch.randn(2, 4, 5, 8, generator=gen, dtype=torch.float64)
+    (rec,) = log
+    assert isinstance(rec, ScaleRecord)
+    lhs = torch.einsum("bcnd,bndp->bcp", Lam, out.G)
+    rhs = torch.einsum("bcnd,bndp->bcp", rec.step(Lam).Lam, G)
+    assert torch.allclose(lhs, rhs, atol=1e-12)
+
+
+def test_a_batchnorm_in_training_mode_is_refused():
+    net = bn_vit(2).train()
+    S = DeviationSet.ball_of(torch.zeros(1, 5, 8, 2, dtype=torch.float64), torch.ones(1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="training mode"):
+        batch_norm(S, net.blocks[0].norm)
+
+
+@pytest.mark.parametrize("norm,pool,bias", OPTIONS)
+@pytest.mark.parametrize("eps", [0.01, 0.05])
+def test_every_margin_change_is_above_its_lower_bound(norm, pool, bias, eps):
+    net = bn_vit(3, norm, pool, bias)
+    x = torch.rand(8, 8, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    with torch.no_grad():
+        y = net(x).argmax(-1)
+    cert = TaylorNet(net, x, y).certify(eps)
+    lower = cert.lower.masked_fill(cert.lower == math.inf, 0.0)
+    assert torch.isfinite(lower).all()
+    with torch.no_grad():
+        clean = net(x)
+        base = clean.gather(-1, y[:, None]) - clean
+        for delta in perturbations(x, eps, 24, torch.Generator().manual_seed(3)):
+            moved = net(x + delta)
+            assert ((moved.gather(-1, y[:, None]) - moved) - base >= lower - 1e-9).all()
+
+
+@pytest.mark.parametrize("norm,pool,bias,eps,qk", [(*o, 0.003, 0.5) for o in OPTIONS[:3]]
+                         + [(*OPTIONS[0], 0.01, 0.5), (*OPTIONS[0], 3e-4, 3.0)])
+def test_no_image_taylor_net_or_crown_certifies_is_broken_by_an_independent_attack(norm, pool, bias, eps, qk):
+    net = bn_vit(4, norm, pool, bias, qk=qk)
+    x = torch.rand(30, 8, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    with torch.no_grad():
+        y = net(x).argmax(-1)
+    survives_attack(net, x, y, eps, crown=True)
+
+
+def test_a_card_round_trips_and_old_cards_are_unchanged(tmp_path):
+    net = bn_vit(5, "batch", "mean", True)
+    path = tmp_path / "bn.safetensors"
+    save_vit(path, net.float(), {"architecture": net.cfg.to_dict()})
+    back, card = load_vit(path)
+    assert card["architecture"]["norm"] == "batch" and card["architecture"]["pool"] == "mean"
+    x = torch.rand(2, 8, 8, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.allclose(back(x), net.double()(x), rtol=1e-6, atol=1e-6)
+    plain = ViTConfig(image=8, classes=4, variant="standard", constraint=None, ffn_constraint=None)
+    assert not {"norm", "norm_eps", "pool", "bias"} & set(plain.to_dict())
+    with pytest.raises(InputError, match="options of the standard variant"):
+        ViTConfig(image=8, classes=4, norm="batch")
