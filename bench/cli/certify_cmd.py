@@ -15,6 +15,7 @@ from bounds.network import check_network, network_bound
 from bounds.network.netcrown import METHODS
 from bounds.registry import CASCADE, CASCADE_FIRST, CASCADE_TN, TAYLOR_NET
 from models import InputError
+from models.imported.importer import check_source
 
 from ..core.arglists import split_list
 from ..core.env import device_name, resolve_device, set_threads, versions
@@ -24,17 +25,27 @@ from ..nets.accuracy import (
     CertifyRun,
     load_model,
     parse_eps,
+    pick,
     run_certify,
     select_images,
 )
+from ..nets.from_file import check_data_path, check_normalization, is_network_file, load_network, read_data
 from ..sweep.cases import num
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     c = subparsers.add_parser("certify", help="certified accuracy of a ViT through the whole network, "
                               "against PGD on the margin")
-    c.add_argument("--model", required=True, help="a lofast ViT (.safetensors with its .json card)")
-    c.add_argument("--dataset", default="digits", help="digits (default) or fashion-mnist")
+    c.add_argument("--model", required=True, help="a ViT of this suite (.safetensors with its .json card), "
+                   "or a network file another framework wrote (.onnx, or .pt2 from torch.export) with --data")
+    c.add_argument("--dataset", default=None, help="digits (default) or fashion-mnist")
+    c.add_argument("--data", default=None, metavar="FILE.pt",
+                   help="the images and labels for a network file: (images, labels) or {'images': …, "
+                        "'labels': …}, images [N, H, H] or [N, 1, H, H] in [0, 1]")
+    c.add_argument("--mean", type=float, default=None, help="the mean a network file's input is normalized "
+                   "by, (x − mean)/std, before the model (one channel; default 0): ε stays the radius over "
+                   "the image in [0, 1]")
+    c.add_argument("--std", type=float, default=None, help="the std of that normalization (default 1)")
     c.add_argument("--eps", default="0.02,0.05,0.1",
                    help="ℓ2 radii over the image in pixel space, comma-separated (default 0.02,0.05,0.1)")
     c.add_argument("--bounds", default=None, help="comma-separated bound names (default: every bound "
@@ -179,18 +190,41 @@ def run(args: argparse.Namespace) -> int:
     if args.pgd_steps < 0 or args.pgd_restarts < 1:
         raise InputError(f"--pgd-steps must be >= 0 and --pgd-restarts >= 1, got {args.pgd_steps} "
                          f"and {args.pgd_restarts}")
+    from_file = is_network_file(args.model)
+    if from_file:
+        if args.data is None:
+            raise InputError(f"{args.model}: a network file is certified on --data FILE.pt (its images and "
+                             f"labels)")
+        if args.dataset is not None:
+            raise InputError("--dataset and --data: give one (--data for a network file)")
+        check_source(args.model)
+        check_data_path(args.data)
+        mean, std = 0.0 if args.mean is None else args.mean, 1.0 if args.std is None else args.std
+        check_normalization(mean, std)
+    elif args.data is not None or args.mean is not None or args.std is not None:
+        raise InputError("--data, --mean and --std are for a network file (.onnx, .pt2); a ViT card is "
+                         "certified on --dataset")
+    dataset = args.data if from_file else args.dataset or "digits"
     device = resolve_device(args.device)
-    net, card = load_model(args.model)
-    check_network(net, names, cascade)
-    images, labels, index = select_images(args.dataset, net, args.limit, offset=args.offset,
-                                        sample=args.sample, seed=args.seed)
+    if from_file:
+        X, y = read_data(args.data)
+        images, labels, index = pick(X, y, f"--data {args.data}", args.limit, offset=args.offset,
+                                     sample=args.sample, seed=args.seed)
+        net, card = load_network(args.model, images, labels, mean, std)
+        check_network(net, names, cascade)
+    else:
+        net, card = load_model(args.model)
+        check_network(net, names, cascade)
+        images, labels, index = select_images(dataset, net, args.limit, offset=args.offset,
+                                              sample=args.sample, seed=args.seed)
     res = run_certify(net, images, labels, eps, names, steps=args.pgd_steps, restarts=args.pgd_restarts,
                       seed=args.seed, device=device, progress=True, cascade=cascade)
     s = summary(res)
     cfg = net.cfg
-    s["meta"] = {"model": str(args.model), "card": {k: card.get(k) for k in (
-                     "dataset", "variant", "constraint", "ffn_constraint", "test_accuracy", "sha256")},
-                 "architecture": cfg.to_dict(), "dataset": args.dataset, "n": res.n, "eps": eps,
+    keys = (("source", "format", "sha256", "mean", "std", "dtype", "max_rel_err") if from_file else
+            ("dataset", "variant", "constraint", "ffn_constraint", "test_accuracy", "sha256"))
+    s["meta"] = {"model": str(args.model), "card": {k: card.get(k) for k in keys},
+                 "architecture": cfg.to_dict(), "dataset": str(dataset), "n": res.n, "eps": eps,
                  "offset": args.offset, "sample": args.sample,
                  "pgd_steps": args.pgd_steps, "pgd_restarts": args.pgd_restarts, "seed": args.seed,
                  "device": device.type, "device_name": device_name(device), "versions": versions(),
@@ -199,11 +233,14 @@ def run(args: argparse.Namespace) -> int:
         # NaN (CROWN's δ, a failed bound's) is null; the reason beside it, per bound
         print(dumps(s | {"nulls": null_reasons(res), "samples": per_sample(res, index)}))
         return 0
+    if from_file:
+        print(f"{args.model}: recovered as a standard ViT ({cfg.norm} norm, {cfg.activation}, {cfg.pool} "
+              f"pooling); its logits reproduce the runtime's to {card['max_rel_err']:.2g} relative")
     which = (f"{res.n} test images drawn with seed {args.seed}" if args.sample is not None else
              f"the first {res.n} test images" if not args.offset else
              f"test images {args.offset}–{args.offset + res.n - 1}")
     print(f"{args.model}: {cfg.variant} ViT, depth {cfg.depth}, {cfg.heads} heads, d {cfg.d}, "
-          f"c {cfg.constraint}; {args.dataset}, {which}; "
+          f"c {cfg.constraint}; {dataset}, {which}; "
           f"clean accuracy {s['clean_accuracy']:.4f}")
     print(f"PGD on the margin: {args.pgd_steps} steps, {args.pgd_restarts} random starts + 1 along -∇margin, "
           f"seed {args.seed}; ε is the ℓ2 radius over the image (pixels in [0, 1])\n")

@@ -111,12 +111,19 @@ def select_images(dataset: str, net: ViT, limit: int | None = None, *, offset: i
     classes = int(y.max()) + 1
     if tuple(X.shape[1:]) != (net.cfg.image, net.cfg.image) or classes > net.cfg.classes:
         raise InputError(_mismatch(dataset, "×".join(map(str, X.shape[1:])), classes, net))
+    return pick(X, y, dataset, limit, offset=offset, sample=sample, seed=seed)
+
+
+def pick(X: Tensor, y: Tensor, where: str, limit: int | None = None, *, offset: int = 0,
+         sample: int | None = None, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """(images, labels, indices) of :func:`select_images`'s choice among the images X of ``where`` (a
+    dataset or a data file)."""
     want = sample if sample is not None else (limit or 0) + offset
     if want > len(X) or offset >= len(X):
         what = (f"a sample of {sample}" if sample is not None else
                 f"images from index {offset}" if limit is None else
                 f"the {limit} asked for from index {offset}" if offset else f"the {limit} asked for")
-        raise InputError(f"{dataset} has {len(X)} test images, fewer than {what}")
+        raise InputError(f"{where} has {len(X)} test images, fewer than {what}")
     if sample is not None:
         idx = torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))[:sample].sort().values
     else:
