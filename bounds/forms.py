@@ -177,11 +177,14 @@ def ritz_below(apply: Callable[[Tensor], Tensor], start: Tensor, steps: int,
     V = torch.cat(basis, -1)
     T = V.mT @ torch.cat(images, -1)
     T = 0.5 * (T + T.mT)
+    # an overflowed product (inf, NaN) makes eigh fail outright: such a space's value is 0 below
+    finite = torch.isfinite(T).flatten(1).all(-1)
+    T = torch.where(finite[:, None, None], T, torch.zeros_like(T))
     if vectors:
         values, ritz = torch.linalg.eigh(T)
     else:  # the vectors are not asked: the values alone
         values = torch.linalg.eigvalsh(T)
-    top = values[..., -1].clamp_min(0)
+    top = torch.where(finite, values[..., -1].clamp_min(0), torch.zeros_like(values[..., -1]))
     eye = torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
     orthonormal = (V.mT @ V - eye).abs().flatten(1).amax(-1) <= 1e-10
     top = torch.where(orthonormal & torch.isfinite(top), top, torch.zeros_like(top))

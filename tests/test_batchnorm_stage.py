@@ -155,3 +155,21 @@ def test_a_card_round_trips_and_old_cards_are_unchanged(tmp_path):
     assert not {"norm", "norm_eps", "pool", "bias"} & set(plain.to_dict())
     with pytest.raises(InputError, match="options of the standard variant"):
         ViTConfig(image=8, classes=4, norm="batch")
+
+
+def test_train_takes_the_options_and_its_command_gives_them_back():
+    """``train --variant standard --norm batch --pool mean --bias``: the model's name and the retraining
+    command of its card carry all three (a card's command must rebuild the same architecture)."""
+    from bench.cli.main import build_parser
+    from bench.cli.train_cmd import config_from_args
+    from bench.nets.train import command, model_name
+
+    args = build_parser().parse_args(["train", "--variant", "standard", "--norm", "batch", "--pool", "mean",
+                                      "--bias", "--constraint", "none", "--ffn-constraint", "none"])
+    cfg = config_from_args(args)
+    assert (cfg.norm, cfg.pool, cfg.bias) == ("batch", "mean", True)
+    assert model_name("digits", cfg).endswith("-standard-bn-mean-bias")
+    card = {"dataset": "digits", "epochs": 1, "batch_size": 64, "lr": 0.01, "head_lr_scale": 10.0, "seed": 0,
+            "threads": 1}
+    again = build_parser().parse_args(command(cfg, card, "x.safetensors").split()[3:])
+    assert config_from_args(again) == cfg

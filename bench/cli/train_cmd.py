@@ -13,7 +13,7 @@ from pathlib import Path
 
 from models import InputError
 from models.data import DATASETS, SHAPES
-from models.vit import ACTIVATIONS, ViTConfig
+from models.vit import ACTIVATIONS, NORMS, POOLS, ViTConfig
 from models.vit_io import card_path, save_vit
 
 from ..core.env import ROOT, set_threads
@@ -50,13 +50,14 @@ def config_from_args(args: argparse.Namespace) -> ViTConfig:
                      constraint=parse_cap(args.constraint, args.variant, 0.5),
                      ffn_constraint=parse_cap(args.ffn_constraint, args.variant, 1.0),
                      qk_constraint=parse_cap(args.qk_constraint, args.variant, None),
-                     activation=args.activation)
+                     activation=args.activation, norm=args.norm, pool=args.pool, bias=args.bias)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     tr = subparsers.add_parser("train", help="train a small ViT on bundled data (digits, fashion-mnist)")
     tr.add_argument("--dataset", default="digits", help="digits (default) or fashion-mnist")
-    tr.add_argument("--variant", default="lofast", help="lofast (LayerProject, capped; default) or vanilla")
+    tr.add_argument("--variant", default="lofast", help="lofast (LayerProject, capped; default), vanilla "
+                    "(LayerNorm in its place) or standard (pre-norm residual blocks, as a ViT is written)")
     tr.add_argument("--d", type=int, default=32, help="token width (default 32)")
     tr.add_argument("--depth", type=int, default=2, help="number of blocks (default 2)")
     tr.add_argument("--heads", type=int, default=2, help="attention heads (default 2)")
@@ -70,6 +71,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help="cap on every per-head ‖W^Q_l‖₂, ‖W^K_l‖₂ (default none, as LoFAST)")
     tr.add_argument("--activation", default="relu", choices=ACTIVATIONS,
                     help="the FFN's activation (default relu; gelu, or gelu_tanh: its tanh approximation)")
+    tr.add_argument("--norm", default="layer", choices=NORMS,
+                    help="standard variant: LayerNorm (default) or BatchNorm (VNN-COMP's ViTs)")
+    tr.add_argument("--pool", default="cls", choices=POOLS,
+                    help="standard variant: the class token (default) or the mean of the normalized tokens")
+    tr.add_argument("--bias", action="store_true",
+                    help="standard variant: biases on the attention's queries, keys, values and output")
     tr.add_argument("--margin-eps", type=float, default=0.0, metavar="EPS",
                     help="Lipschitz-margin training at this image radius (default 0: plain cross-entropy)")
     tr.add_argument("--epochs", type=int, default=None, help="default: digits 60, fashion-mnist 10")
@@ -95,8 +102,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 # the options that describe one model: --zoo trains the zoo's own recipes and takes none of them
 SINGLE = ("dataset", "variant", "d", "depth", "heads", "patch", "ffn", "constraint", "ffn_constraint",
-          "qk_constraint", "activation", "margin_eps", "epochs", "batch_size", "lr", "head_lr_scale", "seed",
-          "force")
+          "qk_constraint", "activation", "norm", "pool", "bias", "margin_eps", "epochs", "batch_size", "lr",
+          "head_lr_scale", "seed", "force")
 
 
 def check_zoo_options(args: argparse.Namespace) -> None:

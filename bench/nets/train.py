@@ -51,6 +51,8 @@ def model_name(dataset: str, cfg: ViTConfig, margin_eps: float = 0.0) -> str:
         tail += f"-m{margin_eps:g}"
     if cfg.activation != "relu":
         tail += f"-{cfg.activation.replace('_', '-')}"
+    if cfg.variant == "standard":  # the options a card without them lacks, in the name only where set
+        tail += "-bn" * (cfg.norm == "batch") + "-mean" * (cfg.pool == "mean") + "-bias" * cfg.bias
     return f"{dataset}-d{cfg.d}-b{cfg.depth}-h{cfg.heads}-{tail}"
 
 
@@ -248,6 +250,8 @@ def command(cfg: ViTConfig, card: dict, out: str | Path) -> str:
              *(["--qk-constraint", cap(a["qk_constraint"])] if a["qk_constraint"] is not None else []),
              *(["--margin-eps", repr(card["margin_eps"])] if card.get("margin_eps") else []),
              *(["--activation", a["activation"]] if "activation" in a else []),
+             *(["--norm", a["norm"]] if "norm" in a else []), *(["--pool", a["pool"]] if "pool" in a else []),
+             *(["--bias"] if a.get("bias") else []),
              "--epochs", card["epochs"], "--batch-size", card["batch_size"], "--lr", repr(card["lr"]),
              "--head-lr-scale", repr(card["head_lr_scale"]),
              "--seed", card["seed"], "--device", card.get("device", "cpu"), "--threads", card["threads"],
