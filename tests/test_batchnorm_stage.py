@@ -173,3 +173,45 @@ def test_train_takes_the_options_and_its_command_gives_them_back():
             "threads": 1}
     again = build_parser().parse_args(command(cfg, card, "x.safetensors").split()[3:])
     assert config_from_args(again) == cfg
+
+
+def attention_inputs(net: ViT, x: torch.Tensor) -> list[torch.Tensor]:
+    """Each block's attention input norm₁(X_k), from the modules' forward."""
+    out, X = [], net.tokens(x)
+    for b in net.blocks:
+        out.append(b.norm(X))
+        X = X + b.attn(out[-1])
+        X = X + b.ffn.branch(b.norm2(X))
+    return out
+
+
+@pytest.mark.parametrize("refine", [False, True], ids=["first", "second"])
+@pytest.mark.parametrize("norm,qk,eps", [("batch", 0.5, 0.01), ("layer", 2.0, 0.05), ("batch", 3.0, 0.002)])
+def test_the_logit_change_on_the_set_holds_every_sampled_deviation(norm, qk, eps, refine):
+    """logit_change(S) ≥ ‖Γ W^Q Kᵀ + Q (Γ W^K)ᵀ‖_F per head for the true deviation Γ of each block's
+    attention input at sampled perturbations (Γ lies in the set: the stage tests), and never above
+    ξ_l times the set's radius, the bound over the whole ball, at some block."""
+    from bounds.lofast import xi
+    from bounds.network.attention import logit_change
+
+    net = bn_vit(6, norm, "cls", True, qk=qk)
+    x = torch.rand(4, 8, 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    with torch.no_grad():
+        y = net(x).argmax(-1)
+        tn = TaylorNet(net, x, y)
+        stages = dict((name, S) for name, S, _ in tn.stages(eps, log=[] if refine else None, refine=refine))
+        clean = attention_inputs(net, x)
+        tighter = False
+        for k, layer in enumerate(tn.layers):
+            S = stages[f"norm{k}"]
+            bound = logit_change(S, layer, clean[k], eps)  # [B, h]
+            assert torch.isfinite(bound).all()
+            Q, K = layer.queries_keys(clean[k])
+            for delta in perturbations(x, eps, 16, torch.Generator().manual_seed(7)):
+                G = attention_inputs(net, x + delta)[k] - clean[k]
+                GQ = torch.einsum("bnd,hde->bhne", G, layer.W_q)
+                GK = torch.einsum("bnd,hde->bhne", G, layer.W_k)
+                true = (GQ @ K.mT + Q @ GK.mT).flatten(2).norm(dim=-1)
+                assert (true <= bound * (1 + 1e-9) + 1e-12).all(), (k, float((true - bound).max()))
+            tighter = tighter or bool((bound < xi(layer, clean[k]) * S.route[:, None]).any())
+    assert tighter  # what it is for: below ξ_l times the radius, the ball's bound, somewhere

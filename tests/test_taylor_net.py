@@ -835,11 +835,11 @@ def test_hopeless_names_the_images_short_by_more_than_hopeless_margins():
     assert hopeless(low, logits, y).tolist() == [True, False, True, False, False]
 
 
-@pytest.mark.parametrize("eps", [0.05, 0.5])
+@pytest.mark.parametrize("eps", [0.05, 10.0])
 def test_skipping_hopeless_second_passes_costs_no_verdict_on_a_zoo_model(monkeypatch, eps):
     """The skip (HOPELESS) only saves time: on the 2-block margin model's first 24 test images the
-    verdicts are those of a second pass for every image the first leaves uncertified, and at ε 0.5
-    it skips some (so the test sees it act)."""
+    verdicts are those of a second pass for every image the first leaves uncertified, and at ε 10 it
+    skips some (3 of the 22 classified right at HOPELESS 10⁴; so the test sees it act)."""
     import bounds.network.taylor_net as module
 
     net, _ = load_vit(ZOO / "digits-d32-b2-h2-c0.5-q1-m0.003.safetensors")
@@ -860,7 +860,7 @@ def test_skipping_hopeless_second_passes_costs_no_verdict_on_a_zoo_model(monkeyp
     assert torch.equal(with_skip.certified, every.certified)
     seconds = sum(k for refine, k in passes if refine)
     left = sum(k for refine, k in passes if not refine)  # what the first passes left
-    assert seconds <= left and (eps < 0.5 or seconds < left)
+    assert seconds <= left and (eps < 10.0 or seconds < left)
 
 
 def test_the_kept_weight_constants_follow_a_change_of_the_weights():

@@ -18,7 +18,7 @@ from ..certificates import gram_norm
 from ..lofast import delta2_xi, xi
 from ..remainder import remainder
 from .record import Step
-from .zonotope import DeviationSet
+from .zonotope import DeviationSet, box_norms
 
 # the share of the first order (‖J‖·r) below which attention's global remainder is taken as it is,
 # without the local and first-order ones (docs/bounds.md §5, "What a network certificate skips"): on
@@ -49,9 +49,41 @@ BEST = "best"
 BEST_OF = ("taylor", "lofast_half")
 
 
+def logit_change(S: DeviationSet, layer: DotMHA, X: Tensor, eps: float) -> Tensor:
+    """An upper bound of ‖Γ W^Q_l K_lᵀ + Q_l (Γ W^K_l)ᵀ‖_F over the deviations Γ of the set ``S`` at the
+    clean input X, per head [B, h] (docs/bounds.md §5.1, "Attention's logits on the set"): the linear
+    logit map L_l applied to each part, ‖L(c)‖ + ε‖L(G)‖₂ + max over the box of ‖L(A)ζ‖ + the groups'
+    ‖L(Q_j)‖_F under their budget + ξ_l Σρ for E. The remainder's ξ_l·r bounds the same over the whole
+    ball of radius r; the set is often far smaller in the directions the logits read."""
+    Q, K = layer.queries_keys(X)  # [B, h, n, e], biases included
+
+    def L(T: Tensor) -> Tensor:  # T [B, n, d, *cols] → [B, h, n, n, *cols], one contraction at a time
+        TQ = torch.einsum("bnd...,hde->bhne...", T, layer.W_q)
+        TK = torch.einsum("bmd...,hde->bhme...", T, layer.W_k)
+        return torch.einsum("bhne...,bhme->bhnm...", TQ, K) + torch.einsum("bhne,bhme...->bhnm...", Q, TK)
+
+    B, n, d, k, g = S.Q.shape
+    h = layer.h
+    LG = L(S.G).reshape(B, h, n * n, -1)
+    first = eps * gram_norm(LG.mT @ LG if LG.shape[-1] <= n * n else LG @ LG.mT)
+    shift = L(S.c).flatten(2).norm(dim=-1)
+    if S.A.shape[-1]:
+        symbols = box_norms(L(S.A).reshape(B * h, n, n, -1))[1].reshape(B, h)
+    else:
+        symbols = torch.zeros_like(shift)
+    if k:
+        groups = L(S.Q.reshape(B, n, d, k * g)).reshape(B, h, n * n, k, g).square().sum((2, 4)).sqrt()
+        grouped = torch.stack([S.grouped(groups[:, i]) for i in range(h)], 1)
+    else:
+        grouped = torch.zeros_like(shift)
+    ball = xi(layer, X) * S.ball()[:, None]
+    # each norm's own rounding: a relative 1e-12 covers products of a few hundred terms in float64
+    return (shift + first + symbols + grouped + ball) * (1 + 1e-12)
+
+
 def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | None = None,
               split: str = "taylor", quadratic: bool | None = None,
-              cache: dict | None = None) -> DeviationSet:
+              cache: dict | None = None, eps: float | None = None) -> DeviationSet:
     """Attention at its clean input X [B, n, d]: Δ ↦ J[Δ] + R(Δ) with J the exact Jacobian
     (:func:`jacobian_apply`) and ‖R‖_F ≤ the Taylor remainder of docs/bounds.md §2.3 at the set's
     radius (or, with ``split`` lofast, LoFAST's Δ₁ and δ₂); E's radii and the route grow by
@@ -78,7 +110,11 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     dense = J if J is not None or split != "taylor" or N > NORM_J else dot_jacobian(layer, X)
     bound = jacobian_bound(layer, X, parts, dense, logits=split == "taylor")
     if split == "taylor":
-        rest = remainder(layer, X, r, core=parts["xi"], quadratic=quadratic, cache=cache,
+        core = parts["xi"]
+        if eps is not None:  # ξ_l·r bounds the linear logit change over the ball; the set's own is smaller
+            on_set = logit_change(S, layer, X, eps) / r.clamp_min(torch.finfo(r.dtype).tiny)[:, None]
+            core = torch.minimum(core, on_set)
+        rest = remainder(layer, X, r, core=core, quadratic=quadratic, cache=cache,
                          enough=NEGLIGIBLE * bound * r)
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
                   tok=_mix_tokens(layer, parts, dense, S.tok, split))

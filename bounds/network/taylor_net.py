@@ -391,7 +391,7 @@ class TaylorNet:
             # the quadratic form of the remainder costs h·n²-wide eigenproblems: the second pass only
             S = attention(S, self.layers[k], self.inputs[k][images], k, log, split,
                           quadratic=refine is not None,
-                          cache=self.clean_parts.setdefault((k, *_key(images)), {}))
+                          cache=self.clean_parts.setdefault((k, *_key(images)), {}), eps=eps)
             out.append((f"attention{k}", S, None))
             last = k == len(self.net.blocks) - 1
             S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine, form or not last)
@@ -413,7 +413,7 @@ class TaylorNet:
         out.append((f"norm{k}", S1, s))
         branch = attention(S1, self.layers[k], self.inputs[k][images], k, log, split,
                            quadratic=refine is not None,
-                           cache=self.clean_parts.setdefault((k, *_key(images)), {}))
+                           cache=self.clean_parts.setdefault((k, *_key(images)), {}), eps=eps)
         mark(Join())
         S = S.plus(branch)
         out.append((f"attention{k}", S, None))
