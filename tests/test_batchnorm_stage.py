@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_taylor_net import perturbations, survives_attack
 
-from bounds.network.batchnorm import ScaleRecord, batch_norm
+from bounds.network.stages.batchnorm import ScaleRecord, batch_norm
 from bounds.network.taylor_net import TaylorNet
 from bounds.network.zonotope import DeviationSet
 from models import InputError
@@ -192,7 +192,7 @@ def test_the_logit_change_on_the_set_holds_every_sampled_deviation(norm, qk, eps
     attention input at sampled perturbations (Γ lies in the set: the stage tests), and never above
     ξ_l times the set's radius, the bound over the whole ball, at some block."""
     from bounds.lofast import xi
-    from bounds.network.attention import logit_change
+    from bounds.network.stages.attention import logit_change
 
     net = bn_vit(6, norm, "cls", True, qk=qk)
     x = torch.rand(4, 8, 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)

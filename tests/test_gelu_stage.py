@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from test_taylor_net import check_stages, survives_attack
 
-from bounds.network.activations import _second_range, gelu_bounds, gelu_relaxation, gelu_second
+from bounds.network.stages.activations import _second_range, gelu_bounds, gelu_relaxation, gelu_second
 from bounds.network.taylor_net import TaylorNet
 from models import InputError
 from models.vit import ViT, ViTConfig

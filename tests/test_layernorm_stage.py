@@ -13,7 +13,7 @@ from test_taylor_net import ZOO, check_stages, pgd, survives_attack
 from torch import nn
 
 from bench.nets.accuracy import first_test_images
-from bounds.network.layernorm import norm_jacobian, norm_remainder
+from bounds.network.stages.layernorm import norm_jacobian, norm_remainder
 from bounds.network.taylor_net import TaylorNet
 from models.vit import ViT, ViTConfig
 from models.vit_io import load_vit

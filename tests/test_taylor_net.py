@@ -565,7 +565,7 @@ def test_the_per_token_error_bounds_hold_through_attention(split):
     that lives on one token: E_s of norm e_s along the top right singular vector of the block
     M_ts, which attains e_s‖M_ts‖₂ at token t; M built densely (the Jacobian by autograd, Δ₁ as
     I + Σ_l P_l ⊗ C_lᵀ), not by the code under test."""
-    from bounds.network.attention import _mix_tokens, attention_parts
+    from bounds.network.stages.attention import _mix_tokens, attention_parts
     from models import DotMHA
 
     gen = torch.Generator().manual_seed(7)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .attention import AttentionRecord
-from .batchnorm import ScaleRecord
-from .ffn import FFNRecord
-from .layernorm import NormRecord
-from .project import ProjectRecord
 from .record import Fork, Join
+from .stages.attention import AttentionRecord
+from .stages.batchnorm import ScaleRecord
+from .stages.ffn import FFNRecord
+from .stages.layernorm import NormRecord
+from .stages.project import ProjectRecord
 
 # every stage record the pass knows (each with ``step``), and the residuals' marks
 STAGES = (AttentionRecord, FFNRecord, NormRecord, ProjectRecord, ScaleRecord)

@@ -53,7 +53,11 @@ from models import InputError
 from models.vit import TokenBatchNorm, ViT
 
 from ..certificates import gram_norm
-from .attention import (
+from .backward import backward
+from .constants import net_constants
+from .propagated import check_stages
+from .record import Fork, Join
+from .stages.attention import (
     BEST,
     BEST_OF,
     DENSE_J,
@@ -68,14 +72,10 @@ from .attention import (
     sparse_apply,
     transpose_apply,
 )
-from .backward import backward
-from .batchnorm import batch_norm
-from .constants import net_constants
-from .ffn import REFINE_LIMIT, Mapped, Refine, ffn, relu_bounds
-from .layernorm import layer_norm
-from .project import FRAME_KAPPA, SAFE, error_frame, project
-from .propagated import check_stages
-from .record import Fork, Join
+from .stages.batchnorm import batch_norm
+from .stages.ffn import REFINE_LIMIT, Mapped, Refine, ffn, relu_bounds
+from .stages.layernorm import layer_norm
+from .stages.project import FRAME_KAPPA, SAFE, error_frame, project
 from .zonotope import DeviationSet
 
 __all__ = ["BEST", "BEST_OF", "DENSE_J", "FRAME_KAPPA", "HOPELESS", "NEGLIGIBLE", "NORM_J", "REFINE_LIMIT",

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor
 
-from .zonotope import relu_relaxation
+from ..zonotope import relu_relaxation
 
 __all__ = ["ACTIVATION_STAGES", "gelu_bounds", "gelu_relaxation", "gelu_second", "gelu_slope", "relaxation"]
 

@@ -1,6 +1,6 @@
 """The FFN as a stage of ``taylor_net`` (docs/bounds.md §5.1): linear per token but for the neurons
 whose range the activation bends, each relaxed with a symbol of its own (ReLU's parallelogram, GELU's
-exact slope and Taylor error: :mod:`bounds.network.activations`), and CROWN's slopes for the backward
+exact slope and Taylor error: :mod:`bounds.network.stages.activations`), and CROWN's slopes for the backward
 pass."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from ..certificates import gram_norm
+from ...certificates import gram_norm
+from ..record import Step
+from ..zonotope import DeviationSet, columns, symbols
 from .activations import gelu_bounds, relaxation
-from .record import Step
-from .zonotope import DeviationSet, columns, symbols
 
 # a callable (functionals [B, C, n, d], their forward ranges lo, hi [B, C]) → tighter (lo, hi): the
 # backward pass over the stages so far (:meth:`TaylorNet.stages`)

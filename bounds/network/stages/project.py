@@ -9,10 +9,10 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from ..certificates import gram_norm
+from ...certificates import gram_norm
+from ..record import Step
+from ..zonotope import DeviationSet, along_u, columns, relu_relaxation, symbols
 from .ffn import Refine, relu_bounds
-from .record import Step
-from .zonotope import DeviationSet, along_u, columns, relu_relaxation, symbols
 
 # A straddling token needs its radius below its clean norm (the decomposition's remainder blows up at
 # the origin); beyond it the token is bounded by LayerProject's 1-Lipschitz property alone.

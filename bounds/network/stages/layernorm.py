@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from ..certificates import gram_norm
-from .record import Step
-from .zonotope import DeviationSet
+from ...certificates import gram_norm
+from ..record import Step
+from ..zonotope import DeviationSet
 
 __all__ = ["NormRecord", "layer_norm", "norm_jacobian", "norm_remainder"]
 

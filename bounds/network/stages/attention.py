@@ -14,11 +14,11 @@ from torch import Tensor
 from models import DotMHA
 from models.structured import dot_jacobian
 
-from ..certificates import gram_norm
-from ..lofast import delta2_xi, xi
-from ..remainder import remainder
-from .record import Step
-from .zonotope import DeviationSet, box_norms
+from ...certificates import gram_norm
+from ...lofast import delta2_xi, xi
+from ...remainder import remainder
+from ..record import Step
+from ..zonotope import DeviationSet, box_norms
 
 # the share of the first order (‖J‖·r) below which attention's global remainder is taken as it is,
 # without the local and first-order ones (docs/bounds.md §5, "What a network certificate skips"): on

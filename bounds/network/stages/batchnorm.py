@@ -11,8 +11,8 @@ from torch import Tensor
 
 from models.vit import TokenBatchNorm
 
-from .record import Step
-from .zonotope import DeviationSet
+from ..record import Step
+from ..zonotope import DeviationSet
 
 
 @dataclass(frozen=True)
