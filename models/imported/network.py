@@ -81,26 +81,29 @@ class _Reader:
         given = {k: v.to(like) for k, v in given.items()}
         return self.graph.run(given, [wanted], False)[wanted].double()
 
-    def rows(self, src: str, dst: str, R: Tensor, where: str | None = None) -> Tensor:
-        """The map src → dst on the rows R [m, d] of src, each alone in its own token (src's other
-        tokens as captured where ``where`` is ``"token0"``: R goes in token 0 of each batch element)."""
+    def rows(self, src: str, dst: str, R: Tensor, where: str = "token") -> Tensor:
+        """The map src → dst on the rows R [m, ·] of src, a run of src's captured shape at a time, each
+        output row flattened. ``where`` puts each row: ``"token"`` alone in its own token (zeros
+        elsewhere), ``"image"`` as a whole input (R [m, the rest of src's shape flattened]),
+        ``"token0"`` in token 0 of a batch element (its other tokens as captured), ``"every"`` in every
+        token of a batch element."""
         shape = self.values[src].shape
         base = self.values[src].double()
+        per = math.prod(shape[:-1]) if where == "token" else shape[0]
         out = []
-        if where == "token0":
-            per = shape[0]
-            for i in range(0, len(R), per):
-                Z = base.clone()
-                chunk = R[i:i + per]
-                Z[:len(chunk), 0] = chunk
-                out.append(self.run({src: Z}, dst).reshape(per, -1)[:len(chunk)])
-            return torch.cat(out)
-        per = math.prod(shape[:-1])
         for i in range(0, len(R), per):
             chunk = R[i:i + per]
-            Z = torch.zeros(per, shape[-1], dtype=torch.float64)
-            Z[:len(chunk)] = chunk
-            out.append(self.run({src: Z.reshape(shape)}, dst).reshape(per, -1)[:len(chunk)])
+            if where in ("token", "image"):
+                Z = torch.zeros(per, *R.shape[1:], dtype=torch.float64)
+                Z[:len(chunk)] = chunk
+                Z = Z.reshape(shape)
+            else:
+                Z = base.clone()
+                if where == "token0":
+                    Z[:len(chunk), 0] = chunk
+                else:
+                    Z[:len(chunk)] = chunk[:, None]
+            out.append(self.run({src: Z}, dst).reshape(per, -1)[:len(chunk)])
         return torch.cat(out)
 
     def probes(self, src: str, count: int, seed: int) -> Tensor:
@@ -119,7 +122,7 @@ class _Reader:
 
 
 def _affine(reader: _Reader, src: str, dst: str, what: str,
-            where: str | None = None) -> tuple[Tensor, Tensor]:
+            where: str = "token") -> tuple[Tensor, Tensor]:
     """(W [d_in, d_out], b) of a token-wise affine map src → dst, read on the basis and checked."""
     d = reader.values[src].shape[-1]
     basis = torch.cat([torch.zeros(1, d, dtype=torch.float64), torch.eye(d, dtype=torch.float64)])
@@ -144,8 +147,9 @@ def _ls(F: Tensor, G: Tensor) -> tuple[Tensor, Tensor]:
     return a, G.mean(0) - a * F.mean(0)
 
 
-def _norm(reader: _Reader, src: str, dst: str, what: str, where: str | None = None) -> tuple:
-    """:func:`_fit` of the token-wise norm src → dst on probes of src's tokens."""
+def _norm(reader: _Reader, src: str, dst: str, what: str, where: str = "token") -> tuple:
+    """:func:`_fit` of the token-wise norm src → dst on probes of src's tokens (placed as
+    :meth:`_Reader.rows` says)."""
     d = reader.values[src].shape[-1]
     R, T = reader.probes(src, 4 * d + 16, 2), reader.probes(src, 2 * d, 3)[d // 2:]
     return _fit(reader, R, reader.rows(src, dst, R, where), T, reader.rows(src, dst, T, where), what)
@@ -266,28 +270,16 @@ def _head(graph: Graph, reader: _Reader, X: str, logits: str) -> tuple[str, tupl
     if moved <= FIT[reader.float64]:  # the features read token 0 alone: the class token
         return "cls", _norm(reader, X, f, "the final norm", where="token0"), W, b
     # mean pooling: on equal tokens the features are the norm of that token
-    d, n = base.shape[-1], base.shape[1]
-    R = reader.probes(X, 4 * d + 16, 5)
-    Y = torch.cat([reader.run({X: R[i:i + base.shape[0]][:, None].expand(-1, n, -1).contiguous()}, f)
-                   for i in range(0, len(R), base.shape[0]) if len(R[i:i + base.shape[0]]) == base.shape[0]])
-    R, cut = R[:len(Y)], 3 * len(Y) // 4
-    return "mean", _fit(reader, R[:cut], Y[:cut], R[cut:], Y[cut:], "the final norm"), W, b
+    return "mean", _norm(reader, X, f, "the final norm", where="every"), W, b
 
 
 def _embedding(graph: Graph, reader: _Reader, inp: str, X0: str,
                side: int) -> tuple[int, bool, Tensor, Tensor]:
     """(patch p, class token?, E [p², d], t0 [n, d]) of the affine map from the model's input to the
     first block's input, checked to be a p×p patch embedding."""
-    shape = reader.values[inp].shape
     P = side * side
     eye = torch.cat([torch.zeros(1, P, dtype=torch.float64), torch.eye(P, dtype=torch.float64)])
-    out, B = [], shape[0]
-    for i in range(0, len(eye), B):
-        chunk = eye[i:i + B]
-        Z = torch.zeros(B, P, dtype=torch.float64)
-        Z[:len(chunk)] = chunk
-        out.append(reader.run({inp: Z.reshape(shape)}, X0)[:len(chunk)])
-    out = torch.cat(out)  # [P + 1, n, d]
+    out = reader.rows(inp, X0, eye, where="image").reshape(P + 1, *reader.values[X0].shape[1:])
     t0, M = out[0], out[1:] - out[0]
     live = M.abs().amax(-1) > 0  # [P, n]
     free = ~live.any(0)
