@@ -192,7 +192,7 @@ def test_the_logit_change_on_the_set_holds_every_sampled_deviation(norm, qk, eps
     attention input at sampled perturbations (Γ lies in the set: the stage tests), and never above
     ξ_l times the set's radius, the bound over the whole ball, at some block."""
     from bounds.lofast import xi
-    from bounds.network.stages.attention import logit_change
+    from bounds.network.stages.attention import attention_parts, logit_change
 
     net = bn_vit(6, norm, "cls", True, qk=qk)
     x = torch.rand(4, 8, 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
@@ -204,7 +204,8 @@ def test_the_logit_change_on_the_set_holds_every_sampled_deviation(norm, qk, eps
         tighter = False
         for k, layer in enumerate(tn.layers):
             S = stages[f"norm{k}"]
-            bound = logit_change(S, layer, clean[k], eps)  # [B, h]
+            parts = attention_parts(layer, clean[k]) | {"xi": xi(layer, clean[k])}
+            bound = logit_change(S, layer, parts, eps)  # [B, h]
             assert torch.isfinite(bound).all()
             Q, K = layer.queries_keys(clean[k])
             for delta in perturbations(x, eps, 16, torch.Generator().manual_seed(7)):

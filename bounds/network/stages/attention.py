@@ -49,13 +49,14 @@ BEST = "best"
 BEST_OF = ("taylor", "lofast_half")
 
 
-def logit_change(S: DeviationSet, layer: DotMHA, X: Tensor, eps: float) -> Tensor:
+def logit_change(S: DeviationSet, layer: DotMHA, parts: dict[str, Tensor], eps: float) -> Tensor:
     """An upper bound of ‖Γ W^Q_l K_lᵀ + Q_l (Γ W^K_l)ᵀ‖_F over the deviations Γ of the set ``S`` at the
-    clean input X, per head [B, h] (docs/bounds.md §5.1, "Attention's logits on the set"): the linear
-    logit map L_l applied to each part, ‖L(c)‖ + ε‖L(G)‖₂ + max over the box of ‖L(A)ζ‖ + the groups'
-    ‖L(Q_j)‖_F under their budget + ξ_l Σρ for E. The remainder's ξ_l·r bounds the same over the whole
-    ball of radius r; the set is often far smaller in the directions the logits read."""
-    Q, K = layer.queries_keys(X)  # [B, h, n, e], biases included
+    clean point ``parts`` (:func:`attention_parts`, with ``xi``: ξ_l), per head [B, h] (docs/bounds.md
+    §5.1, "Attention's logits on the set"): the linear logit map L_l applied to each part, ‖L(c)‖ +
+    ε‖L(G)‖₂ + max over the box of ‖L(A)ζ‖ + the groups' ‖L(Q_j)‖_F under their budget + ξ_l Σρ for E.
+    The remainder's ξ_l·r bounds the same over the whole ball of radius r; the set is often far smaller
+    in the directions the logits read."""
+    Q, K = parts["Q"], parts["K"]  # [B, h, n, e], biases included
 
     def L(T: Tensor) -> Tensor:  # T [B, n, d, *cols] → [B, h, n, n, *cols], one contraction at a time
         TQ = torch.einsum("bnd...,hde->bhne...", T, layer.W_q)
@@ -76,7 +77,7 @@ def logit_change(S: DeviationSet, layer: DotMHA, X: Tensor, eps: float) -> Tenso
         grouped = torch.stack([S.grouped(groups[:, i]) for i in range(h)], 1)
     else:
         grouped = torch.zeros_like(shift)
-    ball = xi(layer, X) * S.ball()[:, None]
+    ball = parts["xi"] * S.ball()[:, None]
     # each norm's own rounding: a relative 1e-12 covers products of a few hundred terms in float64
     return (shift + first + symbols + grouped + ball) * (1 + 1e-12)
 
@@ -112,7 +113,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     if split == "taylor":
         core = parts["xi"]
         if eps is not None:  # ξ_l·r bounds the linear logit change over the ball; the set's own is smaller
-            on_set = logit_change(S, layer, X, eps) / r.clamp_min(torch.finfo(r.dtype).tiny)[:, None]
+            on_set = logit_change(S, layer, parts, eps) / r.clamp_min(torch.finfo(r.dtype).tiny)[:, None]
             core = torch.minimum(core, on_set)
         rest = remainder(layer, X, r, core=core, quadratic=quadratic, cache=cache,
                          enough=NEGLIGIBLE * bound * r)
