@@ -13,13 +13,15 @@ from models import InputError, Stack, as_batch, check_eps
 
 from . import crown as crown_
 from . import jacobian as jac
-from . import kim as kim_
 from . import lofast as lf
-from . import olsa as olsa_
-from . import specformer as sf
 from . import taylor as tay
 from .base import Bound, propagate
 from .certificates import Certificate, ledger, reuse, reusing
+from .lipschitz import castin as castin_
+from .lipschitz import kim as kim_
+from .lipschitz import olsa as olsa_
+from .lipschitz import specformer as sf
+from .lipschitz import yudin as yudin_
 
 DOT, L2, OLSA_KIND = frozenset({"dot"}), frozenset({"l2"}), frozenset({"olsa"})
 ALL = frozenset({"dot", "l2", "olsa"})
@@ -90,6 +92,20 @@ BOUNDS: tuple[Bound, ...] = (
           stack="propagate", finding=kim_.FINDING, display="Kim et al. (Thm 3.2)"),
     Bound("olsa", olsa_.olsa, "Xu et al., OLSA (seed 002)", "Theorem 4.1", True, OLSA_KIND,
           stack="propagate", finding=olsa_.FINDING, display="OLSA (Thm 4.1)"),
+    # the field's newer local Lipschitz constants (docs/bounds.md §3.5, §3.6): ε times a constant over
+    # a set that holds the ball; biases enter through the logit factors (§1.5) or a constant coordinate
+    Bound("castin", castin_.castin, "Castin, Ablin & Peyré, ICML 2024", "Theorem 3.3, adapted "
+          "(docs/bounds.md §3.5)", True, DOT, stack="propagate", biases=True,
+          display="Castin et al. (Thm 3.3)"),
+    Bound("yudin", yudin_.yudin, "Yudin, Gaponov, Kudriashov & Rakhuba, arXiv 2507.07814 (2025)",
+          "the abstract's construction, over the ball (docs/bounds.md §3.6)", True, DOT,
+          stack="propagate", biases=True, display="Yudin et al. (softmax-Jacobian norm)",
+          description="the layer's Jacobian through ‖diag(p) − ppᵀ‖ of each attention row, over the "
+                      "ball; built from the abstract, the paper's equation not read"),
+    Bound("yudin_local", yudin_.yudin_local, "Yudin, Gaponov, Kudriashov & Rakhuba, arXiv 2507.07814 "
+          "(2025)", "the abstract's construction, at X alone (docs/bounds.md §3.6)", False, DOT,
+          stack="propagate", biases=True, display="Yudin et al., at X",
+          description="the same Jacobian bound at the clean input only: the local constant at X times ε"),
     Bound("taylor", tay.taylor, "this suite, docs/bounds.md §2.3", "§2.3", True, DOT,
           stack="propagate", ours=True, biases=True, display="Taylor"),
     Bound("best", lambda layer, X, eps: best(layer, X, eps), "this suite, docs/bounds.md §2.3",

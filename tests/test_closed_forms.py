@@ -14,7 +14,7 @@ from scipy.special import lambertw
 
 import bounds
 import models
-from bounds.kim import phi_inv
+from bounds.lipschitz.kim import phi_inv
 
 RTOL = 1e-9
 

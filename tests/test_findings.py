@@ -17,8 +17,8 @@ from torch import Tensor
 import attacks
 import bounds
 import models
-from bounds.kim import kim_lipschitz
-from bounds.olsa import check_assumptions, olsa_lipschitz
+from bounds.lipschitz.kim import kim_lipschitz
+from bounds.lipschitz.olsa import check_assumptions, olsa_lipschitz
 from models.operators import jacobian_matrix
 
 F64 = torch.float64

@@ -16,9 +16,9 @@ from helpers import np_
 import bounds
 import models
 from bounds import lofast as lf
-from bounds import specformer as sf
 from bounds import taylor as tay
 from bounds.base import radius
+from bounds.lipschitz import specformer as sf
 from models.spectral import product_norm, spectral
 
 SAME = 1e-12  # relative: the thin form is exact, only rounding differs

@@ -34,7 +34,7 @@ ALPHA1 = ALPHA2 = 1.0
 
 
 def lipschitz_constant(c: float, n: int = N) -> float:
-    """Theorem 4.1's constant ``(1/α₂)(1 + c√n/(4α₁))`` (bounds.olsa.olsa_lipschitz, as a float)."""
+    """Theorem 4.1's constant ``(1/α₂)(1 + c√n/(4α₁))`` (bounds.lipschitz.olsa.olsa_lipschitz, as a float)."""
     return (1 + c * math.sqrt(n) / (4 * ALPHA1)) / ALPHA2
 
 

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from models import OLSA, InputError
 
-from .base import radius
+from ..base import radius
 
 FINDING = (
     "fails at finite ε: a search over inputs and orthogonal weights finds σ_max(J)/Lip = 1.06 (n = 2, "

@@ -10,7 +10,7 @@ from torch import Tensor
 from models import L2MHA
 from models.spectral import spectral
 
-from .base import radius
+from ..base import radius
 
 FINDING = (
     "not a bound for ‖W^Q_l‖ > 1: the layer is quadratic in W^Q (A_l = W^Q_l W^Q_lᵀ/√d_h) but the "

@@ -8,7 +8,7 @@ from torch import Tensor
 from models import DotMHA
 from models.spectral import spectral
 
-from .base import radius
+from ..base import radius
 
 FINDING = (
     "unsound for small inputs: its constant vanishes like (‖X‖_F + ε)², but at X = 0 the "
