@@ -57,6 +57,7 @@ FIGURES: dict[str, Callable[[pd.DataFrame], Plot]] = {
     "tightness_depth": lambda df: fig_tight(df, "depth"),
     "tightness_input_norm": lambda df: fig_tight(df, "input_norm"),
     "tightness_eps": lambda df: fig_tight(df, "eps"),
+    "tightness_n": lambda df: fig_tight(df, "n"),
     "tightness_taylor": taylor.figure,
     "scaling": fig_scaling,
     "pretrained": pretrained.figure,

@@ -109,7 +109,8 @@ _COLOURS = {
     "jacobian_exp": "#393b79", "delta21_M": "#1f77b4", "delta21_xi": "#ff7f0e",
     "delta22_tight": "#1f77b4", "delta22_naive": "#ff7f0e", "delta2_M": "#1f77b4",
     "delta2_xi": "#ff7f0e", "delta1": "#1f77b4", "naive_delta1": "#d62728", "zeta": "#7f7f7f",
-    "taylor": "#006d2c", "best": "#555555",
+    "taylor": "#006d2c", "best": "#555555", "castin": "#843c39", "yudin": "#e7969c",
+    "yudin_local": "#ad494a",
 }
 
 

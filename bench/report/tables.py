@@ -153,7 +153,7 @@ def table3(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     h = nearest(sub, "h", 8)
     xn = nearest(sub, "x_norm", 1.0)
     sub = sub[(sub["h"] == h) & (sub["x_norm"] == xn) & (sub["head"] == -1)]
-    names = ["lofast_M", "lofast_xi", "specformer"]
+    names = ["lofast_M", "lofast_xi", "specformer", "castin", "yudin"]
     cols = {"pgd_output": "PGD", **{n: label(n) for n in names}}
     rows = sub[((sub["role"] == "pgd") & (sub["objective"] == "output"))
                | ((sub["role"] == "bound") & sub["bound"].isin(names))]
@@ -167,7 +167,8 @@ def table3(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     resid = "residual" if bool(sub["residual"].iloc[0]) else "bare"
     return t, (f"LoFAST Table 3 (docs/bounds.md §2): sweep `eps`, one {resid} dot-product layer, "
                f"h={h}, ‖X‖={xn:g}, n={int(sub['n'].iloc[0])}, d={int(sub['d'].iloc[0])}; `value` "
-               f"(mean over samples) of pgd_output, lofast_M, lofast_xi, specformer.")
+               f"(mean over samples) of pgd_output, lofast_M, lofast_xi, specformer, castin (§3.5), "
+               f"yudin (§3.6).")
 
 
 def olsa_kim(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:

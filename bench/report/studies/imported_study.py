@@ -15,7 +15,7 @@ from ..panels import Panel, Plot, Skip, bound_trace, label, letter
 
 # as the pretrained study: LoFAST's two, their halves, ours, the minimum, naive, and the estimate
 NAMES = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "taylor", "best", "naive",
-         "jacobian"]
+         "castin", "yudin", "jacobian"]
 CAP = 1e4  # as the other tightness figures: a ratio above is drawn off scale, with its number
 EPS = "ε (× median‖x_i‖)"
 WHY = ("ε is relative, as task `pretrained`'s: the radius is the cell's eps × the median token norm "

@@ -10,9 +10,10 @@ import pandas as pd
 
 from ..panels import Panel, Plot, Skip, Trace, balanced, bound_trace, label, letter
 
-# LoFAST's two, their halves, ours, the minimum, naive, and the first-order estimate
+# LoFAST's two, their halves, ours, the minimum, naive, the newer papers' two (docs/bounds.md §3.5,
+# §3.6), and the first-order estimate
 NAMES = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "taylor", "best", "naive",
-         "jacobian"]
+         "castin", "yudin", "jacobian"]
 CAP = 1e4  # as the other tightness figures: a ratio above is drawn off scale, with its number
 LAYER = "layer of all-MiniLM-L6-v2"
 # per-layer quantities: (rows' role, bound name) -> display name; ζ is the certified bound row

@@ -1,5 +1,5 @@
 """Tightness of every end-to-end bound along one sweep's axis (sweeps ``heads``, ``depth``,
-``input_norm``, ``eps``): value / PGD lower bound, one column of panels per facet (layer kind, or h).
+``input_norm``, ``eps``, ``n``): value / PGD lower bound, one column of panels per facet (layer kind, or h).
 
 Two rows, because the bounds differ by up to 99 orders of magnitude: on one axis a SpecFormer ratio
 of 1e11 squeezes every useful bound into the decade above 1. The top row holds the bounds a reader
@@ -35,7 +35,9 @@ RATIO, EXCESS = "bound / PGD", "bound / PGD − 1"
 # sweep: (x column, its axis label, facet column, x scale)
 TIGHT = {"heads": ("h", "heads h", "kind", "log2"), "depth": ("depth", "depth (blocks)", "kind", "linear"),
          "input_norm": ("x_norm", "input norm ‖X‖", "kind", "log"),
-         "eps": ("eps", r"radius $\varepsilon$", "h", "linear")}
+         "eps": ("eps", r"radius $\varepsilon$", "h", "linear"),
+         # Castin et al.'s constant grows as √n (docs/bounds.md §3.5): the n sweep shows it
+         "n": ("n", "tokens n", "kind", "log2")}
 
 
 def _rows(df: pd.DataFrame, name: str) -> tuple[pd.DataFrame, str]:
