@@ -38,8 +38,10 @@ def _fig1_row(sub1: pd.DataFrame, subh: pd.DataFrame, h1: int, hmax: int, note: 
                 _own_pgd(sub1, "delta21_M"))
     b = present(bound_trace(sub1, "eps", "delta22_tight"), bound_trace(sub1, "eps", "delta22_naive"),
                 _own_pgd(sub1, "delta22_tight"))
+    # with the newer papers' two beside LoFAST's (docs/bounds.md §3.5, §3.6)
     c = present(*(bound_trace(subh, "eps", n) for n in ["lofast_M", "lofast_xi", "naive",
-                                                         "lofast_M_half"]), pgd_trace(subh, "eps"))
+                                                         "lofast_M_half", "castin", "yudin"]),
+                pgd_trace(subh, "eps"))
     heads = "1 head" if h1 == 1 else f"{h1} heads"
     return [Panel(rf"{letter(first)} $\Delta_{{2,1}}$, {heads}{note}", EPS, NORM, a, xscale="log"),
             Panel(rf"{letter(first + 1)} $\Delta_{{2,2}}$, {heads}{note}", EPS, "", b, xscale="log"),
@@ -65,7 +67,8 @@ def fig1(df: pd.DataFrame) -> Plot:
     return Plot([_fig1_row(sub1, subh, h1, hmax, "", 0)],
                 f"LoFAST Fig. 1 (docs/bounds.md §2): sweep `eps`, kind dot, ‖X‖={xn:g}; (a, b) h={h1} "
                 f"per-head sub-bounds against the PGD of their own objective (`pgd` column), (c) "
-                f"h={hmax} `value` of LoFAST (‖M‖), LoFAST (ξ), naive, LoFAST ½ (‖M‖) and the PGD "
+                f"h={hmax} `value` of LoFAST (‖M‖), LoFAST (ξ), naive, LoFAST ½ (‖M‖), Castin et al. "
+                f"(§3.5), Yudin et al. (§3.6) and the PGD "
                 f"lower bound of the output (docs/bounds.md §4); mean over samples; ε on a log axis.",
                 (WIDE, 3.2), legend="below")
 
