@@ -58,6 +58,7 @@ def test_point_adds_the_plugin_row_and_leaves_the_registry_as_it_was(capsys, fil
     assert code == 0, err
     res = json.loads(out)
     assert NAME in res and res["meta"]["certified"][NAME] is True
+    assert res["meta"]["plugins"] == {NAME: hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()}
     # the minimum of two certified bounds, at or above PGD
     assert res[NAME] == pytest.approx(min(res["lofast_M_half"], res["naive"]), rel=1e-12)
     assert res[NAME] >= res["pgd"] * (1 - 1e-6)
@@ -225,3 +226,4 @@ def test_certify_takes_a_plugin_bound(capsys):
     s = json.loads(out)
     mine, naive = s["certified_accuracy"][NAME]["0.02"], s["certified_accuracy"]["naive"]["0.02"]
     assert mine >= naive and s["violations"] == 0
+    assert s["meta"]["plugins"] == {NAME: hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()}
