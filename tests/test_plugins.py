@@ -8,6 +8,7 @@ import hashlib
 import importlib.util
 import json
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -227,3 +228,13 @@ def test_certify_takes_a_plugin_bound(capsys):
     mine, naive = s["certified_accuracy"][NAME]["0.02"], s["certified_accuracy"]["naive"]["0.02"]
     assert mine >= naive and s["violations"] == 0
     assert s["meta"]["plugins"] == {NAME: hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()}
+
+
+def test_the_resume_command_names_the_plugins(tmp_path):
+    import shlex
+
+    from bench.cli.main import _resume_command, build_parser
+
+    args = build_parser().parse_args(["run", "--profile", str(tmp_path / "p.toml"), "--plugin", "mine.py"])
+    argv = shlex.split(_resume_command(args, tmp_path / "r"))
+    assert argv[argv.index("--plugin") + 1] == str(Path("mine.py").resolve())  # absolute: any directory

@@ -203,6 +203,8 @@ def _resume_command(args, out) -> str:
         parts += ["--workers", str(args.workers)]
     if args.scheduler is not None:
         parts += ["--scheduler", args.scheduler]
+    for plugin in args.plugin or []:
+        parts += ["--plugin", str(Path(plugin).resolve())]
     return shlex.join(parts)
 
 
