@@ -4,7 +4,8 @@ or a stack (docs/bounds.md §1.4: block k is bounded at its projected input X_k 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -199,6 +200,79 @@ def get(name: str) -> Bound:
         raise InputError(f"unknown bound {name!r}; known: {', '.join(REGISTRY)}") from None
 
 
+# a researcher's own bounds, joined for one run (``--plugin FILE.py``, docs/guide/plugins.md): kept
+# apart from BOUNDS, so that ``best``, the built-in lists and their tests never see them; REGISTRY and
+# PLUGINS are changed in place, so every module that imported them sees the same objects
+PLUGINS: list[Bound] = []
+PLUGIN_SHA256: dict[str, str] = {}  # plugin bound name -> sha256 of the file that defined it
+_PLUGIN_SOURCE: dict[str, str] = {}  # plugin bound name -> that file, for the messages
+
+
+class PluginError(InputError):
+    """A plugin bound that raised, or returned a value that is not a finite [B] tensor: never
+    skipped as a bound that refuses an instance is, since its kinds already say where it applies."""
+
+
+def every() -> list[Bound]:
+    """The built-in bounds, then the plugins registered for this run."""
+    return [*BOUNDS, *PLUGINS]
+
+
+def register(plugin_bounds: Sequence[Bound], source: str, sha256: str) -> list[str]:
+    """Adds a plugin file's bounds to the registry; returns the names it added. Refuses (InputError)
+    a name of a built-in bound or of another plugin file's; the same file (by sha256) registered
+    again is a no-op, so a run and its worker may both register it."""
+    fresh = [b for b in plugin_bounds if PLUGIN_SHA256.get(b.name) != sha256]
+    for b in fresh:  # every name checked before any is added
+        if b.name in REGISTRY:
+            other = ("a built-in bound (bounds/registry.py)" if b.name not in PLUGIN_SHA256 else
+                     f"defined by the plugin {_PLUGIN_SOURCE[b.name]}")
+            raise InputError(f"plugin {source}: bound {b.name!r} is already {other}; rename it")
+    added = []
+    for b in fresh:
+        guarded = replace(b, fn=_guarded(b, source))
+        PLUGINS.append(guarded)
+        REGISTRY[b.name] = guarded
+        PLUGIN_SHA256[b.name], _PLUGIN_SOURCE[b.name] = sha256, source
+        added.append(b.name)
+    return added
+
+
+def unregister(names: Sequence[str]) -> None:
+    """Removes plugin bounds (by name) from the registry; built-in names are left alone."""
+    for name in names:
+        if name in PLUGIN_SHA256:
+            PLUGINS[:] = [b for b in PLUGINS if b.name != name]
+            REGISTRY.pop(name, None)
+            PLUGIN_SHA256.pop(name)
+            _PLUGIN_SOURCE.pop(name)
+
+
+def _guarded(bound: Bound, source: str):
+    """A plugin's fn that says, as one PluginError, what went wrong: an exception of its own, or a
+    value that is not a finite tensor of shape [B] (X's batch)."""
+
+    def fn(layer, X, eps):
+        where = f"plugin bound {bound.name!r} ({source})"
+        try:
+            out = bound.fn(layer, X, eps)
+        except InputError:
+            raise
+        except Exception as e:
+            raise PluginError(f"{where} raised {type(e).__name__}: {e}") from None
+        if not isinstance(out, Tensor):
+            raise PluginError(f"{where} returned {type(out).__name__}, not a torch.Tensor of shape "
+                              f"[{X.shape[0]}]")
+        if tuple(out.shape) != (X.shape[0],):
+            raise PluginError(f"{where} returned shape {list(out.shape)}; a bound returns one value per "
+                              f"input of X, shape [{X.shape[0]}]")
+        if not bool(torch.isfinite(out).all()):
+            raise PluginError(f"{where} returned a value that is not finite: {out.tolist()}")
+        return out
+
+    return fn
+
+
 def has_biases(layer) -> bool:
     """Whether the layer, or some block of the stack, has a nonzero bias (docs/bounds.md §1.5)."""
     if isinstance(layer, Stack):
@@ -221,7 +295,7 @@ def applies(bound: Bound, layer) -> bool:
 def applicable(layer) -> list[Bound]:
     """Every registered bound that applies to this layer or stack, in registry order, but those
     computed only when asked for by name (``opt_in``)."""
-    return [b for b in BOUNDS if applies(b, layer) and not b.opt_in]
+    return [b for b in every() if applies(b, layer) and not b.opt_in]
 
 
 def unavailable() -> set[str]:
@@ -229,7 +303,7 @@ def unavailable() -> set[str]:
     CROWN and what runs it without auto_LiRPA). The one question the runner, the tasks and
     ``compare`` ask; never answered from a table."""
     out = set()
-    for b in BOUNDS:
+    for b in every():
         if b.check is not None:
             try:
                 b.check()

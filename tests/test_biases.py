@@ -458,7 +458,7 @@ CERTIFIED = [b.name for b in bounds.BOUNDS if b.certified and b.objective is not
 def test_the_biased_audit_covers_every_objective_and_enough_cases():
     assert {bounds.REGISTRY[name].objective for name in CERTIFIED} == {
         "output", "delta1", "delta2", "delta21", "delta22"}
-    assert len(CERTIFIED) == 15
+    assert len(CERTIFIED) >= 15  # the suite's as this test was written; a new bound adds to them
     assert sum(case(k)[0].has_biases for k in range(N_LAYERS)) == N_LAYERS - 2
 
 

@@ -13,7 +13,7 @@ import bounds
 from bounds.certificates import KINDS
 from bounds.network import check_network, network_bound
 from bounds.network.netcrown import METHODS
-from bounds.registry import CASCADE, CASCADE_FIRST, CASCADE_TN, TAYLOR_NET
+from bounds.registry import CASCADE, CASCADE_FIRST, CASCADE_TN, PLUGIN_SHA256, TAYLOR_NET
 from models import InputError
 from models.imported.importer import check_source
 
@@ -228,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
                  "offset": args.offset, "sample": args.sample,
                  "pgd_steps": args.pgd_steps, "pgd_restarts": args.pgd_restarts, "seed": args.seed,
                  "device": device.type, "device_name": device_name(device), "versions": versions(),
-                 "threads": torch.get_num_threads(), "bounds": res.bounds}
+                 "threads": torch.get_num_threads(), "bounds": res.bounds,
+                 "plugins": {b: PLUGIN_SHA256[b] for b in res.bounds if b in PLUGIN_SHA256}}
     if args.json:
         # NaN (CROWN's δ, a failed bound's) is null; the reason beside it, per bound
         print(dumps(s | {"nulls": null_reasons(res), "samples": per_sample(res, index)}))

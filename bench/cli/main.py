@@ -54,6 +54,14 @@ def _path(s: str) -> str:
     return s
 
 
+def add_plugin_option(parser: argparse.ArgumentParser) -> None:
+    """``--plugin FILE.py``, repeatable: a researcher's own bounds for this command
+    (docs/guide/plugins.md)."""
+    parser.add_argument("--plugin", action="append", default=None, type=_path, metavar="FILE.py",
+                        help="a Python file whose BOUNDS (bounds.Bound objects) join the registry for "
+                             "this command; repeatable (docs/guide/plugins.md)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m bench", description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=_count, default=None,
@@ -71,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--pgd-steps", type=_positive_int, default=100)
     pt.add_argument("--pgd-restarts", type=_positive_int, default=8)
     pt.add_argument("--seed", type=_positive_int, default=0)
+    add_plugin_option(pt)
     rn = sub.add_parser("run", help="run a profile's sweeps into a results directory (resumable)")
     rn.add_argument("--profile", default="quick", type=_path, help="quick, paper, or a TOML file")
     rn.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -89,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "'attnbounds[dask]')")
     dask.add_argument("--scheduler", default=None, metavar="ADDRESS",
                       help="run the cells on the Dask cluster at ADDRESS (tcp://HOST:8786)")
+    add_plugin_option(rn)
 
     rp = sub.add_parser("report", help="figures and tables, rebuilt from stored results alone")
     rp.add_argument("results", nargs="?", default=str(ROOT / "results" / "baseline"), type=_path,
@@ -97,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="default: RESULTS/report (for a CSV: report/ beside it), git-ignored; the "
                          "committed reports/ is written only when named (--out reports) or by "
                          "`baseline --update`")
+    add_plugin_option(rp)
 
     cp = sub.add_parser("compare", help="tightness and soundness of NEW against BASE (exit 1 if worse)")
     cp.add_argument("base", type=_path)
@@ -104,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--tol", type=float, default=0.02, help="relative tolerance (default 0.02)")
     cp.add_argument("--allow-missing", action="store_true",
                     help="rows of BASE absent from NEW are reported (`!`) but do not fail")
+    add_plugin_option(cp)
 
     bl = sub.add_parser("baseline", help="rewrite results/baseline (or results/paper) deliberately")
     bl.add_argument("--update", action="store_true", required=True)
@@ -125,20 +137,24 @@ def build_parser() -> argparse.ArgumentParser:
     hs.add_argument("--out", default=None, type=_path,
                     help="directory of history.md and history.png (default results/history, git-ignored)")
     add_train_parser(sub)
-    add_certify_parser(sub)
+    add_plugin_option(add_certify_parser(sub))
     add_import_parser(sub)
     return p
 
 
 def _run(args) -> int:
+    from dataclasses import replace
     from pathlib import Path
 
+    from ..core.plugins import load
     from ..sweep.profiles import load_profile, parse_list
     from ..sweep.runner import Interrupted, run_profile
 
     overrides = {f: parse_list(f, getattr(args, f"ov_{f}")) for f in OVERRIDES
                  if getattr(args, f"ov_{f}") is not None}
     profile = load_profile(args.profile, overrides)
+    if args.plugin:  # --plugin beside the profile's plugins = [...]: the run records both
+        profile = replace(profile, plugins=tuple(load([*(p.path for p in profile.plugins), *args.plugin])))
     if args.list:
         for sweep, cell in profile.cells():
             print(f"{sweep}\t{cell.id}")
@@ -187,7 +203,51 @@ def _resume_command(args, out) -> str:
         parts += ["--workers", str(args.workers)]
     if args.scheduler is not None:
         parts += ["--scheduler", args.scheduler]
+    for plugin in args.plugin or []:
+        parts += ["--plugin", str(Path(plugin).resolve())]
     return shlex.join(parts)
+
+
+def _dispatch(args) -> int:
+    """The command's own work, once its plugins are registered."""
+    if args.command == "point":
+        from .point import run
+
+        return run(args)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "compare":
+        from ..report.compare import run as compare
+
+        return compare(args.base, args.new, args.tol, args.allow_missing)
+    if args.command == "report":
+        from ..report.render import build
+
+        out = args.out if args.out is not None else _report_dir(args.results)
+        print(f"report: {build(args.results, out)}")
+        return 0
+    if args.command == "baseline":
+        from .baseline import update
+
+        print(f"baseline: {update(args.source, args.accept, args.allow_dirty, args.tol, args.profile)}")
+        return 0
+    if args.command == "history":
+        from ..report.history import run as history
+
+        return history(args.out)
+    if args.command == "train":
+        from .train_cmd import run as train
+
+        return train(args)
+    if args.command == "certify":
+        from .certify_cmd import run as certify
+
+        return certify(args)
+    if args.command == "import":
+        from .import_cmd import run as import_model
+
+        return import_model(args)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,43 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         check_environment()  # every $BENCH_* variable, before torch or the allocator is configured
         keep_freed_memory()
         set_threads(args.threads)
-        if args.command == "point":
-            from .point import run
+        from ..core.plugins import load, using
 
-            return run(args)
-        if args.command == "run":
-            return _run(args)
-        if args.command == "compare":
-            from ..report.compare import run as compare
-
-            return compare(args.base, args.new, args.tol, args.allow_missing)
-        if args.command == "report":
-            from ..report.render import build
-
-            out = args.out if args.out is not None else _report_dir(args.results)
-            print(f"report: {build(args.results, out)}")
-            return 0
-        if args.command == "baseline":
-            from .baseline import update
-
-            print(f"baseline: {update(args.source, args.accept, args.allow_dirty, args.tol, args.profile)}")
-            return 0
-        if args.command == "history":
-            from ..report.history import run as history
-
-            return history(args.out)
-        if args.command == "train":
-            from .train_cmd import run as train
-
-            return train(args)
-        if args.command == "certify":
-            from .certify_cmd import run as certify
-
-            return certify(args)
-        if args.command == "import":
-            from .import_cmd import run as import_model
-
-            return import_model(args)
+        # a plugin's bounds join the registry for this command alone, checked before any work
+        with using(load(getattr(args, "plugin", None) or [])):
+            return _dispatch(args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

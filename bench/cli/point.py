@@ -8,6 +8,7 @@ from argparse import Namespace
 from torch import Tensor
 
 import bounds
+from bounds.registry import PLUGIN_SHA256
 from models import Stack, load_input, load_layer
 
 from ..core.arglists import split_list
@@ -97,6 +98,8 @@ def run(args: Namespace) -> int:
         "certificates": {n: {"kind": c.kind, "p": c.p, "seeds": list(c.seeds)}
                          for n, c in ev.certificates.items()},
         "findings": {n: bounds.get(n).finding for n in ev.values if bounds.get(n).finding},
+        # the plugin file each plugin bound came from, by its sha256 (docs/guide/plugins.md)
+        "plugins": {n: PLUGIN_SHA256[n] for n in ev.values if n in PLUGIN_SHA256},
     }
     if args.json:
         print(dumps(to_json(ev, meta, batched), indent=1))  # a NaN or +inf value as null

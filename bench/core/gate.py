@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bounds.registry import CASCADES, REGISTRY, TAYLOR_NETS
+from bounds.registry import CASCADES, PLUGIN_SHA256, REGISTRY, TAYLOR_NETS
 from models import InputError
 
 SOUND_RTOL = 1e-6  # a certified value below pgd·(1 − 1e-6) is a violation, never a rounding question
@@ -137,6 +137,7 @@ def check(df: pd.DataFrame, where: Path | str) -> None:
     role, value = df["role"], df["value"]
     _refuse(df, ~role.isin(ROLES), where, f"of an unknown role (known: {', '.join(ROLES)})")
     named = role.isin(NAMED)
+    _check_plugins(df, named, where)
     _refuse(df, named & ~df["bound"].isin(list(REGISTRY)), where,
             "name a bound that bounds/registry.py does not hold")
     d = derive(df)
@@ -155,6 +156,23 @@ def check(df: pd.DataFrame, where: Path | str) -> None:
     if "pgd_margin" in df.columns:
         _check_network(df, d, where)
     _check_flags(df, d, where)
+
+
+def _check_plugins(df: pd.DataFrame, named: pd.Series, where: Path | str) -> None:
+    """Rows of a plugin bound (docs/guide/plugins.md) carry the sha256 of its file, and are judged only
+    with that bound registered (``--plugin FILE.py``): its file says whether it certifies. A
+    built-in bound's rows carry none."""
+    sha = (df["plugin_sha256"].fillna("").astype(str) if "plugin_sha256" in df.columns
+           else pd.Series("", index=df.index))
+    of_plugin = named & (sha != "")
+    unknown = of_plugin & ~df["bound"].isin(list(REGISTRY))
+    if unknown.any():
+        names = ", ".join(sorted(set(df.loc[unknown, "bound"])))
+        raise InputError(f"{where}: {int(unknown.sum())} row(s) of plugin bound(s) {names}, which no "
+                         f"plugin given here defines: name the plugin file with --plugin FILE.py")
+    plugin = df["bound"].isin(list(PLUGIN_SHA256))
+    _refuse(df, named & plugin & (sha == ""), where, "of a plugin bound without its plugin_sha256")
+    _refuse(df, of_plugin & ~plugin, where, "of a built-in bound with a plugin_sha256", show="plugin_sha256")
 
 
 def _check_pgd(df: pd.DataFrame, d: pd.DataFrame, where: Path | str) -> None:

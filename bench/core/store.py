@@ -34,7 +34,9 @@ from .whole import MANIFEST
 # 2: rows carry ``role`` (bound, pgd, timing, block), ``certificate`` (how a value is known) and
 # ``finding`` (a published statement found unsound), and ``schema_version``; solver names say
 # Lanczos; run.json lists every cell; roles certify and accuracy, whose rows (and pgd_margin's) carry
-# the optional columns below (not yet released: extended without a bump)
+# the optional columns below (not yet released: extended without a bump); a plugin bound's rows carry
+# ``plugin_sha256`` (bench/sweep/rows.py PLUGIN_COLUMNS), absent from every other row, so that a table
+# without plugins reads as before
 SCHEMA_VERSION = 2
 TABLE = "results.csv"
 KEY = ["sweep", "cell_id", "role", "bound", "sample", "head", "block"]
@@ -55,7 +57,9 @@ LOCK = ".lock"
 # "n/a" or "NULL" in a value column as a number and let it pass
 # low_memory=False: types are inferred over the whole file, not per chunk, so a mostly empty text
 # column (model_version) does not come back as mixed types with a DtypeWarning
-READ = {"keep_default_na": False, "na_values": ["", "nan", "NaN"], "low_memory": False}
+# plugin_sha256 as text: a digest of digits and one e would read as a float
+READ = {"keep_default_na": False, "na_values": ["", "nan", "NaN"], "low_memory": False,
+        "dtype": {"plugin_sha256": str}}
 
 
 def cell_file(out: Path, sweep: str, cell_id: str) -> Path:

@@ -92,7 +92,7 @@ def judge(base: pd.DataFrame, new: pd.DataFrame, tol: float) -> Changes:
     except InputError as e:  # no row in common: tol was checked by the caller
         return Changes(len(new), classes={"incomparable": 1}, why=str(e))
     m = j["marker"]
-    gone = m.isin(["!", "s"])
+    gone = m.isin(["!", "s", "p"])  # p: a plugin's rows of another file are gone as well
     pgd = j["role"] == "pgd"
     old = _findings(base).assign(_old=True)
     fresh = _findings(new).merge(old, on=KEY, how="left")

@@ -6,8 +6,10 @@ the attack got weaker). Markers: ``x`` soundness violation, ``+`` worse beyond t
 ``-`` better beyond it, ``~`` an estimate moved (not judged), ``c`` the certificate got weaker
 (e.g. exact → probabilistic; shown, not failed), ``!`` missing from NEW, ``s`` missing because
 the bound's optional package is absent from this environment (CROWN without auto_LiRPA: the run
-left those rows out with a note; shown, not failed). Exit 1 on any ``x`` or ``+``, and on ``!``
-unless ``--allow-missing``: a run that lost cells must not pass as one that kept its tightness.
+left those rows out with a note; shown, not failed), ``p`` a plugin bound's row whose plugin file
+changed (another sha256, docs/guide/plugins.md): never compared with the old file's rows. Exit 1 on
+any ``x`` or ``+``, and on ``!`` or ``p`` unless ``--allow-missing``: a run that lost cells must not
+pass as one that kept its tightness.
 Either table empty, not a results table, or no row in common (whatever ``--allow-missing`` says):
 exit 2.
 
@@ -37,9 +39,11 @@ from ..core.store import KEY, atomic_write, load
 
 MARKERS = {"x": "soundness violation", "+": "worse", "-": "better", "~": "estimate moved",
            "c": "certificate weaker", "!": "missing in NEW",
-           "s": "skipped here (the bound's optional package is not installed)"}
+           "s": "skipped here (the bound's optional package is not installed)",
+           "p": "plugin file changed (another sha256): not compared"}
 # a network certify row's verdicts, one per test (docs/bounds.md §5): judged image by image
 VERDICTS = ("certified_pairwise", "certified_prop1")
+PLUGIN = "plugin_sha256"  # bench/sweep/rows.py PLUGIN_COLUMNS
 STRENGTH = ("exact", "deterministic", "relaxation", "probabilistic", "estimate", "attained")
 
 
@@ -54,6 +58,8 @@ def absent_here() -> set[str]:
 def _judge(r, tol: float, skipped: set[str]) -> tuple[str, float]:
     """(marker, factor) for one joined row; factor = new/base of the compared quantity."""
     if r.present == "left_only":
+        if r.plugin_changed:
+            return "p", math.nan
         return ("s" if r.role != "pgd" and r.bound in skipped else "!"), math.nan
     if r.violation_new:
         return "x", r.ratio_new / r.ratio_base if r.ratio_base else math.nan
@@ -82,16 +88,21 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, tol: float = 0.02) -> pd.Data
     ``violation`` are :func:`bench.core.gate.derive`'s, whatever the tables store."""
     if not (0 <= tol < 1):
         raise InputError(f"--tol must be in [0, 1), got {tol}")
-    cols = [*KEY, "certified", "certificate", "value", "pgd", "ratio", "violation", *VERDICTS]
+    cols = [*KEY, PLUGIN, "certified", "certificate", "value", "pgd", "ratio", "violation", *VERDICTS]
 
     def keep(df: pd.DataFrame) -> pd.DataFrame:
         df = df[df["role"].isin(["bound", "pgd", "certify"])]
         d = derive(df)
+        sha = df[PLUGIN].fillna("").astype(str) if PLUGIN in df.columns else ""
         return df.assign(certified=d["certified"], ratio=d["ratio"], violation=d["violation"],
-                         **{c: flag(df, c) for c in VERDICTS})[cols]
+                         **{PLUGIN: sha}, **{c: flag(df, c) for c in VERDICTS})[cols]
 
     kb, kn = keep(base), keep(new)
-    j = kb.merge(kn, on=KEY, how="outer", suffixes=("_base", "_new"), indicator="present")
+    # a plugin's rows join only rows of the same file (its sha256): a changed file is never equal
+    j = kb.merge(kn, on=[*KEY, PLUGIN], how="outer", suffixes=("_base", "_new"), indicator="present")
+    in_new = pd.MultiIndex.from_frame(kn[KEY].astype(str))
+    j["plugin_changed"] = ((j["present"] == "left_only") & (j[PLUGIN] != "")
+                           & pd.MultiIndex.from_frame(j[KEY].astype(str)).isin(in_new))
     if not (j["present"] == "both").any():
         # nothing compared: an empty table and OK would pass any NEW, --allow-missing or not
         raise InputError(f"BASE and NEW have no row in common (of {len(kb)} and {len(kn)} bound, pgd "
@@ -103,12 +114,12 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, tol: float = 0.02) -> pd.Data
     judged = [_judge(r, tol, skipped) for r in j.itertuples()]
     j["marker"] = [m for m, _ in judged]
     j["factor"] = [f for _, f in judged]
-    return j.drop(columns="present").reset_index(drop=True)
+    return j.drop(columns=["present", "plugin_changed"]).reset_index(drop=True)
 
 
 def failures(j: pd.DataFrame, allow_missing: bool = False) -> list[str]:
     """The markers in ``j`` that fail a comparison."""
-    fail = ["x", "+"] if allow_missing else ["x", "+", "!"]
+    fail = ["x", "+"] if allow_missing else ["x", "+", "!", "p"]
     return [m for m in fail if (j["marker"] == m).any()]
 
 
@@ -118,7 +129,7 @@ def summary(j: pd.DataFrame, tol: float, base_name: str, new_name: str,
     lines = [f"# compare: {new_name} against {base_name} (tol {tol:g})", "",
              f"{len(j)} rows compared. " + ", ".join(
                  f"`{m}` {MARKERS[m]}: {int(counts.get(m, 0))}" for m in MARKERS), ""]
-    flagged = j[j["marker"].isin(["x", "+", "!", "c"])]
+    flagged = j[j["marker"].isin(["x", "+", "!", "p", "c"])]
     if len(flagged):
         lines += ["| | bound | cell | sample | head | base | new | factor | certificate |",
                   "|---|---|---|---|---|---|---|---|---|"]

@@ -7,6 +7,7 @@ figure shows can be checked without matplotlib, and the drawing never reads the 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 
@@ -139,8 +140,19 @@ def excess(t: Trace | None) -> Trace | None:
     return Trace(t.label, [p[0] for p in pts], [p[1] for p in pts], t.style, t.colour)
 
 
+# a registered bound without a pinned colour (a plugin's, a new one) takes one of these, by a hash of
+# its name: the same in every figure and run, never the palette's next colour (which depends on what
+# else a figure holds)
+_SPARE = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d",
+          "#9edae5", "#637939", "#8c6d31", "#843c39")
+
+
 def colour(name: str) -> str | None:
-    return _COLOURS.get(name)
+    """A bound's colour: its pinned one, else a deterministic spare; None for a name the registry
+    does not hold (PGD, a solver)."""
+    if name in _COLOURS or name not in bounds.REGISTRY:
+        return _COLOURS.get(name)
+    return _SPARE[int(hashlib.sha256(name.encode()).hexdigest(), 16) % len(_SPARE)]
 
 
 def label(name: str) -> str:

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,6 +33,7 @@ from ..core.env import (
     resolve_device,
     resolve_dtype,
 )
+from ..core.plugins import PluginFile, using
 from .cases import MODEL_TASKS, Cell
 from .tasks import TASKS, memo_group
 
@@ -62,8 +63,10 @@ class Cluster:
     where: str
 
     def rows(self, todo: list[tuple[int, str, Cell]], run: dict, device_arg: str, threads: int,
-             commit: str) -> Iterator[tuple[int, str, Cell, list[dict], dict]]:
-        """(index, sweep, cell, rows, worker env) of every cell in ``todo``, as each finishes.
+             commit: str, plugins: Sequence[PluginFile] = ()
+             ) -> Iterator[tuple[int, str, Cell, list[dict], dict]]:
+        """(index, sweep, cell, rows, worker env) of every cell in ``todo``, as each finishes;
+        ``plugins`` go with each cell as text (bench/core/plugins.py), registered by the worker.
 
         A task's exception (an InputError, say) is raised here, after the cells finished before it
         were yielded; the cells still queued are cancelled.
@@ -83,8 +86,8 @@ class Cluster:
         for (i, sweep, cell), priority in ((todo[j], rank[j]) for j in order):
             group = memo_group(cell)
             after = last.get(group) if group is not None else None
-            future = self.client.submit(compute, cell.id, run, device_arg, threads, after, pure=False,
-                                        priority=priority)
+            future = self.client.submit(compute, cell.id, run, device_arg, threads, after, tuple(plugins),
+                                        pure=False, priority=priority)
             futures[future] = (i, sweep, cell)
             if group is not None:
                 last[group] = future
@@ -213,14 +216,16 @@ def dask_setup(worker) -> None:
     keep_freed_memory()
 
 
-def compute(cell_id: str, run: dict, device_arg: str, threads: int,
-            after: object = None) -> tuple[list[dict], dict]:
+def compute(cell_id: str, run: dict, device_arg: str, threads: int, after: object = None,
+            plugins: Sequence[PluginFile] = ()) -> tuple[list[dict], dict]:
     """On a worker: the rows of one cell, and where they were computed. ``after`` (the result of the
-    cell this one waits for, or None) is not read: it only orders the two on one worker."""
+    cell this one waits for, or None) is not read: it only orders the two on one worker. ``plugins``
+    (the run's plugin files, as text) are registered for this cell alone."""
     torch.set_num_threads(threads)  # the client's count, so that a cell runs as it would serially
     device = resolve_device(device_arg)  # the worker's own: auto is its GPU if it has one
     cell = Cell.from_id(cell_id)
-    rows = TASKS[cell.task](cell, run, device, resolve_dtype(run["dtype"]))
+    with using(plugins):
+        rows = TASKS[cell.task](cell, run, device, resolve_dtype(run["dtype"]))
     return rows, {"torch_version": torch.__version__, "device": device.type,
                   "device_name": device_name(device), "git_commit": _commit()}
 

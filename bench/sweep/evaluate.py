@@ -11,6 +11,7 @@ from torch import Tensor
 import bounds
 from attacks import attack
 from bounds.certificates import Certificate, reuse
+from bounds.registry import PluginError
 from models import InputError, Stack, as_batch, check_eps
 
 from ..core.env import timed
@@ -73,7 +74,7 @@ def evaluate(layer, X: Tensor, eps: float, *, names: list[str] | None = None,
             try:
                 v, s = timed(lambda b=b, Xb=Xb, lb=lb: bounds.evaluate_certified(b, lb, Xb, eps), device)
             except InputError as e:
-                if names:
+                if names or isinstance(e, PluginError):  # a plugin that fails is never a skip
                     raise
                 out.skipped[b.name] = str(e)
                 continue

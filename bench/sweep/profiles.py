@@ -12,6 +12,10 @@
     imported = ["results/vit_layers"]   # import directories: every layer at every input, task imported
     eps = [0.01, 0.1]                   # relative, as task pretrained's (docs/guide/import.md)
 
+A top-level ``plugins = ["my_bound.py"]`` adds a researcher's own bounds to every layer sweep
+(docs/guide/plugins.md); a relative path is relative to the profile file's directory, so a profile and
+its plugin travel together.
+
 ``quick``, ``paper`` and ``crown`` ship in bench/profiles/; any other TOML file is a user profile. CLI
 overrides (``--eps 0.01,0.05``) replace that axis in every sweep.
 """
@@ -25,6 +29,7 @@ from pathlib import Path
 
 from models import InputError
 
+from ..core import plugins as plugin_files
 from ..core.arglists import split_list
 from ..core.env import DTYPES
 from . import imported as import_dirs
@@ -49,6 +54,7 @@ class Profile:
     name: str
     run: dict
     sweeps: dict[str, list[Cell]]
+    plugins: tuple[plugin_files.PluginFile, ...] = ()  # read and checked when the profile is loaded
 
     def cells(self) -> list[tuple[str, Cell]]:
         return [(s, c) for s, cells in self.sweeps.items() for c in cells]
@@ -209,4 +215,14 @@ def load_profile(name_or_path: str, overrides: dict[str, list] | None = None) ->
         sweeps[name] = expand(name, spec, f"profile {path}")
     if not sweeps:
         raise InputError(f"profile {path}: no [[sweep]] tables")
-    return Profile(path.stem, run, sweeps)
+    return Profile(path.stem, run, sweeps, _plugins(data, path))
+
+
+def _plugins(data: dict, path: Path) -> tuple[plugin_files.PluginFile, ...]:
+    """A profile's ``plugins = ["FILE.py", ...]``, relative to the profile's directory, read and
+    checked (bench/core/plugins.py) before any work."""
+    files = data.get("plugins", [])
+    if not isinstance(files, list) or not all(isinstance(f, str) and f.strip() for f in files):
+        raise InputError(f"profile {path}: plugins must be a list of file paths (quoted strings), "
+                         f"got {files!r}")
+    return tuple(plugin_files.load([path.parent / f for f in files]))

@@ -38,6 +38,7 @@ from torch import Tensor
 
 import bounds
 from bounds.certificates import Certificate
+from bounds.registry import PLUGIN_SHA256
 
 from ..core import gate
 from ..core.gate import ROLES, below_pgd, ratio, violation
@@ -76,7 +77,11 @@ PRETRAINED_COLUMNS = {"model_version": "version of the model package (models/pre
 # the extra columns of the imported layers' rows (task ``imported``, bench/sweep/tasks.py)
 IMPORTED_COLUMNS = {"radius": PRETRAINED_COLUMNS["radius"],
                     "imported_node": "the attention's node in the imported graph (its manifest's 'node')"}
-EXTRA_COLUMNS = CERTIFY_COLUMNS | PRETRAINED_COLUMNS | IMPORTED_COLUMNS
+# a plugin bound's rows (bound and certify): the sha256 of the plugin file that computed them
+# (docs/guide/plugins.md), so that compare never joins rows of a changed file with the old ones;
+# absent from every other row (a built-in bound's rows read as the committed baseline's)
+PLUGIN_COLUMNS = {"plugin_sha256": "sha256 of the plugin file that defined the bound"}
+EXTRA_COLUMNS = CERTIFY_COLUMNS | PRETRAINED_COLUMNS | IMPORTED_COLUMNS | PLUGIN_COLUMNS
 
 
 def _entries(values: Tensor) -> Iterator[tuple[int, int, float]]:
@@ -105,6 +110,8 @@ def row(role: str, name: str, sample: int, value: float, *, head: int = -1, bloc
         raise ValueError(f"unknown extra columns {sorted(unknown)}")
     cert = certificate if isinstance(certificate, Certificate) else None
     sound = not below_pgd(value, pgd) and not refuted
+    plugin = PLUGIN_SHA256.get(name) if role in gate.NAMED else None
+    extra = (extra or {}) | ({"plugin_sha256": plugin} if plugin else {})
     return {"role": role, "bound": name, "sample": sample, "head": head, "block": block,
             "certified": certified, "certificate": cert.kind if cert else certificate,
             "certificate_p": cert.p if cert else math.nan,
@@ -112,7 +119,7 @@ def row(role: str, name: str, sample: int, value: float, *, head: int = -1, bloc
             "finding": finding, "objective": objective or "", "value": value, "pgd": pgd,
             "ratio": float(ratio(value, pgd)), "sound": sound,
             "violation": bool(violation(certified, sound, finding)),
-            "seconds": seconds, "pgd_seconds": pgd_seconds, **(extra or {})}
+            "seconds": seconds, "pgd_seconds": pgd_seconds, **extra}
 
 
 def unroll(ev: Evaluation) -> list[dict]:

@@ -27,6 +27,7 @@ from bounds import crown
 from bounds.registry import unavailable
 from models import InputError
 
+from ..core import plugins
 from ..core.env import device_name, git_state, resolve_device, resolve_dtype, versions
 from ..core.store import (
     MANIFEST,
@@ -76,9 +77,11 @@ def check_run_dir(out: Path) -> None:
 
 def _manifest(profile: Profile, run: dict, overrides: dict | None) -> dict:
     commit, _ = git_state()
+    options = {"profile": profile.name, "run": run, "overrides": overrides or {}}
+    if profile.plugins:  # a changed plugin file is another run: its resume is refused (absent: none)
+        options["plugins"] = plugins.describe(profile.plugins)
     return {"schema_version": SCHEMA_VERSION, "suite_version": versions()["suite"],
-            "git_commit": commit,
-            "options": {"profile": profile.name, "run": run, "overrides": overrides or {}},
+            "git_commit": commit, "options": options,
             "cells": [[s, c.id] for s, c in profile.cells()]}
 
 
@@ -141,8 +144,9 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
         require()
     if any(c.task in CROWN_TASKS for _, c in profile.cells()) and "crown" in unavailable():
         print(f"note: the CROWN rows are left out: {crown.INSTALL}", file=sys.stderr)
-    # the cluster first: a missing Dask or an unreachable scheduler then leaves nothing written
-    with _shielded_cleanup() as shield:
+    # the cluster first: a missing Dask or an unreachable scheduler then leaves nothing written; the
+    # plugins' bounds join the registry here (their workers register the same text themselves)
+    with _shielded_cleanup() as shield, plugins.using(profile.plugins):
         with _cluster(workers, scheduler) if dask else contextlib.nullcontext() as cluster:
             writable_dir(out, "--out")
             check_run_dir(out)
@@ -210,7 +214,8 @@ def _run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: t
     if cluster is None:
         results = ((i, s, c, TASKS[c.task](c, run, device, dtype), {}) for i, s, c in todo)
     else:  # in the order they finish; consolidate() restores the run order
-        results = cluster.rows(todo, run, device_arg, torch.get_num_threads(), manifest["git_commit"])
+        results = cluster.rows(todo, run, device_arg, torch.get_num_threads(), manifest["git_commit"],
+                               profile.plugins)
     try:
         for i, sweep, cell, rows, env in results:
             df = pd.DataFrame(rows)

@@ -33,7 +33,7 @@ from models.vit import ViT
 
 from ..base import Bound, propagate
 from ..certificates import Certificate, exact_norm, ledger
-from ..registry import BOUNDS, TAYLOR_NETS, best_ingredients, get
+from ..registry import TAYLOR_NETS, best_ingredients, every, get
 from ..taylor import forms_not_needed, negligible_remainder, sigma_J
 
 # Float64 rounding in the logits, in the products of the test and in the SVDs of ‖E‖ and Lip(FFN)
@@ -57,7 +57,7 @@ def network_bounds(opt_in: bool = False) -> list[Bound]:
     propagated block by block through dot-product layers (docs/bounds.md §1.4), and the network
     procedures of :data:`PROCEDURES` (``taylor_net``, docs/bounds.md §5.1); the opt-in ones
     (CROWN, α-CROWN: a whole-network verification in ``bench certify``) only with ``opt_in``."""
-    return [b for b in BOUNDS if b.certified and (b.name in PROCEDURES or (
+    return [b for b in every() if b.certified and (b.name in PROCEDURES or (
             b.objective == "output" and not b.per_head and "dot" in b.kinds and b.stack == "propagate"))
             and (opt_in or not b.opt_in)]
 

@@ -45,7 +45,7 @@ def name_of(bound: str) -> str:
 
 
 def colour_of(bound: str) -> str | None:
-    return colour(bound) or COLOURS.get(bound)
+    return COLOURS.get(bound) or colour(bound)  # the network figures' own pins first
 
 
 def marker_of(bound: str) -> str | None:
