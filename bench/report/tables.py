@@ -15,7 +15,7 @@ import pandas as pd
 import bounds
 
 from .panels import Parts, Skip, certificates, label, nearest, registry_order, sweep
-from .studies import cauchy_study
+from .studies import cauchy_study, certify_study
 from .studies import certify_tables as certify
 from .studies import cost_study as cost
 from .studies import imported_study as imported
@@ -193,4 +193,5 @@ TABLES: dict[str, Callable[[pd.DataFrame], tuple[pd.DataFrame, str] | Parts]] = 
     "taylor_eps": taylor.table, "table1_certified": certify.table1,
     "cauchy_table1_models": cauchy_study.table_models, "pretrained": pretrained.table,
     "imported": imported.table, "cost": cost.table,
-    "table2_cascade": certify.table2, "remainder": remainder.table}
+    "table2_cascade": certify.table2, "remainder": remainder.table,
+    "taylor_net_diagnostics": certify_study.diagnostics}

@@ -187,3 +187,38 @@ def gap_figure(df: pd.DataFrame) -> Plot:
                       f"the y axis shared; 1 (dotted) means certified as far as the attack reaches, and "
                       f"nothing sound lies above it.{_equal(panels)} {origin(sub, c)}.",
                 (WIDE, height), legend="each", sharey=True)
+
+
+# taylor_net's loss terms (docs/bounds.md §5.1), each a share of the clean margin in the table
+LOSSES = {"tn_first_order": "first order", "tn_kinks": "kinks", "tn_attention": "attention rem.",
+          "tn_project": "project rem."}
+
+
+def diagnostics(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Where taylor_net's margin goes, per model and ε: over the correctly classified images, the
+    median share of the clean margin lost to first order, to the kinks and to the blocks' remainders,
+    the median unstable neurons and straddling tokens, and the images certified of those (so the
+    next lever is the largest share of the images left)."""
+    sub = network(df)
+    rows = sub[(sub["role"] == "certify") & (sub["bound"] == "taylor_net")
+               & tr.flag(sub.get("correct", pd.Series(False, sub.index)))]
+    if rows.empty or not set(LOSSES) <= set(rows.columns) or rows["tn_kinks"].isna().all():
+        raise Skip("no taylor_net certify rows with diagnostics (tn_* columns)")
+    rows = rows.drop_duplicates(["model", "eps", "sample"])
+    out = []
+    for (model, eps), g in rows.groupby(["model", "eps"], sort=True):
+        margin = g["margin"].astype(float)
+        line = {"model": model, "ε": f"{eps:g}", "images": str(len(g)),
+                "certified": str(int(tr.verdicts(g).sum())), "median margin": f"{margin.median():.3g}"}
+        for col, label in LOSSES.items():
+            line[label] = f"{(g[col].astype(float) / margin).median():.3g}"
+        line["unstable"] = f"{g['tn_unstable'].astype(float).median():.0f}"
+        line["straddling"] = f"{g['tn_straddling'].astype(float).median():.0f}"
+        out.append(line)
+    return pd.DataFrame(out), (
+        "taylor_net's diagnostics (docs/bounds.md §5.1): per model and ε, over the correctly classified "
+        "images, the median of each loss as a share of the clean margin at the class closest to failing "
+        "(first order ε‖Gᵀc‖; the relaxed kinks; attention's and LayerProject's remainders, all blocks "
+        "summed), the median ReLU neurons whose range holds 0 and tokens straddling LayerProject's "
+        "sphere, and the images certified. A share above 1 alone decides a verdict; the largest share "
+        f"is the next lever. {origin(sub, counts(df))}.")
