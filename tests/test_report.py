@@ -76,6 +76,13 @@ d = 8
 h = 2
 
 [[sweep]]
+name = "n"
+kind = "dot"
+n = [2, 4]
+d = 8
+h = 2
+
+[[sweep]]
 name = "depth"
 kind = ["dot", "l2"]
 depth = 2
