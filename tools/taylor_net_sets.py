@@ -1,0 +1,48 @@
+"""The parts of taylor_net's deviation set after every stage, for one model, ε and a few test images
+(docs/bounds.md §5.1; docs/results.md, "Where that input radius comes from"): the first-order part
+ε‖G‖₂, the symbols' share, the shift, the remainder balls E (their sum and per source) and the set's
+radius, with each stage's relaxed units. Shows which part a later remainder's radius is made of.
+
+    python tools/taylor_net_sets.py zoo/MODEL.safetensors --dataset fashion-mnist --eps 0.01 --images 0
+        [--refine]   # the second pass's set (every unit's range refined by the backward pass)
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from bench.nets.accuracy import load_model
+from bounds.certificates import gram_norm
+from bounds.network.taylor_net import TaylorNet
+from models.data import load_dataset
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("--dataset", default="digits")
+    p.add_argument("--eps", type=float, default=0.01)
+    p.add_argument("--images", default="0", help="comma-separated test image indices")
+    p.add_argument("--refine", action="store_true")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    net, _ = load_model(a.model)
+    _, _, tx, ty = load_dataset(a.dataset)
+    idx = [int(i) for i in a.images.split(",")]
+    tn = TaylorNet(net, tx[idx], ty[idx])
+    with torch.inference_mode():
+        stages = tn.stages(a.eps, slice(None), [], refine=a.refine, form=True)
+    for name, S, units in stages:
+        B, n, d, P = S.G.shape
+        G = S.G.reshape(B, n * d, P)
+        first = a.eps * gram_norm(G.mT @ G)
+        balls = {s: S.rho[:, i].tolist() for i, s in enumerate(S.sources)}
+        print(f"{name:<12} units {None if units is None else units.tolist()}  first {first.tolist()}  "
+              f"symbols {S.box_norms()[1].tolist()}  shift {S.c.flatten(1).norm(dim=-1).tolist()}  "
+              f"balls {S.ball().tolist()}  radius {S.radius(a.eps).tolist()}  per source {balls}")
+
+
+if __name__ == "__main__":
+    main()
