@@ -11,6 +11,7 @@ CROWN and α-CROWN, and a cascade (a bound whose name starts with ``cascade``).
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import pandas as pd
@@ -36,7 +37,10 @@ PGD_REF = "PGD robust (upper ref.)"
 MARKERS = {"naive": "o", "lofast_M": "v", "lofast_xi": "^", "lofast_M_half": "<", "lofast_xi_half": ">",
            "specformer": "D", "taylor": "s", "taylor_net": "P", "taylor_net_lofast": "X",
            "taylor_net_lofast_half": "p", "taylor_net_best": "x", "crown": "h", "alpha_crown": "H",
-           "cascade": "*", "cascade_crown": "*", "cascade_taylor_net_crown": "d", "cascade_alpha_crown": "8"}
+           "cascade": "*", "cascade_crown": "*", "cascade_taylor_net_crown": "d", "cascade_alpha_crown": "8",
+           "castin": "1", "yudin": "2"}
+# a bound not pinned above (a plugin's, a new one) takes a shape no pinned bound has, by its name's hash
+SPARE_MARKERS = ("3", "4", "+", "|", "_", ".")
 
 
 def name_of(bound: str) -> str:
@@ -49,7 +53,9 @@ def colour_of(bound: str) -> str | None:
 
 
 def marker_of(bound: str) -> str | None:
-    return MARKERS.get(bound)
+    if bound in MARKERS:
+        return MARKERS[bound]
+    return SPARE_MARKERS[int(hashlib.sha256(bound.encode()).hexdigest(), 16) % len(SPARE_MARKERS)]
 
 
 def order(names) -> list[str]:
