@@ -33,8 +33,10 @@ DENSE_J = 256
 # the largest n·d for which attention's Jacobian is also formed for its norm alone (applied as an
 # operator above DENSE_J): ‖J‖₂ from its Gram's exact float64 eigenvalue, which E's radii and the route
 # cross, and its d×d blocks for E's per-token bounds. On the digits models (n·d = 512) the bound from
-# factors was 2.2× ‖J‖₂ a block, and E grew by that at every attention
-NORM_J = 1024
+# factors was 2.2× ‖J‖₂ a block, and E grew by that at every attention; on the accurate Fashion-MNIST
+# models (n·d = 2048) 2.1–2.2× (3.2–3.6 against 1.55–1.67), where E then decided block 3's ranges
+# (docs/results.md, "Where that input radius comes from"): formed up to 2048, its norm kept per image
+NORM_J = 2048
 
 # how attention is split into a linear part and a remainder (docs/bounds.md §5.1, "what the attention
 # bound buys"): ``taylor`` its Jacobian and the Taylor remainder (§2.3); ``lofast`` LoFAST's split,
@@ -109,7 +111,12 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
         parts["xi"] = xi(layer, X)  # ξ_l: the remainder's core and the Jacobian bound's, formed once
     # for the norm alone between DENSE_J and NORM_J (the pass still applies the operator)
     dense = J if J is not None or split != "taylor" or N > NORM_J else dot_jacobian(layer, X)
-    bound = jacobian_bound(layer, X, parts, dense, logits=split == "taylor")
+    if split == "taylor" and cache is not None:  # of the clean input alone: once per image and block
+        if "jacobian_bound" not in cache:  # (its Gram's eigenvalue is ≈ 1 s at n·d = 2048)
+            cache["jacobian_bound"] = jacobian_bound(layer, X, parts, dense)
+        bound = cache["jacobian_bound"]
+    else:
+        bound = jacobian_bound(layer, X, parts, dense, logits=split == "taylor")
     if split == "taylor":
         core = parts["xi"]
         if eps is not None:  # ξ_l·r bounds the linear logit change over the ball; the set's own is smaller
