@@ -108,10 +108,10 @@ BOUNDS: tuple[Bound, ...] = (
           stack="propagate", biases=True, display="Yudin et al., at X",
           description="the same Jacobian bound at the clean input only: the local constant at X times ε"),
     Bound("taylor", tay.taylor, "this suite, docs/bounds.md §2.3", "§2.3", True, DOT,
-          stack="propagate", ours=True, biases=True, display="Taylor"),
-    Bound("best", lambda layer, X, eps: best(layer, X, eps), "this suite, docs/bounds.md §2.3",
-          "min over the certified bounds", True, DOT, stack="propagate", ours=True,
-          biases=True, display="best certified",
+          stack="propagate", ours=True, biases=True, display="Taylor", taylor_options=True),
+    Bound("best", lambda layer, X, eps, **options: best(layer, X, eps, **options),
+          "this suite, docs/bounds.md §2.3", "min over the certified bounds", True, DOT,
+          stack="propagate", ours=True, biases=True, display="best certified", taylor_options=True,
           description="the smallest certified end-to-end bound without a finding, per input (and "
                       "per block of a stack)"),
     # attention's Taylor remainder itself, against an attack on the remainder (objective
@@ -180,11 +180,13 @@ def best_ingredients(layer) -> list[Bound]:
             and layer.kind in b.kinds and (b.biases or not has_biases(layer))]
 
 
-def best(layer, X: Tensor, eps) -> Tensor:
+def best(layer, X: Tensor, eps, *, options: tay.TaylorOptions = tay.NO_OPTIONS) -> Tensor:
     """The smallest of :func:`best_ingredients` at each input: a minimum of upper bounds is one.
-    On a stack it is taken at every block, so each block starts from the smallest radius."""
+    On a stack it is taken at every block, so each block starts from the smallest radius.
+    ``options`` go on to the ingredients that take them (``taylor``)."""
     with _reusing():  # the ingredients share ζ, ‖M_l‖ and σ̄_J: each is computed once
-        values = [b.fn(layer, X, eps) for b in best_ingredients(layer)]
+        values = [b.fn(layer, X, eps, options=options) if b.taylor_options else b.fn(layer, X, eps)
+                  for b in best_ingredients(layer)]
     return torch.stack(values).amin(0)
 
 
@@ -252,10 +254,10 @@ def _guarded(bound: Bound, source: str):
     """A plugin's fn that says, as one PluginError, what went wrong: an exception of its own, or a
     value that is not a finite tensor of shape [B] (X's batch)."""
 
-    def fn(layer, X, eps):
+    def fn(layer, X, eps, **options):
         where = f"plugin bound {bound.name!r} ({source})"
         try:
-            out = bound.fn(layer, X, eps)
+            out = bound.fn(layer, X, eps, **options)
         except InputError:
             raise
         except Exception as e:

@@ -693,7 +693,7 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
     (h·n²) is no larger than the Jacobian's (n·d), which ``taylor`` pays anyway; False never, True
     up to QUAD_LIMIT. ``core`` as in :func:`global_remainder`, ``cache`` as in
     :func:`quadratic_remainder`. ``negligible`` [B]: the quadratic remainder is computed only at the
-    inputs where the others exceed it (``bounds.taylor.negligible_remainder``). ``enough`` [B]: where
+    inputs where the others exceed it (``bounds.taylor.TaylorOptions``). ``enough`` [B]: where
     the global bound is at most this at every input and ``quadratic`` is not True, the global bound
     alone (the others' row quantities cost 2–3× it; ``taylor_net``'s first pass, where the remainder
     is negligible beside its first order: docs/bounds.md §5, "What a network certificate skips")."""
