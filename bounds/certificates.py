@@ -108,7 +108,7 @@ class Ledger:
 
 
 _LEDGER: contextvars.ContextVar[Ledger | None] = contextvars.ContextVar("ledger", default=None)
-_REUSE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("reuse", default=None)
+_NORM_CACHE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("norm_cache", default=None)
 
 
 @contextlib.contextmanager
@@ -123,30 +123,30 @@ def ledger() -> Iterator[Ledger]:
 
 
 @contextlib.contextmanager
-def reuse(cache: dict | None = None) -> Iterator[None]:
+def norm_cache(cache: dict | None = None) -> Iterator[None]:
     """Inside the block, a certified norm of the same operator at the same tensors is computed once
     (several bounds of one evaluation share ζ, ‖M_l‖ and σ̄_J). The cache holds its key tensors, so
     no id is recycled while it lives. Pass the ``cache`` of an earlier block (an empty dict to start
     one) to go on sharing with it."""
-    token = _REUSE.set({} if cache is None else cache)
+    token = _NORM_CACHE.set({} if cache is None else cache)
     try:
         yield
     finally:
-        _REUSE.reset(token)
+        _NORM_CACHE.reset(token)
 
 
-def reusing() -> bool:
-    """Whether a :func:`reuse` block is open."""
-    return _REUSE.get() is not None
+def norm_cache_open() -> bool:
+    """Whether a :func:`norm_cache` block is open."""
+    return _NORM_CACHE.get() is not None
 
 
-def _once(key: tuple, tensors: tuple[Tensor, ...], compute: Callable[[], tuple[object, Certificate]],
-          like: Tensor | None = None) -> object:
+def cached_certified(key: tuple, tensors: tuple[Tensor, ...],
+                     compute: Callable[[], tuple[object, Certificate]], like: Tensor | None = None) -> object:
     """The value of ``compute()`` (a value and its certificate), computed once per ``key`` and
-    tensors inside a :func:`reuse` block (every call outside one), its certificate and seconds in the
-    ledger either way: a value that takes it from the cache still counts its cost
+    tensors inside a :func:`norm_cache` block (every call outside one), its certificate and seconds
+    in the ledger either way: a value that takes it from the cache still counts its cost
     (:attr:`Ledger.reused_seconds`). ``like`` names the device to synchronise for the timing."""
-    cache = _REUSE.get()
+    cache = _NORM_CACHE.get()
     full_key = (key, *(id(t) for t in tensors))
     if cache is not None and full_key in cache:
         value, cert, seconds, _ = cache[full_key]
@@ -165,11 +165,11 @@ def _once(key: tuple, tensors: tuple[Tensor, ...], compute: Callable[[], tuple[o
     return value
 
 
-def reused(key: tuple, tensors: tuple[Tensor, ...], compute: Callable[[], object]) -> object:
-    """``compute()`` once per ``key`` and tensors inside a :func:`reuse` block, as
+def cached_value(key: tuple, tensors: tuple[Tensor, ...], compute: Callable[[], object]) -> object:
+    """``compute()`` once per ``key`` and tensors inside a :func:`norm_cache` block, as
     :func:`certified_norm` for norms: for the parts of a bound that do not depend on ε. It adds no
     certificate of its own (an ``exact`` entry in the ledger, for its seconds)."""
-    return _once(key, tensors, lambda: (compute(), Certificate()))
+    return cached_certified(key, tensors, lambda: (compute(), Certificate()))
 
 
 def _record(entry: Entry) -> None:
@@ -480,7 +480,7 @@ def certified_norm(key: tuple, tensors: tuple[Tensor, ...], dense: Callable[[], 
     [*batch, D, D] formed from structure), used when ``dense_dim`` (the side D of the Gram that
     is eigendecomposed; default N = ∏shape) is at most ``limit``: exact. ``operator()`` gives T
     and its adjoint on [*batch, *shape] (used above: probabilistic). ``key`` and ``tensors`` name
-    the operator for reuse within a :func:`reuse` block. ``probabilistic`` takes the Lanczos
+    the operator for reuse within a :func:`norm_cache` block. ``probabilistic`` takes the Lanczos
     certificate even where the dense one fits (to measure and test it).
     """
     N = math.prod(shape)
@@ -491,4 +491,4 @@ def certified_norm(key: tuple, tensors: tuple[Tensor, ...], dense: Callable[[], 
         nb = lanczos_upper(_gram(operator(), batch, shape), batch, N, like)
         return nb.value, nb.certificate
 
-    return _once((key, probabilistic), tensors, compute, like)
+    return cached_certified((key, probabilistic), tensors, compute, like)

@@ -17,7 +17,7 @@ from . import jacobian as jac
 from . import lofast as lf
 from . import taylor as tay
 from .base import Bound, propagate
-from .certificates import Certificate, ledger, reuse, reusing
+from .certificates import Certificate, ledger, norm_cache, norm_cache_open
 from .lipschitz import castin as castin_
 from .lipschitz import kim as kim_
 from .lipschitz import olsa as olsa_
@@ -184,15 +184,15 @@ def best(layer, X: Tensor, eps, *, options: tay.TaylorOptions = tay.NO_OPTIONS) 
     """The smallest of :func:`best_ingredients` at each input: a minimum of upper bounds is one.
     On a stack it is taken at every block, so each block starts from the smallest radius.
     ``options`` go on to the ingredients that take them (``taylor``)."""
-    with _reusing():  # the ingredients share ζ, ‖M_l‖ and σ̄_J: each is computed once
+    with _norm_cache_unless_open():  # the ingredients share ζ, ‖M_l‖ and σ̄_J: each is computed once
         values = [b.fn(layer, X, eps, options=options) if b.taylor_options else b.fn(layer, X, eps)
                   for b in best_ingredients(layer)]
     return torch.stack(values).amin(0)
 
 
-def _reusing():
-    """A :func:`bounds.certificates.reuse` block, unless one is open already (then its cache serves)."""
-    return contextlib.nullcontext() if reusing() else reuse()
+def _norm_cache_unless_open():
+    """A :func:`bounds.certificates.norm_cache` block, unless one is open already (then its cache serves)."""
+    return contextlib.nullcontext() if norm_cache_open() else norm_cache()
 
 
 def get(name: str) -> Bound:
@@ -332,7 +332,7 @@ class Value:
 
     value: Tensor  # [B] or [B, h]
     certificate: Certificate
-    reused_seconds: float  # time of certified norms reused from an earlier bound (see certify.reuse)
+    reused_seconds: float  # time of certified norms reused from an earlier bound (certificates.norm_cache)
 
 
 def evaluate_certified(bound: Bound | str, layer, X: Tensor, eps: float) -> Value:

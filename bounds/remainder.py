@@ -29,7 +29,7 @@ from models import DotMHA
 from models.spectral import product_norm
 
 from .base import radius
-from .certificates import record, reused
+from .certificates import cached_value, record
 from .forms import (
     ROUND_REL,
     Deferred,
@@ -248,8 +248,8 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
 
     +inf where h·n² > QUAD_LIMIT. ``cache`` (a dict, empty at first) keeps what depends on the
     clean point alone (:func:`_clean_forms`) for calls at other radii on the same layer and X;
-    without it they are kept in the open ``bounds.certificates.reuse`` block, if any. ``rows`` as
-    in :func:`local_remainder`."""
+    without it they are kept in the open ``bounds.certificates.norm_cache`` block, if any. ``rows``
+    as in :func:`local_remainder`."""
     B, n, _ = X.shape
     r = radius(eps, X)[:, None, None]
     if layer.h * n * n > QUAD_LIMIT:
@@ -269,10 +269,10 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
         if "form" not in cache:
             cache.update(_clean_forms(layer, X, G, P, sigma))
         clean = cache
-    else:  # the certify runs ask every ε on one trace, inside a reuse block
+    else:  # the certify runs ask every ε on one trace, inside a norm_cache block
         names, tensors = layer_key(layer)
-        clean = reused(("quadratic_parts", names), (*tensors, X),
-                       lambda: _clean_forms(layer, X, G, P, sigma))
+        clean = cached_value(("quadratic_parts", names), (*tensors, X),
+                             lambda: _clean_forms(layer, X, G, P, sigma))
     spreads = _Spreads(G, P, clean)
     before = len(clean["pairs"])  # the pairs certified by earlier calls (:func:`_record_pairs`)
     # c of the value term, from above (no eigenproblem), from below or certified, each when first asked
@@ -713,9 +713,9 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
             out = torch.minimum(out, quad + ROUND_ABS * glob.sum(-1))
         elif bool(need.any()):  # those inputs alone, so that each input's value is its own
             idx = need.nonzero().squeeze(-1)
-            # one tensor per (X, inputs) in a reuse block, so that the forms kept for it (keyed by the
+            # one tensor per (X, inputs) in a norm_cache block, so that the forms kept for it (keyed by the
             # tensor) serve a second bound that needs the same inputs (taylor, then best)
-            sub = reused(("inputs", tuple(idx.tolist())), (X,), lambda: X[idx])
+            sub = cached_value(("inputs", tuple(idx.tolist())), (X,), lambda: X[idx])
             quad = quadratic_remainder(layer, sub, radius(eps, X)[idx])
             out[idx] = torch.minimum(out[idx], quad + ROUND_ABS * glob.sum(-1)[idx])
     return out

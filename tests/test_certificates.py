@@ -20,7 +20,7 @@ from bounds.certificates import (
     kw_steps,
     lanczos_upper,
     ledger,
-    reuse,
+    norm_cache,
     verified_gram_norm,
 )
 from bounds.lofast import m_norms, zeta
@@ -129,7 +129,7 @@ def test_evaluation_names_each_certificate():
 def test_reuse_computes_a_norm_once_and_charges_each_user():
     layer = models.random_dot(8, 2, seed=0)
     X = models.random_input(5, 8, seed=1)
-    with reuse():
+    with norm_cache():
         with ledger() as first:
             a = zeta(layer, X)
         with ledger() as second:

@@ -83,16 +83,16 @@ def test_the_network_bound_skips_only_what_its_first_order_already_fails(monkeyp
     from helpers import ROOT
 
     from bench.nets.accuracy import first_test_images, load_model
-    from bounds.certificates import reuse
+    from bounds.certificates import norm_cache
     from bounds.network import Certifier
 
     net, _ = load_model(ROOT / "zoo" / f"{stem}.safetensors")
     x, y = first_test_images("digits", net, 16)
-    with reuse():
+    with norm_cache():
         c = Certifier(net, x.double(), y)
         skip = c.first_order_fails(torch.full_like(c.logits[:, 0], c.embedding * eps))
         cut = c.certify(name, eps)
-    with reuse():
+    with norm_cache():
         c = Certifier(net, x.double(), y)
         monkeypatch.setattr(c, "first_order_fails", lambda r0: torch.zeros_like(r0, dtype=torch.bool))
         full = c.certify(name, eps)

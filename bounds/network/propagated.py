@@ -133,7 +133,7 @@ class NetworkCertificate:
 
 class Certifier:
     """A network at a batch of images: the clean trace is taken once, so that within a
-    :func:`bounds.certificates.reuse` block every bound and ε share the certified norms of each block."""
+    :func:`bounds.certificates.norm_cache` block every bound and ε share the certified norms of each block."""
 
     def __init__(self, net: ViT, images: Tensor, labels: Tensor):
         check_certifiable(net)
@@ -178,7 +178,7 @@ class Certifier:
         remainder ≥ 0, and each f is non-decreasing in the radius (tests/test_negligible.py), so by
         induction both ``taylor``'s and ``best``'s radii stay ≥ L_k whatever the remainders, and so does
         their δ_features. One chain for both, so that the two skip the same images and share the
-        forms computed for the others (bounds.certificates.reuse keys them by those images). σ̄_J and
+        forms computed for the others (bounds.certificates.norm_cache keys them by those images). σ̄_J and
         the ingredients' norms are those the bounds certify anyway."""
         low = r0
         for layer, X, lip in zip(self.layers, self.inputs, self.ffn, strict=True):
