@@ -25,7 +25,7 @@ from models.spectral import spectral
 from models.structured import logit_gram, logit_gram_cols, reduced_logit, zeta_gram
 
 from .base import radius
-from .certificates import certified_norm
+from .norms import certified_norm
 
 METHODS = ("certified", "probabilistic", "lanczos", "dense")
 

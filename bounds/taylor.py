@@ -28,8 +28,8 @@ from models.spectral import LinearOperator
 from models.structured import dot_jacobian, dot_jacobian_operator
 
 from .base import radius
-from .certificates import certified_norm
 from .lofast import layer_key, m_norms, xi
+from .norms import certified_norm
 from .remainder import global_remainder, remainder
 
 

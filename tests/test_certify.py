@@ -131,11 +131,11 @@ def load_vit_checked(path):
 def test_a_memo_shares_the_norms_across_eps_and_changes_nothing(monkeypatch):
     """The certify sweep's cells at other ε reuse the first cell's norms (bench.sweep.tasks); the result
     must be the one a fresh run gives, each bound's seconds still counting what it cost."""
-    import bounds.certificates
+    import bounds.norms
 
     calls = []
-    dense = bounds.certificates.dense_certified_norm
-    monkeypatch.setattr(bounds.certificates, "dense_certified_norm", lambda G: calls.append(1) or dense(G))
+    dense = bounds.norms.dense_certified_norm
+    monkeypatch.setattr(bounds.norms, "dense_certified_norm", lambda G: calls.append(1) or dense(G))
     net, _ = load_model(D32)
     X, y = first_test_images("digits", net, 6)
     memo: dict = {}

@@ -14,16 +14,10 @@ from helpers import ROOT
 
 import models
 from bench.nets.accuracy import load_model
-from bounds.certificates import (
-    DEFAULT_DELTA,
-    _reorthogonalise,
-    kw_steps,
-    lanczos_upper,
-    ledger,
-    norm_cache,
-)
+from bounds.certificates import ledger, norm_cache
 from bounds.lofast import m_norms, zeta
 from bounds.network import Certifier
+from bounds.norms import DEFAULT_DELTA, _reorthogonalise, kw_steps, lanczos_upper
 
 ZOO = ROOT / "zoo"
 D32 = ZOO / "digits-d32-b2-h2-c0.5.safetensors"  # every norm dense: exact

@@ -268,8 +268,8 @@ def test_value_pair_norm_against_the_dense_flattenings(seed, bias, probabilistic
     𝓑₂'s from its atoms on autograd's logit Jacobian, for several weights a, c ≥ 0; formed and
     checked by Cholesky (nothing for the ledger), or by Lanczos through its factors, with a
     probabilistic certificate at most 1/√(1 − δ) above the truth (§2.4)."""
-    from bounds.certificates import DEFAULT_DELTA, DEFAULT_P
     from bounds.forms import logit_gram, value_cubic_parts, value_form_parts, value_pair_norm
+    from bounds.norms import DEFAULT_DELTA, DEFAULT_P
     n, d, h = 4, 6, 2
     layer = random_dot(d, h, seed=seed, q_norm=2.0, k_norm=2.0, bias_norm=bias)
     X = _case(n, d, h, 1.0, 3.0, seed)[:1]
@@ -387,7 +387,8 @@ def test_a_probabilistic_pair_is_sound_and_in_every_ledger_it_bounds(case, monke
     attack and within 1 % of the one with the pair formed and checked, and its ledger holds the
     pair's probabilistic certificate, at the radius that certified it and, as reused, at the next."""
     import bounds.forms
-    from bounds.certificates import DEFAULT_P, ledger
+    from bounds.certificates import ledger
+    from bounds.norms import DEFAULT_P
     n, d, h, w, xn, r, bias = case
     seed = int(1000 * w + 10 * n + d)
     layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)

@@ -31,7 +31,8 @@ from models import InputError
 from models.vit import ViT
 
 from ..base import Bound, propagate
-from ..certificates import Certificate, exact_norm, ledger
+from ..certificates import Certificate, ledger
+from ..norms import exact_norm
 from ..registry import TAYLOR_NETS, best_ingredients, every, get
 from ..taylor import TaylorOptions, sigma_J
 
