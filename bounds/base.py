@@ -11,9 +11,9 @@ from torch import Tensor
 BoundFn = Callable[..., Tensor]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Bound:
-    """One bound of docs/bounds.md.
+    """One bound of docs/bounds.md, built with keywords only (``Bound(name=..., fn=..., ...)``).
 
     ``fn(layer, X, eps)`` takes a layer already on X's device and dtype, ``X`` as [B, n, d] and
     ``eps`` as a float or a per-input tensor [B]; it returns [B] (or [B, h] when ``per_head``).
