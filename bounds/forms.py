@@ -19,6 +19,7 @@ eigenproblems cannot matter (docs/bounds.md §2.3.4, "Eigenproblems left out").
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from functools import cached_property
 
@@ -722,16 +723,27 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
     return value(certified).amax(-1)
 
 
-def heads_top_as(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor], how: str,
+class Estimate(enum.Enum):
+    """How a quantity of the remainder's assembly is taken (docs/bounds.md §2.3.4, rule 4): the one
+    vocabulary of bounds.remainder and :func:`heads_top_as`."""
+
+    ABOVE = "above"  # from above without an eigenproblem: a bound, looser
+    BELOW = "below"  # an estimate from below (a Ritz value): it judges the others, never a bound
+    CERTIFIED = "certified"  # certified with its eigenproblem: a bound, the tightest
+
+
+def heads_top_as(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor], how: Estimate,
                  factors: dict | None = None) -> Tensor:
-    """max over rows of ``value(heads)`` [B], its :func:`heads_top` values taken ``how``: "certified"
-    (:func:`heads_top_max`), or without an eigenproblem "above" (every row's :func:`heads_above`: a
-    bound) or "below" (every row's :func:`heads_below`: an estimate, never a bound). ``factors`` as
-    in :func:`heads_top_max`."""
-    if how == "certified":
+    """max over rows of ``value(heads)`` [B], its :func:`heads_top` values taken ``how``: certified
+    (:func:`heads_top_max`), or without an eigenproblem from above (every row's :func:`heads_above`:
+    a bound) or from below (every row's :func:`heads_below`: an estimate, never a bound). ``factors``
+    as in :func:`heads_top_max`."""
+    if not isinstance(how, Estimate):
+        raise TypeError(f"how must be a bounds.forms.Estimate, got {how!r}")
+    if how is Estimate.CERTIFIED:
         return heads_top_max(value, factors)
     of = _factors_of({} if factors is None else factors)
-    if how == "above":
+    if how is Estimate.ABOVE:
         return value(lambda F, w: heads_above(of(F), w)).amax(-1)
     return value(lambda F, w: heads_below(F, of(F), w)).amax(-1)
 
