@@ -11,9 +11,9 @@ from torch import Tensor
 BoundFn = Callable[..., Tensor]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Bound:
-    """One bound of docs/bounds.md.
+    """One bound of docs/bounds.md, built with keywords only (``Bound(name=..., fn=..., ...)``).
 
     ``fn(layer, X, eps)`` takes a layer already on X's device and dtype, ``X`` as [B, n, d] and
     ``eps`` as a float or a per-input tensor [B]; it returns [B] (or [B, h] when ``per_head``).
@@ -24,7 +24,9 @@ class Bound:
     extends it; a bound that is not extended so (the default) refuses such a layer.
     ``opt_in``: computed only when asked for by name (never by ``applicable`` nor inside ``best``),
     for a bound too slow for every cell; ``check`` raises InputError when it cannot run here (an
-    optional package it needs is missing), before any work.
+    optional package it needs is missing), before any work. ``taylor_options``: ``fn`` also takes
+    ``options=`` a :class:`bounds.taylor.TaylorOptions` as a keyword (what a network certificate
+    lets it skip, docs/bounds.md §5); the others are called with (layer, X, eps) alone.
     """
 
     name: str
@@ -43,6 +45,7 @@ class Bound:
     biases: bool = False  # accepts layers with biases (docs/bounds.md §1.5); opt in, never by default
     opt_in: bool = False
     check: Callable[[], None] | None = None
+    taylor_options: bool = False
 
     @property
     def label(self) -> str:
@@ -59,17 +62,18 @@ def radius(eps: float | Tensor, X: Tensor) -> Tensor:
 
 
 def propagate(bound: Bound, blocks: Sequence, inputs: Sequence[Tensor], eps: float | Tensor,
-              after: Sequence[float] | None = None) -> Tensor:
+              after: Sequence[float] | None = None, **options) -> Tensor:
     """The one walk of a stack (docs/bounds.md §1.4): r_0 = eps, r_{k+1} = after_k · bound(block_k,
     X_k, r_k), with X_k block k's input on the clean trajectory. ``after`` holds the Lipschitz
     constant of what follows each block inside the network (a ViT's FFN, bounds.network); a plain
-    stack has nothing there and its radius is not multiplied at all."""
+    stack has nothing there and its radius is not multiplied at all. ``options`` go to every block's
+    ``bound.fn`` as keywords (``options=`` a TaylorOptions, for a bound with ``taylor_options``)."""
     if len(inputs) != len(blocks) or (after is not None and len(after) != len(blocks)):
         raise ValueError(f"{len(blocks)} blocks need as many inputs and constants, got {len(inputs)} "
                          f"and {None if after is None else len(after)}")
     radius = eps
     for k, (block, X) in enumerate(zip(blocks, inputs, strict=True)):
-        radius = bound.fn(block, X, radius)
+        radius = bound.fn(block, X, radius, **options)
         if after is not None:
             radius = radius * after[k]
     return radius

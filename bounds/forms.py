@@ -1,6 +1,6 @@
 """The clean point's forms of attention's Taylor remainder and their certified norms (docs/bounds.md
 §2.3.2): every one is an eigenproblem on a side whose size does not grow with the input's width n·d
-squared, certified from above by a Cholesky factorisation (bounds.certificates.verified_gram_norm,
+squared, certified from above by a Cholesky factorisation (bounds.norms.verified_gram_norm,
 docs/bounds.md §2.4) and raised for float64 rounding; the value pair above side
 PAIR_PROBABILISTIC_ABOVE, as σ̄_J there, by Lanczos and a probabilistic certificate instead.
 
@@ -19,6 +19,7 @@ eigenproblems cannot matter (docs/bounds.md §2.3.4, "Eigenproblems left out").
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from functools import cached_property
 
@@ -28,12 +29,13 @@ from torch import Tensor
 from models import DotMHA
 from models.operators import JACOBIAN_LIMIT
 
-from .certificates import Certificate, gram_norm, lanczos_upper, verified_gram_norm
+from .certificates import Certificate
+from .norms import gram_norm, lanczos_upper, verified_gram_norm
 
 # relative slack for the float64 rounding of sums, products and eigenvalues (docs/bounds.md §2.3.1)
 ROUND_REL = 1e-9
 # the forms' eigenvalue guesses are raised by this much before the Cholesky check confirms them
-# (bounds.certificates.verified_gram_norm's tau), their Lanczos run stopped at 1/100 of it: a form
+# (bounds.norms.verified_gram_norm's tau), their Lanczos run stopped at 1/100 of it: a form
 # enters the remainder, itself ≥ 1.1× what an attack attains, so 1e-6 of it is nothing, and the
 # remainder takes 10–30% less time on the wide layers (MiniLM, the benchmark's d 384) than at 1e-9
 FORM_TAU = 1e-6
@@ -81,9 +83,9 @@ def logit_gram(layer: DotMHA, X: Tensor, P: Tensor | None = None) -> tuple[Tenso
 
 def top_eig(S: Tensor, vector: bool = False, start: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """λ_max of each [B, D, D] PSD matrix from above: a Cholesky factorisation of μI − S confirms
-    a guess μ (bounds.certificates.verified_gram_norm, docs/bounds.md §2.4: D³/3 flops where an
+    a guess μ (bounds.norms.verified_gram_norm, docs/bounds.md §2.4: D³/3 flops where an
     eigendecomposition costs ≈ 4D³/3 and more), an eigendecomposition where it does not, and up to
-    side FORM_EIGH_MAX an eigendecomposition alone (bounds.certificates.gram_norm). Both read
+    side FORM_EIGH_MAX an eigendecomposition alone (bounds.norms.gram_norm). Both read
     S's lower triangle: S is symmetric but for the rounding of its two halves' formation, which
     every caller's slack covers as it covers any entry's, so no symmetrised copy is made.
     ``vector``: with an approximate top eigenvector [B, D] (a start for :func:`spread_estimate`).
@@ -163,7 +165,7 @@ def ritz_below(apply: Callable[[Tensor], Tensor], start: Tensor, steps: int,
     Krylov space of ``steps`` blocks from ``start`` [B, D, k], [B]: an estimate from *below*, never a
     bound. A Ritz value is at most λ_max on an orthonormal basis; a basis that lost orthogonality (a
     space invariant early, its new columns rounding noise) can give more
-    (bounds.certificates.ORTHO_TOL), so there it is 0: a caller then certifies what it would skip.
+    (bounds.norms.ORTHO_TOL), so there it is 0: a caller then certifies what it would skip.
     ``vectors``: with the top ``vectors`` Ritz vectors [B, D, vectors] (a start for a guess)."""
     Q = torch.linalg.qr(start).Q
     basis, images = [Q], [apply(Q)]
@@ -516,7 +518,7 @@ def _value_side_probabilistic(layer: DotMHA, M: Tensor, Mabs: Tensor,
                               factors: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Certificate]:
     """:func:`_value_side`'s √λ_max without forming S, with its certificate, [B]: unrestarted Lanczos
     from a fresh random start on S's products through its factors (:func:`_value_apply`), bounded by
-    Kuczyński–Woźniakowski (bounds.certificates.lanczos_upper, docs/bounds.md §2.4: ≈ 0.5 % above
+    Kuczyński–Woźniakowski (bounds.norms.lanczos_upper, docs/bounds.md §2.4: ≈ 0.5 % above
     λ_max's root, failure probability 1e-9 an input). S of the computed M, Ŝ, is within η of S's
     (:func:`_value_slack`) and may miss being PSD by as much: KW holds for Ŝ + ηI, whose Krylov space
     is Ŝ's and whose top Ritz value is θ + η, so λ_max(S) ≤ λ_max(Ŝ) + η ≤ (θ + η)/(1 − δ), at most
@@ -589,7 +591,7 @@ def spectral_spread(layer: DotMHA, X: Tensor, P: Tensor, sigma: Tensor) -> Tenso
 
 def head_factors(F: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(‖F̄‖², ‖F_l‖² [h], an approximate top right singular vector of F̄ as [h, e], F̄ᵀF̄) for
-    F [h, d, e], F̄ = [F_1 … F_h]: the norms rounded up (bounds.certificates.gram_norm), the vector
+    F [h, d, e], F̄ = [F_1 … F_h]: the norms rounded up (bounds.norms.gram_norm), the vector
     (a few power steps) for estimates from below only."""
     h, d, e = F.shape
     Fb = F.permute(1, 0, 2).reshape(d, h * e)
@@ -721,16 +723,27 @@ def heads_top_max(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor],
     return value(certified).amax(-1)
 
 
-def heads_top_as(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor], how: str,
+class Estimate(enum.Enum):
+    """How a quantity of the remainder's assembly is taken (docs/bounds.md §2.3.4, rule 4): the one
+    vocabulary of bounds.remainder and :func:`heads_top_as`."""
+
+    ABOVE = "above"  # from above without an eigenproblem: a bound, looser
+    BELOW = "below"  # an estimate from below (a Ritz value): it judges the others, never a bound
+    CERTIFIED = "certified"  # certified with its eigenproblem: a bound, the tightest
+
+
+def heads_top_as(value: Callable[[Callable[[Tensor, Tensor], Tensor]], Tensor], how: Estimate,
                  factors: dict | None = None) -> Tensor:
-    """max over rows of ``value(heads)`` [B], its :func:`heads_top` values taken ``how``: "certified"
-    (:func:`heads_top_max`), or without an eigenproblem "above" (every row's :func:`heads_above`: a
-    bound) or "below" (every row's :func:`heads_below`: an estimate, never a bound). ``factors`` as
-    in :func:`heads_top_max`."""
-    if how == "certified":
+    """max over rows of ``value(heads)`` [B], its :func:`heads_top` values taken ``how``: certified
+    (:func:`heads_top_max`), or without an eigenproblem from above (every row's :func:`heads_above`:
+    a bound) or from below (every row's :func:`heads_below`: an estimate, never a bound). ``factors``
+    as in :func:`heads_top_max`."""
+    if not isinstance(how, Estimate):
+        raise TypeError(f"how must be a bounds.forms.Estimate, got {how!r}")
+    if how is Estimate.CERTIFIED:
         return heads_top_max(value, factors)
     of = _factors_of({} if factors is None else factors)
-    if how == "above":
+    if how is Estimate.ABOVE:
         return value(lambda F, w: heads_above(of(F), w)).amax(-1)
     return value(lambda F, w: heads_below(F, of(F), w)).amax(-1)
 
@@ -769,7 +782,7 @@ def heads_top(F: Tensor, w: Tensor, factors: tuple[Tensor, ...] | None = None) -
     ≥ 0. Through F̄ = [F_1 … F_h] (d × h·e): the top eigenvalue of D_i^½ F̄ᵀF̄ D_i^½, D_i = w_li on
     head l's e columns, certified by Cholesky (docs/bounds.md §2.3.2): above side HEADS_EIGH_MAX the
     guess's products with F̄ᵀF̄ are one matrix product a step for every row (a row whose check fails
-    takes an eigendecomposition, bounds.certificates.verified_gram_norm); with ``factors``
+    takes an eigendecomposition, bounds.norms.verified_gram_norm); with ``factors``
     (:func:`head_factors`'s) the guess starts where :func:`heads_below` does. +inf where a weight is."""
     h, d, e = F.shape
     m = h * e

@@ -25,7 +25,7 @@ from models.spectral import spectral
 from models.structured import logit_gram, logit_gram_cols, reduced_logit, zeta_gram
 
 from .base import radius
-from .certificates import certified_norm
+from .norms import certified_norm
 
 METHODS = ("certified", "probabilistic", "lanczos", "dense")
 
@@ -42,7 +42,7 @@ ALL_TENSORS = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
 def layer_key(layer: DotMHA,
               names: tuple[str, ...] = ALL_TENSORS) -> tuple[tuple[str, ...], tuple[Tensor, ...]]:
     """The names and tensors among ``names`` that the layer has (absent biases left out), which
-    name an operator for the reuse of its certified norm (bounds.certificates.reuse): the names go into
+    name an operator for the reuse of its certified norm (bounds.certificates.norm_cache): the names go into
     the key, so layers that differ only in their biases never share a norm (docs/bounds.md §1.5)."""
     present = tuple(k for k in names if getattr(layer, k) is not None)
     return present, tuple(getattr(layer, k) for k in present)

@@ -17,7 +17,7 @@ from . import jacobian as jac
 from . import lofast as lf
 from . import taylor as tay
 from .base import Bound, propagate
-from .certificates import Certificate, ledger, reuse, reusing
+from .certificates import Certificate, ledger, norm_cache, norm_cache_open
 from .lipschitz import castin as castin_
 from .lipschitz import kim as kim_
 from .lipschitz import olsa as olsa_
@@ -55,120 +55,136 @@ def _taylor_net_only(layer, X, eps):
 # P_l and the U, V of ‖M_l‖ and ξ_l are computed with b_q, b_k; Jacobians follow by autograd). The
 # three bounds of §3 are formulas in ‖X‖_F and weight norms that §1.5 does not extend: they refuse.
 BOUNDS: tuple[Bound, ...] = (
-    Bound("naive_delta1", lf.naive_delta1, LOFAST, "eq. 12", True, DOT, objective="delta1",
-          biases=True, display="naive δ₁ (eq. 12)"),
-    Bound("zeta", lambda layer, X, eps: lf.zeta(layer, X), LOFAST, "eq. 15", True, DOT,
-          objective=None, description="ζ(X) itself, a norm: compare delta1 = ζε with PGD",
-          biases=True, display="ζ(X) (eq. 15)"),
-    Bound("delta1", lf.delta1, LOFAST, "Lemma 1", True, DOT, objective="delta1",
-          biases=True, display="LoFAST δ₁ = ζε (Lemma 1)"),
-    Bound("naive", lf.naive, LOFAST, "eq. 12 + eq. 28 (Fig. 1)", True, DOT,
-          stack="propagate", biases=True, display="naive (eq. 12 + 28)"),
-    Bound("delta2_M", lf.delta2_M, LOFAST, "eq. 27", True, DOT, objective="delta2",
-          biases=True, display="LoFAST δ₂⁽¹⁾ (‖M‖)"),
-    Bound("delta2_xi", lf.delta2_xi, LOFAST, "eq. 28", True, DOT, objective="delta2",
-          biases=True, display="LoFAST δ₂⁽²⁾ (ξ)"),
-    Bound("lofast_M", lf.lofast_M, LOFAST, "Theorem 1, eq. 27", True, DOT,
-          stack="propagate", biases=True, display="LoFAST (‖M‖)"),
-    Bound("lofast_xi", lf.lofast_xi, LOFAST, "Theorem 1, eq. 28", True, DOT,
-          stack="propagate", biases=True, display="LoFAST (ξ)"),
-    Bound("delta21_M", lf.delta21_M, LOFAST, "§5.1, eq. 25", True, DOT, objective="delta21",
-          per_head=True, biases=True, display="LoFAST δ₂,₁⁽¹⁾ (‖M‖)"),
-    Bound("delta21_xi", lf.delta21_xi, LOFAST, "§5.1, eq. 26", True, DOT, objective="delta21",
-          per_head=True, biases=True, display="LoFAST δ₂,₁⁽²⁾ (ξ)"),
-    Bound("delta22_tight", lf.delta22_tight, LOFAST, "eq. 18", True, DOT, objective="delta22",
-          per_head=True, biases=True, display="LoFAST δ₂,₂⁽¹⁾ (eq. 18)"),
-    Bound("delta22_naive", lf.delta22_naive, LOFAST, "§5.1", True, DOT, objective="delta22",
-          per_head=True, biases=True, display="LoFAST δ₂,₂⁽²⁾"),
-    Bound("lofast_M_half", lf.lofast_M_half, "this suite, docs/bounds.md §2.2 (on LoFAST Theorem 1)",
-          "§2.2", True, DOT, stack="propagate", ours=True,
-          biases=True, display="LoFAST ½ (‖M‖)"),
-    Bound("lofast_xi_half", lf.lofast_xi_half, "this suite, docs/bounds.md §2.2 (on LoFAST Theorem 1)",
-          "§2.2", True, DOT, stack="propagate", ours=True,
-          biases=True, display="LoFAST ½ (ξ)"),
-    Bound("specformer", sf.specformer, "Hu et al., SpecFormer (seed 001)",
-          "Theorem 4.3, adapted (docs/bounds.md §3.1)", True, DOT, stack="propagate",
-          finding=sf.FINDING, display="SpecFormer (Thm 4.3)"),
-    Bound("kim", kim_.kim, "Kim, Papamakarios & Mnih, ICML 2021", "Theorem 3.2", True, L2,
-          stack="propagate", finding=kim_.FINDING, display="Kim et al. (Thm 3.2)"),
-    Bound("olsa", olsa_.olsa, "Xu et al., OLSA (seed 002)", "Theorem 4.1", True, OLSA_KIND,
-          stack="propagate", finding=olsa_.FINDING, display="OLSA (Thm 4.1)"),
+    Bound(name="naive_delta1", fn=lf.naive_delta1, paper=LOFAST, equation="eq. 12", certified=True,
+          kinds=DOT, objective="delta1", biases=True, display="naive δ₁ (eq. 12)"),
+    Bound(name="zeta", fn=lambda layer, X, eps: lf.zeta(layer, X), paper=LOFAST, equation="eq. 15",
+          certified=True, kinds=DOT, objective=None,
+          description="ζ(X) itself, a norm: compare delta1 = ζε with PGD", biases=True,
+          display="ζ(X) (eq. 15)"),
+    Bound(name="delta1", fn=lf.delta1, paper=LOFAST, equation="Lemma 1", certified=True, kinds=DOT,
+          objective="delta1", biases=True, display="LoFAST δ₁ = ζε (Lemma 1)"),
+    Bound(name="naive", fn=lf.naive, paper=LOFAST, equation="eq. 12 + eq. 28 (Fig. 1)", certified=True,
+          kinds=DOT, stack="propagate", biases=True, display="naive (eq. 12 + 28)"),
+    Bound(name="delta2_M", fn=lf.delta2_M, paper=LOFAST, equation="eq. 27", certified=True, kinds=DOT,
+          objective="delta2", biases=True, display="LoFAST δ₂⁽¹⁾ (‖M‖)"),
+    Bound(name="delta2_xi", fn=lf.delta2_xi, paper=LOFAST, equation="eq. 28", certified=True, kinds=DOT,
+          objective="delta2", biases=True, display="LoFAST δ₂⁽²⁾ (ξ)"),
+    Bound(name="lofast_M", fn=lf.lofast_M, paper=LOFAST, equation="Theorem 1, eq. 27", certified=True,
+          kinds=DOT, stack="propagate", biases=True, display="LoFAST (‖M‖)"),
+    Bound(name="lofast_xi", fn=lf.lofast_xi, paper=LOFAST, equation="Theorem 1, eq. 28", certified=True,
+          kinds=DOT, stack="propagate", biases=True, display="LoFAST (ξ)"),
+    Bound(name="delta21_M", fn=lf.delta21_M, paper=LOFAST, equation="§5.1, eq. 25", certified=True,
+          kinds=DOT, objective="delta21", per_head=True, biases=True, display="LoFAST δ₂,₁⁽¹⁾ (‖M‖)"),
+    Bound(name="delta21_xi", fn=lf.delta21_xi, paper=LOFAST, equation="§5.1, eq. 26", certified=True,
+          kinds=DOT, objective="delta21", per_head=True, biases=True, display="LoFAST δ₂,₁⁽²⁾ (ξ)"),
+    Bound(name="delta22_tight", fn=lf.delta22_tight, paper=LOFAST, equation="eq. 18", certified=True,
+          kinds=DOT, objective="delta22", per_head=True, biases=True, display="LoFAST δ₂,₂⁽¹⁾ (eq. 18)"),
+    Bound(name="delta22_naive", fn=lf.delta22_naive, paper=LOFAST, equation="§5.1", certified=True,
+          kinds=DOT, objective="delta22", per_head=True, biases=True, display="LoFAST δ₂,₂⁽²⁾"),
+    Bound(name="lofast_M_half", fn=lf.lofast_M_half,
+          paper="this suite, docs/bounds.md §2.2 (on LoFAST Theorem 1)", equation="§2.2", certified=True,
+          kinds=DOT, stack="propagate", ours=True, biases=True, display="LoFAST ½ (‖M‖)"),
+    Bound(name="lofast_xi_half", fn=lf.lofast_xi_half,
+          paper="this suite, docs/bounds.md §2.2 (on LoFAST Theorem 1)", equation="§2.2", certified=True,
+          kinds=DOT, stack="propagate", ours=True, biases=True, display="LoFAST ½ (ξ)"),
+    Bound(name="specformer", fn=sf.specformer, paper="Hu et al., SpecFormer (seed 001)",
+          equation="Theorem 4.3, adapted (docs/bounds.md §3.1)", certified=True, kinds=DOT,
+          stack="propagate", finding=sf.FINDING, display="SpecFormer (Thm 4.3)"),
+    Bound(name="kim", fn=kim_.kim, paper="Kim, Papamakarios & Mnih, ICML 2021", equation="Theorem 3.2",
+          certified=True, kinds=L2, stack="propagate", finding=kim_.FINDING, display="Kim et al. (Thm 3.2)"),
+    Bound(name="olsa", fn=olsa_.olsa, paper="Xu et al., OLSA (seed 002)", equation="Theorem 4.1",
+          certified=True, kinds=OLSA_KIND, stack="propagate", finding=olsa_.FINDING,
+          display="OLSA (Thm 4.1)"),
     # the field's newer local Lipschitz constants (docs/bounds.md §3.5, §3.6): ε times a constant over
     # a set that holds the ball; biases enter through the logit factors (§1.5) or a constant coordinate
-    Bound("castin", castin_.castin, "Castin, Ablin & Peyré, ICML 2024", "Theorem 3.3, adapted "
-          "(docs/bounds.md §3.5)", True, DOT, stack="propagate", biases=True,
-          display="Castin et al. (Thm 3.3)"),
-    Bound("yudin", yudin_.yudin, "Yudin, Gaponov, Kudriashov & Rakhuba, arXiv 2507.07814 (2025)",
-          "the abstract's construction, over the ball (docs/bounds.md §3.6)", True, DOT,
-          stack="propagate", biases=True, display="Yudin et al. (softmax-Jacobian norm)",
+    Bound(name="castin", fn=castin_.castin, paper="Castin, Ablin & Peyré, ICML 2024",
+          equation="Theorem 3.3, adapted (docs/bounds.md §3.5)", certified=True, kinds=DOT,
+          stack="propagate", biases=True, display="Castin et al. (Thm 3.3)"),
+    Bound(name="yudin", fn=yudin_.yudin,
+          paper="Yudin, Gaponov, Kudriashov & Rakhuba, arXiv 2507.07814 (2025)",
+          equation="the abstract's construction, over the ball (docs/bounds.md §3.6)", certified=True,
+          kinds=DOT, stack="propagate", biases=True, display="Yudin et al. (softmax-Jacobian norm)",
           description="the layer's Jacobian through ‖diag(p) − ppᵀ‖ of each attention row, over the "
                       "ball; built from the abstract, the paper's equation not read"),
-    Bound("yudin_local", yudin_.yudin_local, "Yudin, Gaponov, Kudriashov & Rakhuba, arXiv 2507.07814 "
-          "(2025)", "the abstract's construction, at X alone (docs/bounds.md §3.6)", False, DOT,
-          stack="propagate", biases=True, display="Yudin et al., at X",
+    Bound(name="yudin_local", fn=yudin_.yudin_local,
+          paper="Yudin, Gaponov, Kudriashov & Rakhuba, arXiv 2507.07814 (2025)",
+          equation="the abstract's construction, at X alone (docs/bounds.md §3.6)", certified=False,
+          kinds=DOT, stack="propagate", biases=True, display="Yudin et al., at X",
           description="the same Jacobian bound at the clean input only: the local constant at X times ε"),
-    Bound("taylor", tay.taylor, "this suite, docs/bounds.md §2.3", "§2.3", True, DOT,
-          stack="propagate", ours=True, biases=True, display="Taylor"),
-    Bound("best", lambda layer, X, eps: best(layer, X, eps), "this suite, docs/bounds.md §2.3",
-          "min over the certified bounds", True, DOT, stack="propagate", ours=True,
-          biases=True, display="best certified",
+    Bound(name="taylor", fn=tay.taylor, paper="this suite, docs/bounds.md §2.3", equation="§2.3",
+          certified=True, kinds=DOT, stack="propagate", ours=True, biases=True, display="Taylor",
+          taylor_options=True),
+    Bound(name="best", fn=lambda layer, X, eps, **options: best(layer, X, eps, **options),
+          paper="this suite, docs/bounds.md §2.3", equation="min over the certified bounds", certified=True,
+          kinds=DOT, stack="propagate", ours=True, biases=True, display="best certified",
+          taylor_options=True,
           description="the smallest certified end-to-end bound without a finding, per input (and "
                       "per block of a stack)"),
     # attention's Taylor remainder itself, against an attack on the remainder (objective
     # ``remainder``, attacks.pgd.attack_remainder): opt-in, as that attack costs several of the others
-    Bound("taylor_remainder", tay.taylor_remainder, "this suite, docs/bounds.md §2.3.1–2.3.2",
-          "taylor − σ̄_J·ε: the smallest of the global, local and quadratic remainders", True, DOT,
-          objective="remainder", ours=True, biases=True, opt_in=True, display="Taylor remainder",
+    Bound(name="taylor_remainder", fn=tay.taylor_remainder, paper="this suite, docs/bounds.md §2.3.1–2.3.2",
+          equation="taylor − σ̄_J·ε: the smallest of the global, local and quadratic remainders",
+          certified=True, kinds=DOT, objective="remainder", ours=True, biases=True, opt_in=True,
+          display="Taylor remainder",
           description="the certified bound of ‖F(X+Γ) − F(X) − J_F(X)[Γ]‖_F that taylor pays"),
-    Bound("taylor_remainder_global", tay.taylor_remainder_global, "this suite, docs/bounds.md §2.3",
-          "§2.3's remainder: softmax's global constants (½, 1)", True, DOT, objective="remainder",
-          ours=True, biases=True, opt_in=True, display="Taylor remainder, global (§2.3)",
+    Bound(name="taylor_remainder_global", fn=tay.taylor_remainder_global,
+          paper="this suite, docs/bounds.md §2.3",
+          equation="§2.3's remainder: softmax's global constants (½, 1)", certified=True, kinds=DOT,
+          objective="remainder", ours=True, biases=True, opt_in=True,
+          display="Taylor remainder, global (§2.3)",
           description="the remainder taylor paid before §2.3.1–2.3.2, beside the one it pays"),
     # the field's yardstick (docs/bounds.md §2.5): opt-in, as it costs seconds where the others cost
     # milliseconds, and needs the optional auto_LiRPA (the crown extra)
-    Bound("crown", crown_.crown, CROWN, "per-output CROWN bounds over the joint L2 ball", True, DOT,
+    Bound(name="crown", fn=crown_.crown, paper=CROWN,
+          equation="per-output CROWN bounds over the joint L2 ball", certified=True, kinds=DOT,
           stack="propagate", biases=True, opt_in=True, check=crown_.check, display="CROWN"),
-    Bound("alpha_crown", crown_.alpha_crown, "Xu et al. 2021 (α-CROWN), through auto_LiRPA",
-          "per-output α-CROWN bounds over the joint L2 ball", True, DOT, stack="propagate",
-          biases=True, opt_in=True, check=crown_.check, display="α-CROWN"),
+    Bound(name="alpha_crown", fn=crown_.alpha_crown, paper="Xu et al. 2021 (α-CROWN), through auto_LiRPA",
+          equation="per-output α-CROWN bounds over the joint L2 ball", certified=True, kinds=DOT,
+          stack="propagate", biases=True, opt_in=True, check=crown_.check, display="α-CROWN"),
     # a whole-network procedure only (``bench certify --cascade``, the certify_crown task): no layer
     # kind, so no layer sweep, ``point`` nor ``best`` computes it; registered so that its certify rows
     # are judged by the gate as any certified bound's
-    Bound("cascade_crown", _network_only, "Havens et al., LoFAST Table 2 (its cascade), with CROWN",
-          f"{CASCADE_FIRST}, then whole-network CROWN on the rest (docs/bounds.md §5)", True, frozenset(),
-          opt_in=True, check=crown_.check, display=f"{CASCADE_FIRST} → CROWN (cascade)"),
+    Bound(name="cascade_crown", fn=_network_only,
+          paper="Havens et al., LoFAST Table 2 (its cascade), with CROWN",
+          equation=f"{CASCADE_FIRST}, then whole-network CROWN on the rest (docs/bounds.md §5)",
+          certified=True, kinds=frozenset(), opt_in=True, check=crown_.check,
+          display=f"{CASCADE_FIRST} → CROWN (cascade)"),
     # this suite's whole-network certificate, exact to first order (docs/bounds.md §5.1): like the
     # cascade, no layer kind (no layer sweep, ``point`` nor ``best`` computes it), a direct verdict
-    Bound(TAYLOR_NET, _taylor_net_only, "this suite, docs/bounds.md §5.1", "§5.1: first order exact, "
-          "remainders and kinks bounded", True, frozenset(), ours=True, display="taylor_net",
+    Bound(name=TAYLOR_NET, fn=_taylor_net_only, paper="this suite, docs/bounds.md §5.1",
+          equation="§5.1: first order exact, remainders and kinks bounded", certified=True,
+          kinds=frozenset(), ours=True, display="taylor_net",
           description="a zonotope of the whole network's deviations from the pixels to the margins: "
                       "each smooth stage's Jacobian at the clean image plus its remainder, a "
                       "relaxation only for the units that can cross a kink"),
-    Bound("taylor_net_lofast", _taylor_net_only, "this suite, docs/bounds.md §5.1, with LoFAST's split",
-          "§5.1 with attention as LoFAST's Δ₁ and δ₂ of eq. 28 (ξ)", True, frozenset(), ours=True,
-          display="taylor_net, LoFAST δ₂ (ξ)",
+    Bound(name="taylor_net_lofast", fn=_taylor_net_only,
+          paper="this suite, docs/bounds.md §5.1, with LoFAST's split",
+          equation="§5.1 with attention as LoFAST's Δ₁ and δ₂ of eq. 28 (ξ)", certified=True,
+          kinds=frozenset(), ours=True, display="taylor_net, LoFAST δ₂ (ξ)",
           description="taylor_net with attention's remainder LoFAST's δ₂ (first order) in place of Taylor's"),
-    Bound("taylor_net_lofast_half", _taylor_net_only, "this suite, docs/bounds.md §5.1 and §2.2",
-          "§5.1 with attention as LoFAST's Δ₁ and ½δ₂ (softmax ½-Lipschitz)", True, frozenset(), ours=True,
-          display="taylor_net, LoFAST ½δ₂ (ξ)",
+    Bound(name="taylor_net_lofast_half", fn=_taylor_net_only,
+          paper="this suite, docs/bounds.md §5.1 and §2.2",
+          equation="§5.1 with attention as LoFAST's Δ₁ and ½δ₂ (softmax ½-Lipschitz)", certified=True,
+          kinds=frozenset(), ours=True, display="taylor_net, LoFAST ½δ₂ (ξ)",
           description="taylor_net with attention's remainder the halved δ₂ of docs/bounds.md §2.2"),
-    Bound("taylor_net_best", _taylor_net_only, "this suite, docs/bounds.md §5.1, the best split",
-          "§5.1, every margin the better of the Taylor and ½δ₂ splits' bounds", True, frozenset(),
-          ours=True, display="taylor_net, best split",
+    Bound(name="taylor_net_best", fn=_taylor_net_only,
+          paper="this suite, docs/bounds.md §5.1, the best split",
+          equation="§5.1, every margin the better of the Taylor and ½δ₂ splits' bounds", certified=True,
+          kinds=frozenset(), ours=True, display="taylor_net, best split",
           description="per margin the larger of taylor_net's and taylor_net_lofast_half's lower bounds "
                       "(the second only on images the first leaves)"),
-    Bound(CASCADE_TN, _network_only, "this suite, docs/bounds.md §5.1, with LoFAST Table 2's cascade",
-          f"{TAYLOR_NET}, then whole-network CROWN on the rest (docs/bounds.md §5.1)", True, frozenset(),
-          ours=True, opt_in=True, check=crown_.check, display=f"{TAYLOR_NET} → CROWN (cascade)"),
-    Bound("jacobian", jac.jacobian, "Wang & Ruan, the Cauchy view (seed 003)",
-          "σ_max(J_F), §3.4; product over blocks for stacks", False, ALL,
+    Bound(name=CASCADE_TN, fn=_network_only,
+          paper="this suite, docs/bounds.md §5.1, with LoFAST Table 2's cascade",
+          equation=f"{TAYLOR_NET}, then whole-network CROWN on the rest (docs/bounds.md §5.1)",
+          certified=True, kinds=frozenset(), ours=True, opt_in=True, check=crown_.check,
+          display=f"{TAYLOR_NET} → CROWN (cascade)"),
+    Bound(name="jacobian", fn=jac.jacobian, paper="Wang & Ruan, the Cauchy view (seed 003)",
+          equation="σ_max(J_F), §3.4; product over blocks for stacks", certified=False, kinds=ALL,
           stack="propagate", biases=True, display="σ_max(J)·ε"),
-    Bound("jacobian_l1linf", jac.jacobian_l1linf, "Wang & Ruan, the Cauchy view (seed 003)",
-          "√(‖J‖₁‖J‖∞), §3.4", False, ALL,
-          biases=True, display="√(‖J‖₁‖J‖∞)·ε"),
-    Bound("jacobian_exp", jac.jacobian_exp, "Wang & Ruan, the Cauchy view (seed 003)", "eq. 15",
-          False, ALL, stack="only",
-          biases=True, display="ε·exp(Σ‖J_G‖)"),
+    Bound(name="jacobian_l1linf", fn=jac.jacobian_l1linf, paper="Wang & Ruan, the Cauchy view (seed 003)",
+          equation="√(‖J‖₁‖J‖∞), §3.4", certified=False, kinds=ALL, biases=True, display="√(‖J‖₁‖J‖∞)·ε"),
+    Bound(name="jacobian_exp", fn=jac.jacobian_exp, paper="Wang & Ruan, the Cauchy view (seed 003)",
+          equation="eq. 15", certified=False, kinds=ALL, stack="only", biases=True, display="ε·exp(Σ‖J_G‖)"),
 )
 REGISTRY: dict[str, Bound] = {b.name: b for b in BOUNDS}
 
@@ -180,17 +196,19 @@ def best_ingredients(layer) -> list[Bound]:
             and layer.kind in b.kinds and (b.biases or not has_biases(layer))]
 
 
-def best(layer, X: Tensor, eps) -> Tensor:
+def best(layer, X: Tensor, eps, *, options: tay.TaylorOptions = tay.NO_OPTIONS) -> Tensor:
     """The smallest of :func:`best_ingredients` at each input: a minimum of upper bounds is one.
-    On a stack it is taken at every block, so each block starts from the smallest radius."""
-    with _reusing():  # the ingredients share ζ, ‖M_l‖ and σ̄_J: each is computed once
-        values = [b.fn(layer, X, eps) for b in best_ingredients(layer)]
+    On a stack it is taken at every block, so each block starts from the smallest radius.
+    ``options`` go on to the ingredients that take them (``taylor``)."""
+    with _norm_cache_unless_open():  # the ingredients share ζ, ‖M_l‖ and σ̄_J: each is computed once
+        values = [b.fn(layer, X, eps, options=options) if b.taylor_options else b.fn(layer, X, eps)
+                  for b in best_ingredients(layer)]
     return torch.stack(values).amin(0)
 
 
-def _reusing():
-    """A :func:`bounds.certificates.reuse` block, unless one is open already (then its cache serves)."""
-    return contextlib.nullcontext() if reusing() else reuse()
+def _norm_cache_unless_open():
+    """A :func:`bounds.certificates.norm_cache` block, unless one is open already (then its cache serves)."""
+    return contextlib.nullcontext() if norm_cache_open() else norm_cache()
 
 
 def get(name: str) -> Bound:
@@ -252,10 +270,10 @@ def _guarded(bound: Bound, source: str):
     """A plugin's fn that says, as one PluginError, what went wrong: an exception of its own, or a
     value that is not a finite tensor of shape [B] (X's batch)."""
 
-    def fn(layer, X, eps):
+    def fn(layer, X, eps, **options):
         where = f"plugin bound {bound.name!r} ({source})"
         try:
-            out = bound.fn(layer, X, eps)
+            out = bound.fn(layer, X, eps, **options)
         except InputError:
             raise
         except Exception as e:
@@ -330,7 +348,7 @@ class Value:
 
     value: Tensor  # [B] or [B, h]
     certificate: Certificate
-    reused_seconds: float  # time of certified norms reused from an earlier bound (see certify.reuse)
+    reused_seconds: float  # time of certified norms reused from an earlier bound (certificates.norm_cache)
 
 
 def evaluate_certified(bound: Bound | str, layer, X: Tensor, eps: float) -> Value:

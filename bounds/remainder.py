@@ -29,10 +29,11 @@ from models import DotMHA
 from models.spectral import product_norm
 
 from .base import radius
-from .certificates import record, reused
+from .certificates import cached_value, record
 from .forms import (
     ROUND_REL,
     Deferred,
+    Estimate,
     cubic_form_norm,
     form_norm,
     heads_top_as,
@@ -248,8 +249,8 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
 
     +inf where h·n² > QUAD_LIMIT. ``cache`` (a dict, empty at first) keeps what depends on the
     clean point alone (:func:`_clean_forms`) for calls at other radii on the same layer and X;
-    without it they are kept in the open ``bounds.certificates.reuse`` block, if any. ``rows`` as
-    in :func:`local_remainder`."""
+    without it they are kept in the open ``bounds.certificates.norm_cache`` block, if any. ``rows``
+    as in :func:`local_remainder`."""
     B, n, _ = X.shape
     r = radius(eps, X)[:, None, None]
     if layer.h * n * n > QUAD_LIMIT:
@@ -269,49 +270,49 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
         if "form" not in cache:
             cache.update(_clean_forms(layer, X, G, P, sigma))
         clean = cache
-    else:  # the certify runs ask every ε on one trace, inside a reuse block
+    else:  # the certify runs ask every ε on one trace, inside a norm_cache block
         names, tensors = layer_key(layer)
-        clean = reused(("quadratic_parts", names), (*tensors, X),
-                       lambda: _clean_forms(layer, X, G, P, sigma))
+        clean = cached_value(("quadratic_parts", names), (*tensors, X),
+                             lambda: _clean_forms(layer, X, G, P, sigma))
     spreads = _Spreads(G, P, clean)
     before = len(clean["pairs"])  # the pairs certified by earlier calls (:func:`_record_pairs`)
     # c of the value term, from above (no eigenproblem), from below or certified, each when first asked
-    cvs: dict[str, Tensor] = {}
+    cvs: dict[Estimate, Tensor] = {}
     memo: dict = {}
 
-    def value_c(how: str) -> Tensor:
+    def value_c(how: Estimate) -> Tensor:
         if how not in cvs:
             cvs[how] = _value_c(layer, rows, how, memo)
         return cvs[how]
 
     # the value forms where they can win at this radius, both at once where both can (_value_pairs),
     # judged with c from above
-    cs_upper = value_c("above").sqrt() * clean["spread"]  # the value term by Cauchy–Schwarz, √(cΛ)
-    shared_upper = _shared_value(layer, rows, spreads.upper, r, value_c("above"))
+    cs_upper = value_c(Estimate.ABOVE).sqrt() * clean["spread"]  # the value term by Cauchy–Schwarz, √(cΛ)
+    shared_upper = _shared_value(layer, rows, spreads.above, r, value_c(Estimate.ABOVE))
     _value_pairs(layer, clean, r1, cs_upper, shared_upper, lazy=False)
     cubic = _cubic_rest(layer, rows, r, clean)
     crude = _cubic_crude(G, clean, spreads)
 
-    def assemble(mode: str, formed: bool, small: str | None = None) -> Tensor:
+    def assemble(mode: Estimate, formed: bool, small: Estimate | None = None) -> Tensor:
         # everything but ‖𝒜‖r², a summand of every assembly (below); ``small``: c and the value side's
-        # third order's q part from above, from below or certified (rule 4); the upper and lower
-        # assemblies take them as they take the spreads
-        small = {"upper": "above", "lower": "below"}.get(mode, small)
+        # third order's q part from above, from below or certified (rule 4); the assemblies from
+        # above and from below take them as they take the spreads
+        small = small if mode is Estimate.CERTIFIED else mode
         cv = value_c(small)
-        spread = getattr(spreads, mode)
+        spread = spreads.taken(mode)
         if formed:  # ‖𝒞‖² from above (‖S‖_F), from below, or certified: bounds.forms.Deferred
             cubic_sq = _deferred(cubic_form(layer, X, G, P, clean), mode)
         else:  # its matrix not formed: :func:`_cubic_crude`'s bound, or 0 from below
-            cubic_sq = crude if mode == "upper" else torch.zeros_like(crude)
+            cubic_sq = crude if mode is Estimate.ABOVE else torch.zeros_like(crude)
         cubic_sq = cubic_sq.clamp_min(0)
         joint = nan_inf(_weighted_x(layer, rows, spread, c, r1).square() + joint_q)
         shared = _shared_value(layer, rows, spread, r, cv)
         # ‖𝓑₂‖ alone in the same choice as the spreads: certified where it can win and no pair
         # bounds it (:func:`_value_pairs`), else from the pairs (+inf without one), or from below
-        if mode == "exact":
+        if mode is Estimate.CERTIFIED:
             _value_pairs(layer, clean, r1, cs_upper, shared_upper, lazy=True)
         bilinear, value3, pair = _pair_values(clean, r1)
-        if mode == "lower":
+        if mode is Estimate.BELOW:
             value3 = torch.where(_covered(clean), value3, clean["value3_below"])
         # the value term: Cauchy–Schwarz (√(cΛ)) or the bilinear form itself (‖𝓑‖), the smaller
         second = torch.minimum(cv.sqrt() * clean["spread"], bilinear) * r1**2
@@ -322,7 +323,7 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     # ‖𝒜‖r², the same in every assembly (rule 4): ‖𝒜‖ without its matrix (bounds.forms.logit_form_cheap)
     # where that alone is within TERM_SLACK of the rest of the remainder from below, else from ‖S‖_F
     # where that is within TERM_SLACK of it above its estimate from below (a Ritz value), else certified
-    lower = assemble("lower", False)
+    lower = assemble(Estimate.BELOW, False)
     logit = clean["form"]  # (2‖𝒜‖)², a bounds.forms.Deferred
     above = 0.5 * logit.cheap.clamp_min(0).sqrt()
     if not bool((above * r1**2 <= TERM_SLACK * lower).all()):
@@ -340,16 +341,17 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     # each time against the estimates from below; and in the certified assembly the small terms
     # certified only where they could cost more than TERM_SLACK (rule 4)
     def choose() -> Tensor:
-        upper = total(assemble("upper", False))
+        upper = total(assemble(Estimate.ABOVE, False))
         if bool((upper <= (1 + SPREAD_SLACK) * total(lower)).all()):
             return upper
-        upper = torch.minimum(upper, total(assemble("upper", True)))
-        if bool((upper <= (1 + SPREAD_SLACK) * total(assemble("lower", True))).all()):
+        upper = torch.minimum(upper, total(assemble(Estimate.ABOVE, True)))
+        if bool((upper <= (1 + SPREAD_SLACK) * total(assemble(Estimate.BELOW, True))).all()):
             return upper
-        upper = torch.minimum(upper, total(assemble("exact", True, "above")))
-        if bool((upper <= (1 + TERM_SLACK) * total(assemble("exact", True, "below"))).all()):
+        upper = torch.minimum(upper, total(assemble(Estimate.CERTIFIED, True, Estimate.ABOVE)))
+        below = total(assemble(Estimate.CERTIFIED, True, Estimate.BELOW))
+        if bool((upper <= (1 + TERM_SLACK) * below).all()):
             return upper
-        return torch.minimum(upper, total(assemble("exact", True, "certified")))
+        return torch.minimum(upper, total(assemble(Estimate.CERTIFIED, True, Estimate.CERTIFIED)))
 
     out = choose()
     _record_pairs(clean, before)
@@ -371,34 +373,39 @@ TERM_SLACK = 1e-3
 
 class _Spreads:
     """λ_max(D_w) = λ_max(diag(√(w∘p)) G diag(√(w∘p))) for the weights w the quadratic remainder asks
-    (:func:`bounds.forms.weighted_spread`), three ways, each [B]:
+    (:func:`bounds.forms.weighted_spread`), three ways (:class:`bounds.forms.Estimate`), each [B]:
 
-    * ``exact``: certified, an eigenproblem of side h·n² each;
-    * ``upper``: max(w)·Λ, certified without one: λ_max(D_w) = λ_max(G^½ diag(w∘p) G^½) and
+    * ``certified``: an eigenproblem of side h·n² each;
+    * ``above``: max(w)·Λ, certified without one: λ_max(D_w) = λ_max(G^½ diag(w∘p) G^½) and
       diag(w∘p) ⪯ max(w)·diag(p), with Λ = λ_max(D_1) as certified for the second-order term;
-    * ``lower``: an estimate from below (:func:`bounds.forms.spread_estimate`), never a bound of
-      anything: it tells whether ``upper`` is close enough.
+    * ``below``: an estimate from below (:func:`bounds.forms.spread_estimate`), never a bound of
+      anything: it tells whether ``above`` is close enough.
 
-    ``exact`` keeps each value by its weights' bytes: the certified assemblies (rule 4 takes two or
-    three) ask the same weights again."""
+    ``certified`` keeps each value by its weights' bytes: the certified assemblies (rule 4 takes two
+    or three) ask the same weights again."""
 
     def __init__(self, G: Tensor, P: Tensor, clean: dict[str, Tensor]) -> None:
         self.G, self.P, self.top, self.vector = G, P, clean["Lambda"], clean["spread_vector"]
-        self._exact: dict[tuple, Tensor] = {}
+        self._certified: dict[tuple, Tensor] = {}
 
-    def exact(self, w: Tensor) -> Tensor:
+    def taken(self, how: Estimate) -> Spread:
+        """The spread taken ``how``."""
+        return {Estimate.CERTIFIED: self.certified, Estimate.ABOVE: self.above,
+                Estimate.BELOW: self.below}[how]
+
+    def certified(self, w: Tensor) -> Tensor:
         key = (tuple(w.shape), w.detach().cpu().numpy().tobytes())
-        if key not in self._exact:
-            self._exact[key] = weighted_spread(self.G, self.P, w)
-        return self._exact[key]
+        if key not in self._certified:
+            self._certified[key] = weighted_spread(self.G, self.P, w)
+        return self._certified[key]
 
-    def upper(self, w: Tensor) -> Tensor:
+    def above(self, w: Tensor) -> Tensor:
         most = w.flatten(1).amax(-1)
         finite = torch.isfinite(w).flatten(1).all(-1)
         value = torch.where(most > 0, most.clamp_min(0) * self.top * (1 + ROUND_REL), torch.zeros_like(most))
         return torch.where(finite, value, torch.full_like(value, torch.inf))
 
-    def lower(self, w: Tensor) -> Tensor:
+    def below(self, w: Tensor) -> Tensor:
         return spread_estimate(self.G, self.P, w, self.vector)
 
 
@@ -437,10 +444,10 @@ def _clean_forms(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, sigma: Tensor) 
     return out
 
 
-def _deferred(form: Deferred, mode: str) -> Tensor:
-    """A :class:`bounds.forms.Deferred`'s value as the assembly ``mode`` takes it: certified ("exact"),
-    from above by ‖S‖_F ("upper") or a Ritz estimate from below ("lower")."""
-    return form.value() if mode == "exact" else form.upper if mode == "upper" else form.below
+def _deferred(form: Deferred, how: Estimate) -> Tensor:
+    """A :class:`bounds.forms.Deferred`'s value as the assembly takes it ``how``: certified, from above
+    by ‖S‖_F or a Ritz estimate from below."""
+    return form.value() if how is Estimate.CERTIFIED else form.upper if how is Estimate.ABOVE else form.below
 
 
 def cubic_form(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, clean: dict) -> Deferred:
@@ -461,7 +468,7 @@ def _cubic_crude(G: Tensor, clean: dict[str, Tensor], spreads: _Spreads) -> Tens
     B, h, n = sigma2.shape
     m2 = G.diagonal(dim1=-2, dim2=-1).reshape(B, n, h, n).amax(-1).permute(0, 2, 1).clamp_min(0)
     a = (2 / 3) * m2 * sigma2 * (1 + ROUND_REL)
-    return a.sum(1).amax(-1) * (1 + ROUND_REL) * spreads.upper(a)
+    return a.sum(1).amax(-1) * (1 + ROUND_REL) * spreads.above(a)
 
 
 # a certified pair serves another radius whose own weight c on ‖𝓑₂‖ is within this factor of the
@@ -568,10 +575,10 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
     (:func:`_shared_value`'s), of ‖𝒞‖, of ‖𝓑₂‖ and of the value pair ν(r⁴/a + r⁶/c)^½
     (:func:`_pair_values`; each +inf where left out, each from above, from below or certified: the
     same choice as the spreads') and of how the q part of the value side's third order is taken
-    (``how``: "above", "below" or "certified", rule 4 of docs/bounds.md §2.3.4); what does not depend
-    on them is computed once. It gives ([B] each) the rest with the value side on its own and, with
-    the pair in place of the value term and the value side's third order, the rest without them
-    (+inf without a pair), to which the caller adds ‖𝒜‖r² alone."""
+    (``how``, a :class:`bounds.forms.Estimate`: rule 4 of docs/bounds.md §2.3.4); what does not
+    depend on them is computed once. It gives ([B] each) the rest with the value side on its own
+    and, with the pair in place of the value term and the value side's third order, the rest without
+    them (+inf without a pair), to which the caller adds ‖𝒜‖r² alone."""
     sigma2 = clean["sigma2"]
     s, lam, v = rows["s"], rows["lam"], rows["v"]
     r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
@@ -594,12 +601,12 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
 
     factors: dict = {}  # W^Q's and W^K's head factors, for every call of lin_q
 
-    def lin_q(beta: Tensor, how: str = "certified") -> Tensor:
+    def lin_q(beta: Tensor, how: Estimate = Estimate.CERTIFIED) -> Tensor:
         # std_p(q_li) ≤ ‖Γ_i W^Q_l‖ std_p(Γ W^K_l)/√d_h; Σ_l β ‖Γ_i W^Q_l‖ std(ΓW^K_l) by Cauchy–Schwarz
         # over heads, two ways of splitting β; Var_{p_li}(Γ W^K_l) ≤ λ_li ‖Γ W^K_l‖_F² (fact iv), the
         # keys' factor max over Γ of Σ_l Var_{p_li}(Γ W^K_l)/‖Γ‖², one per row i; the largest row's
-        # value certified, or ``how`` "above" / "below" without an eigenproblem (a bound, or an
-        # estimate that bounds nothing: bounds.forms.heads_top_as)
+        # value certified, or ``how`` ABOVE / BELOW without an eigenproblem (a bound, or an estimate
+        # that bounds nothing: bounds.forms.heads_top_as)
         def row(heads: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
             one = heads(layer.W_q, beta.square()) * heads(layer.W_k, lam)
             return torch.minimum(one, heads(layer.W_q, beta) * heads(layer.W_k, lam * beta))
@@ -617,15 +624,15 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
     e3 = g3 * s.square()
     q_beta = lin_q(beta)
     # the value side's third order's q part, wide layers only: each way computed once, when first asked
-    q_third: dict[str, Tensor] = {}
+    q_third: dict[Estimate, Tensor] = {}
 
-    def third_q(how: str) -> Tensor:
+    def third_q(how: Estimate) -> Tensor:
         if how not in q_third:
             q_third[how] = lin_q((0.5 * qm + e3) * v, how)
         return q_third[how]
 
     def rest(spread: Spread, shared: Tensor, cubic_norm: Tensor, value3: Tensor, pair: Tensor,
-             how: str = "certified") -> tuple[Tensor, Tensor]:
+             how: Estimate = Estimate.CERTIFIED) -> tuple[Tensor, Tensor]:
         moments = _weighted_x(layer, rows, spread, w, r1).square()
         core = cubic_norm * r1**3 + moments + lin_d(spread, qm * sigma2) + q_beta
         value, paired = nan_inf(shared), torch.full_like(shared, torch.inf)
@@ -649,27 +656,27 @@ def _shared_value(layer: DotMHA, rows: dict[str, Tensor], spread: Spread, r: Ten
     return cv.sqrt() * r1 * _weighted_x(layer, rows, spread, _g2(rows["s"]).square(), r1)
 
 
-def _value_c(layer: DotMHA, rows: dict[str, Tensor], how: str = "certified",
+def _value_c(layer: DotMHA, rows: dict[str, Tensor], how: Estimate = Estimate.CERTIFIED,
              memo: dict | None = None) -> Tensor:
     """c ≥ Σ_l Var_{p_li}(Γ C_l)/‖Γ‖_F² for every row i, [B] (docs/bounds.md §2.3.2, the value term by
     Cauchy–Schwarz over (l, k)): max_{i,k} Σ_l p_lik ‖C_l‖², or, as the rows of dP_l sum to 0 and so
     Γ_k may be centred at γ̄_li = Σ_k p_lik Γ_k (fact iv), max_i Σ_l λ_li ‖C_l‖² (a peaked row's
     λ ≈ 2p(1 − p) is far below its max_k p), or with the heads sharing Γ :func:`_value_gram` (``how``
-    and ``memo`` as there: "below" gives an estimate, never a bound)."""
+    and ``memo`` as there: BELOW gives an estimate, never a bound)."""
     C2 = rows["C"][None].square()  # [1, h, 1]
     cv = (rows["P"] * C2[..., None]).sum(1).amax((-1, -2))
     cv = torch.minimum(cv, (rows["lam"] * C2).sum(1).amax(-1))
     return torch.minimum(cv, _value_gram(layer, rows, how, memo))
 
 
-def _value_gram(layer: DotMHA, rows: dict[str, Tensor], how: str = "certified",
+def _value_gram(layer: DotMHA, rows: dict[str, Tensor], how: Estimate = Estimate.CERTIFIED,
                 memo: dict | None = None) -> Tensor:
     """max_i λ_max(Σ_l λ_li C_l C_lᵀ), rounded up, [B] (docs/bounds.md §2.3.2, the value term): it
     bounds Σ_l λ_li ‖Γ C_l‖_F² for ‖Γ‖_F = 1 with the heads sharing Γ, where Σ_l λ_li ‖C_l‖² lets each
     head take all of it. Through the d_h-wide factors F_l = W^V_l R_lᵀ (W^O_lᵀ = Q_l R_l, so
     C_l C_lᵀ = F_l F_lᵀ; :func:`bounds.forms.heads_top`); λ and R from :func:`_rows`. ``how``:
-    "certified" (bounds.forms.heads_top_max), or "above" / "below" without an eigenproblem
-    (a bound, or an estimate that bounds nothing; bounds.forms.heads_top_as). ``memo``: a dict
+    CERTIFIED (bounds.forms.heads_top_max), or ABOVE / BELOW without an eigenproblem (a bound, or an
+    estimate that bounds nothing; bounds.forms.heads_top_as). ``memo``: a dict
     (empty at first) that keeps F and its head factors for calls on the same layer and rows."""
     memo = {} if memo is None else memo
     if "F" not in memo:
@@ -693,7 +700,7 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
     (h·n²) is no larger than the Jacobian's (n·d), which ``taylor`` pays anyway; False never, True
     up to QUAD_LIMIT. ``core`` as in :func:`global_remainder`, ``cache`` as in
     :func:`quadratic_remainder`. ``negligible`` [B]: the quadratic remainder is computed only at the
-    inputs where the others exceed it (``bounds.taylor.negligible_remainder``). ``enough`` [B]: where
+    inputs where the others exceed it (``bounds.taylor.TaylorOptions``). ``enough`` [B]: where
     the global bound is at most this at every input and ``quadratic`` is not True, the global bound
     alone (the others' row quantities cost 2–3× it; ``taylor_net``'s first pass, where the remainder
     is negligible beside its first order: docs/bounds.md §5, "What a network certificate skips")."""
@@ -713,9 +720,9 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
             out = torch.minimum(out, quad + ROUND_ABS * glob.sum(-1))
         elif bool(need.any()):  # those inputs alone, so that each input's value is its own
             idx = need.nonzero().squeeze(-1)
-            # one tensor per (X, inputs) in a reuse block, so that the forms kept for it (keyed by the
+            # one tensor per (X, inputs) in a norm_cache block, so that the forms kept for it (keyed by the
             # tensor) serve a second bound that needs the same inputs (taylor, then best)
-            sub = reused(("inputs", tuple(idx.tolist())), (X,), lambda: X[idx])
+            sub = cached_value(("inputs", tuple(idx.tolist())), (X,), lambda: X[idx])
             quad = quadratic_remainder(layer, sub, radius(eps, X)[idx])
             out[idx] = torch.minimum(out[idx], quad + ROUND_ABS * glob.sum(-1)[idx])
     return out

@@ -17,9 +17,7 @@ probabilities (§2.3.1) and the quadratic form at the clean point (§2.3.2): ``b
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -30,8 +28,8 @@ from models.spectral import LinearOperator
 from models.structured import dot_jacobian, dot_jacobian_operator
 
 from .base import radius
-from .certificates import certified_norm
 from .lofast import layer_key, m_norms, xi
+from .norms import certified_norm
 from .remainder import global_remainder, remainder
 
 
@@ -60,7 +58,7 @@ def taylor_remainder(layer: DotMHA, X: Tensor, eps, negligible: Tensor | None = 
     """The remainder ``taylor`` pays, [B]: the smallest of its certified bounds
     (``bounds.remainder.remainder``, docs/bounds.md §2.3–2.3.2); the global one's m_l takes the
     smaller of the certified ‖M_l‖ and ξ_l (both bound the linear logit change). ``negligible`` as in
-    ``bounds.remainder.remainder`` (:func:`negligible_remainder`)."""
+    ``bounds.remainder.remainder`` (:class:`TaylorOptions`)."""
     return remainder(layer, X, eps, _core(layer, X), negligible=negligible)
 
 
@@ -74,53 +72,37 @@ def _core(layer: DotMHA, X: Tensor) -> Tensor:
     return torch.minimum(m_norms(layer, X), xi(layer, X))
 
 
-# the share of the first-order term σ̄_J·ε below which a remainder is left as the cheaper bounds give it
-# (0: never; set by :func:`negligible_remainder`)
-_NEGLIGIBLE: ContextVar[float] = ContextVar("negligible_remainder", default=0.0)
+@dataclass(frozen=True)
+class TaylorOptions:
+    """What a network certificate lets ``taylor`` (and ``best``, which passes them on) skip of the
+    remainder's forms (§2.3.2, §2.3.4), docs/bounds.md §5, "What a network certificate skips". The
+    defaults skip nothing: a layer's own rows never pass options, so that ``taylor = σ̄_J ε +
+    taylor_remainder`` stays exact there.
+
+    ``negligible``: at each input where the cheaper remainders (global, local, first-order) are
+    already at most this share of σ̄_J·ε, the forms are skipped, as they could lower the bound by no
+    more than that share (0: never). ``not_needed``: [B] bool, the inputs at which no remainder can
+    change what ``taylor`` is used for (the images the first-order terms alone already fail to
+    certify); they skip the forms too, and their value stays a certified bound, looser."""
+
+    negligible: float = 0.0
+    not_needed: Tensor | None = None
+
+    def __post_init__(self):
+        if not 0 <= self.negligible < 1:
+            raise ValueError(f"share must be in [0, 1), got {self.negligible}")
 
 
-@contextmanager
-def negligible_remainder(share: float) -> Iterator[None]:
-    """Inside this block ``taylor`` skips the remainder's forms (§2.3.2, §2.3.4) at each input where
-    the cheaper remainders (global, local, first-order) are already at most ``share`` × σ̄_J·ε: the
-    forms could lower the bound by no more than that share (docs/bounds.md §5, "What a network
-    certificate skips"). A network certificate opens it; a layer's own rows never do, so that
-    ``taylor = σ̄_J ε + taylor_remainder`` stays exact there."""
-    if not 0 <= share < 1:
-        raise ValueError(f"share must be in [0, 1), got {share}")
-    token = _NEGLIGIBLE.set(share)
-    try:
-        yield
-    finally:
-        _NEGLIGIBLE.reset(token)
+NO_OPTIONS = TaylorOptions()
 
 
-# the inputs [B] bool at which no remainder can change what ``taylor`` is used for (set by
-# :func:`forms_not_needed`); None: every input needs its best remainder
-_NOT_NEEDED: ContextVar[Tensor | None] = ContextVar("forms_not_needed", default=None)
-
-
-@contextmanager
-def forms_not_needed(inputs: Tensor) -> Iterator[None]:
-    """Inside this block ``taylor`` skips the remainder's forms (§2.3.2, §2.3.4) at the inputs
-    ``inputs`` [B] bool, for a batch of B inputs: a network certificate names the images that the
-    first-order terms alone already fail to certify (docs/bounds.md §5, "What a network certificate
-    skips"), whose verdict no remainder can change. Their value stays a certified bound, looser."""
-    token = _NOT_NEEDED.set(inputs)
-    try:
-        yield
-    finally:
-        _NOT_NEEDED.reset(token)
-
-
-def taylor(layer: DotMHA, X: Tensor, eps) -> Tensor:
-    """``σ̄_J ε + taylor_remainder``, docs/bounds.md §2.3 (inside :func:`negligible_remainder`, the
-    remainder without the forms where they are negligible; inside :func:`forms_not_needed`, without
-    them at the inputs named)."""
+def taylor(layer: DotMHA, X: Tensor, eps, *, options: TaylorOptions = NO_OPTIONS) -> Tensor:
+    """``σ̄_J ε + taylor_remainder``, docs/bounds.md §2.3 (with :class:`TaylorOptions`, the remainder
+    without the forms where they are negligible and at the inputs named not needed)."""
     first = sigma_J(layer, X) * radius(eps, X)
-    share = _NEGLIGIBLE.get()
+    share = options.negligible
     negligible = share * first if share else None
-    skip = _NOT_NEEDED.get()
+    skip = options.not_needed
     if skip is not None and skip.shape == first.shape and bool(skip.any()):
         negligible = torch.where(skip, torch.inf, -torch.inf if negligible is None else negligible)
     return first + taylor_remainder(layer, X, eps, negligible)

@@ -389,7 +389,8 @@ def test_bounds_not_extended_refuse_biased_layers():
     with pytest.raises(InputError, match=r"bound 'kim' does not apply to dot layers"):
         bounds.evaluate("kim", biased, X, 0.1)
     # accepting biases is opt-in: a new bound refuses until it is extended as §1.5 says
-    assert not bounds.Bound("x", lambda *a: None, "", "", True, frozenset({"dot"})).biases
+    assert not bounds.Bound(name="x", fn=lambda *a: None, paper="", equation="", certified=True,
+                            kinds=frozenset({"dot"})).biases
     assert {b.name for b in bounds.BOUNDS if b.kinds and not b.biases} == {"specformer", "kim", "olsa"}
 
 

@@ -27,7 +27,7 @@ from bounds import BOUNDS, REGISTRY
 from bounds.network import Certifier, network_bounds, pairwise, prop1
 from bounds.network.propagated import NEGLIGIBLE
 from bounds.registry import TAYLOR_NETS
-from bounds.taylor import negligible_remainder
+from bounds.taylor import TaylorOptions
 from models import DotMHA, InputError
 
 ZOO = ROOT / "zoo"
@@ -96,8 +96,9 @@ def test_certificate_is_embedding_times_blocks_times_ffn_times_pool(path, name):
         for k in range(depth):
             layer = DotMHA(*(torch.from_numpy(w[f"blocks.{k}.attn.{n}"])
                              for n in ("W_q", "W_k", "W_v", "W_o")))
-            with negligible_remainder(NEGLIGIBLE):  # as the certificate takes taylor (docs/bounds.md §5)
-                attn = np_(REGISTRY[name].fn(layer, torch.from_numpy(inputs[k]), torch.from_numpy(radius)))
+            bound = REGISTRY[name]  # taylor as the certificate takes it (docs/bounds.md §5)
+            options = {"options": TaylorOptions(negligible=NEGLIGIBLE)} if bound.taylor_options else {}
+            attn = np_(bound.fn(layer, torch.from_numpy(inputs[k]), torch.from_numpy(radius), **options))
             lip = 1 + np.linalg.norm(w[f"blocks.{k}.ffn.up.weight"], 2) * np.linalg.norm(
                 w[f"blocks.{k}.ffn.down.weight"], 2)
             radius = attn * lip
@@ -130,11 +131,11 @@ def load_vit_checked(path):
 def test_a_memo_shares_the_norms_across_eps_and_changes_nothing(monkeypatch):
     """The certify sweep's cells at other ε reuse the first cell's norms (bench.sweep.tasks); the result
     must be the one a fresh run gives, each bound's seconds still counting what it cost."""
-    import bounds.certificates
+    import bounds.norms
 
     calls = []
-    dense = bounds.certificates.dense_certified_norm
-    monkeypatch.setattr(bounds.certificates, "dense_certified_norm", lambda G: calls.append(1) or dense(G))
+    dense = bounds.norms.dense_certified_norm
+    monkeypatch.setattr(bounds.norms, "dense_certified_norm", lambda G: calls.append(1) or dense(G))
     net, _ = load_model(D32)
     X, y = first_test_images("digits", net, 6)
     memo: dict = {}

@@ -14,16 +14,10 @@ from helpers import ROOT
 
 import models
 from bench.nets.accuracy import load_model
-from bounds.certificates import (
-    DEFAULT_DELTA,
-    _reorthogonalise,
-    kw_steps,
-    lanczos_upper,
-    ledger,
-    reuse,
-)
+from bounds.certificates import ledger, norm_cache
 from bounds.lofast import m_norms, zeta
 from bounds.network import Certifier
+from bounds.norms import DEFAULT_DELTA, _reorthogonalise, kw_steps, lanczos_upper
 
 ZOO = ROOT / "zoo"
 D32 = ZOO / "digits-d32-b2-h2-c0.5.safetensors"  # every norm dense: exact
@@ -35,7 +29,7 @@ SLACK_S = 0.02
 def _timed(net, images: torch.Tensor, name: str) -> tuple[float, float]:
     """(wall seconds around one certify call, the seconds it reports), from a fresh norm cache."""
     labels = torch.zeros(len(images), dtype=torch.long)
-    with reuse():
+    with norm_cache():
         cert = Certifier(net, images, labels)  # the clean trace: not part of a bound's seconds
         start = time.perf_counter()
         c = cert.certify(name, 0.02)
@@ -63,7 +57,7 @@ def test_reported_seconds_are_wall_time_with_the_lanczos_certificate():
 def test_a_reused_norm_is_charged_once_per_value():
     layer = models.random_dot(8, 2, seed=0)
     X = models.random_input(5, 8, seed=1)
-    with reuse():
+    with norm_cache():
         with ledger() as first:
             zeta(layer, X)
             zeta(layer, X)  # its own norm again: already in its wall time

@@ -222,10 +222,12 @@ def test_certify_cells_of_a_model_run_in_order_on_one_worker(tmp_path, capsys, m
     one worker, in the profile's order, so that its memo serves the later ε; the other model's
     cells run beside them on the other worker."""
     ran: list[tuple[str, str, float]] = []
+    memos: dict[str, set[int]] = {}
     certify = tasks.TASKS["certify"]
 
     def recording(cell, *args):
         ran.append((cell.model, distributed.get_worker().address, cell.eps))
+        memos.setdefault(cell.model, set()).add(id(args[-1]))  # the worker's CertifyMemo
         return certify(cell, *args)
 
     _threads(monkeypatch)
@@ -239,6 +241,7 @@ def test_certify_cells_of_a_model_run_in_order_on_one_worker(tmp_path, capsys, m
         assert len({w for m, w, _ in ran if m == model}) == 1, ran
         assert [e for m, _, e in ran if m == model] == [0.01, 0.02, 0.05], ran
     assert load(tmp_path / "r")["cell_id"].nunique() == 6
+    assert all(len(ids) == 1 for ids in memos.values()), memos  # one memo serves each model's chain
     assert [tasks.memo_group(c) is not None for _, c in load_profile(str(tmp_path / "c.toml")).cells()] \
         == [True] * 6
 
@@ -297,3 +300,26 @@ def test_priorities_rank_chains_then_long_cells_then_the_rest():
     chained = [rank[c.id] for c in cells if c.task == "certify" and c.model.endswith("q1-m0.003")]
     single = [rank[c.id] for c in cells if c.task == "pretrained"]
     assert min(chained) > max(single)
+
+
+def test_a_serial_run_shares_a_models_norms_between_its_cells(tmp_path, monkeypatch):
+    """The runner's CertifyMemo (tasks.run_cell): the cells of one model share one memo dict, which
+    holds the norms after the first; another model's cell starts a fresh one."""
+    import torch
+
+    (tmp_path / "c.toml").write_text(CERTIFY)
+    cells = [c for _, c in load_profile(str(tmp_path / "c.toml")).cells()]
+    held: list[dict] = []
+    real = tasks.run_certify
+
+    def recording(*args, **kwargs):
+        held.append(kwargs["memo"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tasks, "run_certify", recording)
+    memo = tasks.CertifyMemo()
+    run = {"pgd_steps": 3, "pgd_restarts": 1, "seed": 0}
+    for cell in (cells[0], cells[1], cells[3]):
+        tasks.run_cell(cell, run, torch.device("cpu"), torch.float64, memo)
+    assert cells[0].model == cells[1].model != cells[3].model
+    assert held[0] is held[1] and held[2] is not held[0] and held[0]

@@ -1,5 +1,5 @@
 """A network certificate's Taylor bound skips the remainder's forms where the cheaper remainders are
-a negligible share of the first order (bounds.taylor.negligible_remainder, docs/bounds.md §5): it is
+a negligible share of the first order (bounds.taylor.TaylorOptions.negligible, docs/bounds.md §5): it is
 never below the full bound, never more than that share of σ̄_J·ε above it, and the full bound where
 the remainder is not negligible."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bounds.remainder import remainder
-from bounds.taylor import _core, forms_not_needed, negligible_remainder, sigma_J, taylor
+from bounds.taylor import TaylorOptions, _core, sigma_J, taylor
 from models.build import random_dot
 
 
@@ -31,8 +31,7 @@ def _layer_and_inputs(scale: float, seed: int):
 def test_the_skip_costs_at_most_its_share(seed, share, eps):
     layer, X = _layer_and_inputs(1.0 + seed, seed)
     full = taylor(layer, X, eps)
-    with negligible_remainder(share):
-        cut = taylor(layer, X, eps)
+    cut = taylor(layer, X, eps, options=TaylorOptions(negligible=share))
     first = sigma_J(layer, X) * eps
     cheap = remainder(layer, X, eps, _core(layer, X), quadratic=False)
     kept = cheap > share * first  # where the forms were computed, on those inputs alone
@@ -46,27 +45,25 @@ def test_the_skip_costs_at_most_its_share(seed, share, eps):
         assert skipped.any()  # the case does test the skip
 
 
-def test_the_share_is_checked_and_the_block_restores_it():
+def test_the_share_is_checked_and_no_options_skip_nothing():
     layer, X = _layer_and_inputs(2.0, 0)
     with pytest.raises(ValueError, match="share"):
-        with negligible_remainder(1.0):
-            pass
+        TaylorOptions(negligible=1.0)
     before = taylor(layer, X, 1e-3)
-    with negligible_remainder(0.5):
-        taylor(layer, X, 1e-3)
+    taylor(layer, X, 1e-3, options=TaylorOptions(negligible=0.5))
     assert torch.equal(taylor(layer, X, 1e-3), before)
+    assert torch.equal(taylor(layer, X, 1e-3, options=TaylorOptions()), before)
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_inputs_named_not_needed_skip_the_forms_and_the_rest_keep_them(seed):
-    """bounds.taylor.forms_not_needed: the inputs it names take the cheaper remainders alone (a
+    """bounds.taylor.TaylorOptions.not_needed: the inputs it names take the cheaper remainders alone (a
     looser, still certified value), the others the full bound (computed on a sub-batch: to the forms'
     stopping tolerance)."""
     layer, X = _layer_and_inputs(1.0 + seed, seed)
     full = taylor(layer, X, 0.05)
     skip = torch.tensor([True, False, True, False])
-    with forms_not_needed(skip):
-        cut = taylor(layer, X, 0.05)
+    cut = taylor(layer, X, 0.05, options=TaylorOptions(not_needed=skip))
     cheap = sigma_J(layer, X) * 0.05 + remainder(layer, X, 0.05, _core(layer, X), quadratic=False)
     torch.testing.assert_close(cut[skip], cheap[skip], rtol=1e-14, atol=0)
     torch.testing.assert_close(cut[~skip], full[~skip], rtol=1e-5, atol=0)
@@ -86,16 +83,16 @@ def test_the_network_bound_skips_only_what_its_first_order_already_fails(monkeyp
     from helpers import ROOT
 
     from bench.nets.accuracy import first_test_images, load_model
-    from bounds.certificates import reuse
+    from bounds.certificates import norm_cache
     from bounds.network import Certifier
 
     net, _ = load_model(ROOT / "zoo" / f"{stem}.safetensors")
     x, y = first_test_images("digits", net, 16)
-    with reuse():
+    with norm_cache():
         c = Certifier(net, x.double(), y)
         skip = c.first_order_fails(torch.full_like(c.logits[:, 0], c.embedding * eps))
         cut = c.certify(name, eps)
-    with reuse():
+    with norm_cache():
         c = Certifier(net, x.double(), y)
         monkeypatch.setattr(c, "first_order_fails", lambda r0: torch.zeros_like(r0, dtype=torch.bool))
         full = c.certify(name, eps)

@@ -36,7 +36,8 @@ def plugin(tmp_path, body: str, name: str = "mine.py"):
 def bound_line(fn: str, name: str = "mine", certified: bool = True) -> str:
     """A plugin file's BOUNDS: one bound ``name`` of dot layers computing ``fn``'s expression."""
     return (f"def f(layer, X, eps):\n    return {fn}\n"
-            f"BOUNDS = (Bound({name!r}, f, 'a test', 'none', {certified}, frozenset({{'dot'}})),)\n")
+            f"BOUNDS = (Bound(name={name!r}, fn=f, paper='a test', equation='none', certified={certified}, "
+            f"kinds=frozenset({{'dot'}})),)\n")
 
 
 @pytest.fixture
@@ -168,7 +169,8 @@ BAD = {
     "raises_on_import": ("raise RuntimeError('boom')\n", "failed to import: RuntimeError: boom"),
     "no_bounds": ("X = 1\n", "defines no BOUNDS"),
     "not_a_bound": ("BOUNDS = ('naive',)\n", "BOUNDS holds a str, not a bounds.Bound"),
-    "bad_kind": ("BOUNDS = (Bound('b', lambda l, X, e: X, 'p', 'e', True, frozenset({'conv'})),)\n",
+    "bad_kind": ("BOUNDS = (Bound(name='b', fn=lambda l, X, e: X, paper='p', equation='e', certified=True, "
+                 "kinds=frozenset({'conv'})),)\n",
                  "kinds must be"),
     "clash_builtin": (bound_line("X.flatten(1).norm(dim=-1)", "lofast_M"), "already a built-in bound"),
     "shape": (bound_line("torch.zeros(X.shape[0], 2, dtype=X.dtype)"), "returned shape [1, 2]"),

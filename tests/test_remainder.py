@@ -14,6 +14,7 @@ import torch
 
 from attacks.pgd import attack_remainder
 from bounds import remainder as R
+from bounds.forms import Estimate
 from bounds.remainder import (
     _g1,
     _g3,
@@ -268,8 +269,8 @@ def test_value_pair_norm_against_the_dense_flattenings(seed, bias, probabilistic
     𝓑₂'s from its atoms on autograd's logit Jacobian, for several weights a, c ≥ 0; formed and
     checked by Cholesky (nothing for the ledger), or by Lanczos through its factors, with a
     probabilistic certificate at most 1/√(1 − δ) above the truth (§2.4)."""
-    from bounds.certificates import DEFAULT_DELTA, DEFAULT_P
     from bounds.forms import logit_gram, value_cubic_parts, value_form_parts, value_pair_norm
+    from bounds.norms import DEFAULT_DELTA, DEFAULT_P
     n, d, h = 4, 6, 2
     layer = random_dot(d, h, seed=seed, q_norm=2.0, k_norm=2.0, bias_norm=bias)
     X = _case(n, d, h, 1.0, 3.0, seed)[:1]
@@ -328,8 +329,8 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     G, P = logit_gram(layer, X, rows["P"])
     cv = R._value_c(layer, rows)
     # c from above (no eigenproblem) and from below (an estimate) around the certified one (rule 4)
-    assert (R._value_c(layer, rows, "above") >= cv).all()
-    assert (R._value_c(layer, rows, "below") <= cv * (1 + 1e-9)).all()
+    assert (R._value_c(layer, rows, Estimate.ABOVE) >= cv).all()
+    assert (R._value_c(layer, rows, Estimate.BELOW) <= cv * (1 + 1e-9)).all()
     clean = R._clean_forms(layer, X, G, P, rows["sigma"])
     wide = 4 * h * n * n <= n * d
     assert torch.isfinite(clean["value3_below"]).all() == wide
@@ -361,10 +362,10 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     # what the check raised it by (τ 1e-6) and its rounding slack
     crude = R._cubic_crude(G, clean, R._Spreads(G, P, clean))
     assert (crude * (1 + 1e-5) + form.slack >= form.value()).all(), (crude, form.value())
-    for spread, third in ((spreads.exact, form.value()), (spreads.upper, form.upper)):
+    for spread, third in ((spreads.certified, form.value()), (spreads.above, form.upper)):
         shared = R._shared_value(layer, rows, spread, rr, cv)
         for pair in pairs:
-            for how in ("certified", "above"):  # the value side's q part certified, or from above
+            for how in (Estimate.CERTIFIED, Estimate.ABOVE):  # the value side's q part, both ways
                 apart, paired = cubic(spread, shared, third.clamp_min(0).sqrt(), value3, pair, how)
                 alone = second + apart
                 assert (alone + tol >= attained).all(), (alone, attained)
@@ -387,7 +388,8 @@ def test_a_probabilistic_pair_is_sound_and_in_every_ledger_it_bounds(case, monke
     attack and within 1 % of the one with the pair formed and checked, and its ledger holds the
     pair's probabilistic certificate, at the radius that certified it and, as reused, at the next."""
     import bounds.forms
-    from bounds.certificates import DEFAULT_P, ledger
+    from bounds.certificates import ledger
+    from bounds.norms import DEFAULT_P
     n, d, h, w, xn, r, bias = case
     seed = int(1000 * w + 10 * n + d)
     layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
@@ -534,12 +536,12 @@ def test_the_spreads_by_monotonicity_above_and_their_estimates_below(case):
                 weights[0] = 0.0
             D, _ = _weighted(G, P, weights)
             truth = torch.linalg.eigvalsh(0.5 * (D + D.mT))[..., -1]
-            assert (spreads.upper(weights) >= truth * (1 - 1e-12)).all()
+            assert (spreads.above(weights) >= truth * (1 - 1e-12)).all()
             below = spread_estimate(G, P, weights, vector)
             assert (below <= truth * (1 + 1e-9) + 1e-300).all(), (below, truth)
     weights = torch.ones(2, h, n, dtype=torch.float64)
     weights[1, 0, 0] = torch.inf
-    assert torch.isinf(spreads.upper(weights)[1]) and torch.isinf(spread_estimate(G, P, weights, vector)[1])
+    assert torch.isinf(spreads.above(weights)[1]) and torch.isinf(spread_estimate(G, P, weights, vector)[1])
 
 
 @pytest.mark.parametrize("case", [CASES[k] for k in (0, 1, 2, 3, 9, 11)] + WIDE)

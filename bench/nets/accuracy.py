@@ -16,10 +16,11 @@ from torch import Tensor
 from tqdm import tqdm
 
 from attacks.margin import attack_margin, margin
-from bounds.certificates import Certificate, exact_norm, reuse
+from bounds.certificates import Certificate, norm_cache
 from bounds.network import Certifier, check_network, default_bounds, network_bound
 from bounds.network.netcrown import METHODS, RELAXATION, TracedViT, verify
 from bounds.network.taylor_net import Diagnostics, TaylorNet
+from bounds.norms import exact_norm
 from bounds.registry import CASCADE, CASCADE_TN, CASCADES, TAYLOR_NET, TAYLOR_NETS
 from models import InputError, check_eps
 from models.data import SHAPES, load_dataset
@@ -211,7 +212,7 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
             else:
                 with torch.no_grad():
                     clean.append(net(x))
-            with reuse(norms):  # one chunk's norms, shared by every bound and ε (they do not depend on ε)
+            with norm_cache(norms):  # one chunk's norms, shared by every bound and ε (ε-free)
                 for e in eps:
                     for b in bounds_:
                         p = parts[(b.name, e)]

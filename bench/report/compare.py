@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bounds.certificates import KINDS
 from bounds.registry import unavailable
 from models import InputError
 
@@ -44,7 +45,7 @@ MARKERS = {"x": "soundness violation", "+": "worse", "-": "better", "~": "estima
 # a network certify row's verdicts, one per test (docs/bounds.md §5): judged image by image
 VERDICTS = ("certified_pairwise", "certified_prop1")
 PLUGIN = "plugin_sha256"  # bench/sweep/rows.py PLUGIN_COLUMNS
-STRENGTH = ("exact", "deterministic", "relaxation", "probabilistic", "estimate", "attained")
+STRENGTH = (*KINDS, "attained")  # strongest first: bounds.certificates' kinds, then a PGD row's
 
 
 def absent_here() -> set[str]:

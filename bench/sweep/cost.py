@@ -21,7 +21,8 @@ import torch
 import bounds
 from attacks import attack
 from bounds import lofast as lf
-from bounds.certificates import Certificate, kw_steps, ledger
+from bounds.certificates import Certificate, ledger
+from bounds.norms import kw_steps
 from models.operators import M_GRAM_LIMIT, VERIFY_MIN, ZETA_GRAM_LIMIT
 
 from ..core.env import glibc

@@ -35,7 +35,7 @@ from ..core.env import (
 )
 from ..core.plugins import PluginFile, using
 from .cases import MODEL_TASKS, Cell
-from .tasks import TASKS, memo_group
+from .tasks import CertifyMemo, memo_group, run_cell
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -225,9 +225,22 @@ def compute(cell_id: str, run: dict, device_arg: str, threads: int, after: objec
     device = resolve_device(device_arg)  # the worker's own: auto is its GPU if it has one
     cell = Cell.from_id(cell_id)
     with using(plugins):
-        rows = TASKS[cell.task](cell, run, device, resolve_dtype(run["dtype"]))
+        rows = run_cell(cell, run, device, resolve_dtype(run["dtype"]), _worker_memo())
     return rows, {"torch_version": torch.__version__, "device": device.type,
                   "device_name": device_name(device), "git_commit": _commit()}
+
+
+def _worker_memo() -> CertifyMemo:
+    """The :class:`bench.sweep.tasks.CertifyMemo` of the worker this runs on, made by its first cell:
+    the cells of one model run one after another on one worker (:meth:`Cluster.rows`), and each
+    shares the norms of the one before it, as in a serial run."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    memo = getattr(worker, "bench_certify_memo", None)
+    if memo is None:
+        memo = worker.bench_certify_memo = CertifyMemo()
+    return memo
 
 
 @functools.lru_cache(maxsize=1)

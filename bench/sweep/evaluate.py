@@ -10,7 +10,7 @@ from torch import Tensor
 
 import bounds
 from attacks import attack
-from bounds.certificates import Certificate, reuse
+from bounds.certificates import Certificate, norm_cache
 from bounds.registry import PluginError
 from models import InputError, Stack, as_batch, check_eps
 
@@ -68,7 +68,7 @@ def evaluate(layer, X: Tensor, eps: float, *, names: list[str] | None = None,
     layer = layer.to(X)
     out = Evaluation()
     chosen = select(layer, names, extra)
-    with reuse():
+    with norm_cache():
         for b in chosen:
             Xb, lb = (X64, layer64) if b.certified else (X, layer)
             try:

@@ -43,7 +43,7 @@ from ..core.store import (
 )
 from .memory import check_memory
 from .profiles import Profile
-from .tasks import CROWN_TASKS, TASKS
+from .tasks import CROWN_TASKS, CertifyMemo, run_cell
 
 if TYPE_CHECKING:
     from .distributed import Cluster
@@ -212,7 +212,8 @@ def _run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: t
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=f"{profile.name} on {where}",
                unit="cell", file=sys.stderr, mininterval=5)
     if cluster is None:
-        results = ((i, s, c, TASKS[c.task](c, run, device, dtype), {}) for i, s, c in todo)
+        memo = CertifyMemo()  # this run's: each certify cell shares the norms of the one before it
+        results = ((i, s, c, run_cell(c, run, device, dtype, memo), {}) for i, s, c in todo)
     else:  # in the order they finish; consolidate() restores the run order
         results = cluster.rows(todo, run, device_arg, torch.get_num_threads(), manifest["git_commit"],
                                profile.plugins)

@@ -135,14 +135,27 @@ def cauchy_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype)
     return rows
 
 
-# the certified norms of the last certify cell's network and images, for the next cell at another ε
-# (a sweep's cells are the product of its axes in the order written, so ε varies fastest when it
-# comes after model): the norms do not depend on ε, and each bound's seconds still count them
-_CERTIFY_MEMO: dict = {"key": None, "memo": {}}
+class CertifyMemo:
+    """The certified norms of the last certify cell's network and images, for the next cell at another
+    ε (a sweep's cells are the product of its axes in the order written, so ε varies fastest when it
+    comes after model): the norms do not depend on ε, and each bound's seconds still count them. Owned
+    by whoever runs cells one after another: the runner in a serial run, each Dask worker for the
+    chains of cells it is given (bench/sweep/distributed.py); passed to :func:`run_cell`."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.memo: dict = {}
+
+    def for_key(self, key: tuple) -> dict:
+        """The memo of ``key`` (a network file, its images, the device): the one held if the last
+        cell had that key, else a fresh one in its place (the last network's norms are dropped)."""
+        if self.key != key:
+            self.key, self.memo = key, {}
+        return self.memo
 
 
 def memo_group(cell: Cell) -> tuple | None:
-    """What the cells that can share :data:`_CERTIFY_MEMO` have in common (the model, its images and
+    """What the cells that can share a :class:`CertifyMemo` have in common (the model, its images and
     the dataset; None for a cell of another task): on Dask they run one after another on one worker
     (bench/sweep/distributed.py), as they do in a serial run."""
     if cell.task not in MEMO_TASKS:
@@ -150,17 +163,19 @@ def memo_group(cell: Cell) -> tuple | None:
     return cell.model, cell.dataset, cell.samples
 
 
-def certify_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def certify_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype,
+                 memo: CertifyMemo | None = None) -> list[dict]:
     """A zoo model's first test images at the cell's ε: every network bound with both certification
     tests, and PGD on the margin (docs/bounds.md §5); tasks ``certify_crown`` and
     ``certify_alpha_crown`` add whole-network CROWN (and α-CROWN) and the cascade. Certified values
-    are float64 whatever ``dtype``; the margin attack searches in ``dtype`` and measures in float64."""
+    are float64 whatever ``dtype``; the margin attack searches in ``dtype`` and measures in float64.
+    ``memo``: the norms of the previous cell, shared where it had this cell's network and images
+    (None: nothing shared)."""
     net, card, images, labels = cell.network()
     stat = os.stat(cell.model_path)
     key = (os.path.realpath(cell.model_path), stat.st_mtime_ns, stat.st_size, cell.dataset,
            cell.samples, str(device))
-    if _CERTIFY_MEMO["key"] != key:
-        _CERTIFY_MEMO.update(key=key, memo={})
+    held = (CertifyMemo() if memo is None else memo).for_key(key)
     names, cascade = None, False
     if cell.task in CROWN_TASKS:  # without auto_LiRPA these are the certify task's rows (runner: a note)
         extra = [n for n in CROWN_TASKS[cell.task] if n not in unavailable()]
@@ -169,7 +184,7 @@ def certify_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype
         cascade = CASCADE in extra
     res = run_certify(net, images, labels, [cell.eps], names, steps=run["pgd_steps"],
                       restarts=run["pgd_restarts"], seed=run["seed"], device=device,
-                      memo=_CERTIFY_MEMO["memo"], cascade=cascade, dtype=dtype)
+                      memo=held, cascade=cascade, dtype=dtype)
     return with_model(network_rows(res), card)
 
 
@@ -240,5 +255,15 @@ TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "totals"
                           "cost": cost_task, "crown": crown_task, "alpha_crown": crown_task,
                           "certify_crown": certify_task, "certify_alpha_crown": certify_task,
                           "crown_cascade": certify_task}
-# the tasks certify_task serves, whose cells share _CERTIFY_MEMO (memo_group)
+# the tasks certify_task serves, whose cells share a CertifyMemo (memo_group)
 MEMO_TASKS = tuple(name for name, task in TASKS.items() if task is certify_task)
+
+
+def run_cell(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype,
+             memo: CertifyMemo | None = None) -> list[dict]:
+    """A cell's rows, by its task (:data:`TASKS`); a certify cell (:data:`MEMO_TASKS`) also takes
+    ``memo``, the :class:`CertifyMemo` of whoever runs it and the cells before it."""
+    task = TASKS[cell.task]
+    if cell.task in MEMO_TASKS:
+        return task(cell, run, device, dtype, memo)
+    return task(cell, run, device, dtype)

@@ -20,7 +20,6 @@ over the blocks by :func:`bounds.certificates.ledger` (docs/bounds.md §2.4).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -32,9 +31,10 @@ from models import InputError
 from models.vit import ViT
 
 from ..base import Bound, propagate
-from ..certificates import Certificate, exact_norm, ledger
+from ..certificates import Certificate, ledger
+from ..norms import exact_norm
 from ..registry import TAYLOR_NETS, best_ingredients, every, get
-from ..taylor import forms_not_needed, negligible_remainder, sigma_J
+from ..taylor import TaylorOptions, sigma_J
 
 # Float64 rounding in the logits, in the products of the test and in the SVDs of ‖E‖ and Lip(FFN)
 # (a few ulps each; the norms inside the bounds are rounded up already): a gap must beat its
@@ -43,7 +43,7 @@ ROUNDING = 64 * torch.finfo(torch.float64).eps
 
 
 # a block's Taylor bound skips the remainder's forms where the cheaper remainders are at most this
-# share of its first-order term (bounds.taylor.negligible_remainder): each block's radius is then at
+# share of its first-order term (bounds.taylor.TaylorOptions): each block's radius is then at
 # most 0.1% above the full bound's. On the Fashion-MNIST blocks the cheaper remainders are ≤ 2e-4 of
 # the first order at radii up to 0.5 and the forms took about half of `taylor`'s time an image
 NEGLIGIBLE = 1e-3
@@ -134,7 +134,7 @@ class NetworkCertificate:
 
 class Certifier:
     """A network at a batch of images: the clean trace is taken once, so that within a
-    :func:`bounds.certificates.reuse` block every bound and ε share the certified norms of each block."""
+    :func:`bounds.certificates.norm_cache` block every bound and ε share the certified norms of each block."""
 
     def __init__(self, net: ViT, images: Tensor, labels: Tensor):
         check_certifiable(net)
@@ -157,15 +157,18 @@ class Certifier:
         self.correct = self.logits.argmax(-1) == self.labels
 
     def delta(self, bound: Bound, eps: float) -> tuple[Tensor, Certificate, float]:
-        """(δ_features [B], its certificate, seconds on its own) at image radius ``eps``. For
-        ``taylor`` and ``best`` the images that a first-order chain below both fails to certify
-        (:meth:`first_order_fails`) skip the remainder's forms: their verdict cannot change."""
+        """(δ_features [B], its certificate, seconds on its own) at image radius ``eps``. A bound
+        that takes :class:`bounds.taylor.TaylorOptions` (``taylor``, ``best``) skips the remainder's
+        forms where they are negligible (:data:`NEGLIGIBLE`) and at the images that a first-order
+        chain below both fails to certify (:meth:`first_order_fails`): their verdict cannot change."""
         start = time.perf_counter()
-        with ledger() as book, negligible_remainder(NEGLIGIBLE):
+        with ledger() as book:
             r0 = torch.full_like(self.logits[:, 0], self.embedding * eps)
-            skip = self.first_order_fails(r0) if bound.name in ("taylor", "best") else None
-            with forms_not_needed(skip) if skip is not None else contextlib.nullcontext():
-                radius = propagate(bound, self.layers, self.inputs, r0, self.ffn)
+            options = {}
+            if bound.taylor_options:
+                skip = self.first_order_fails(r0)
+                options["options"] = TaylorOptions(negligible=NEGLIGIBLE, not_needed=skip)
+            radius = propagate(bound, self.layers, self.inputs, r0, self.ffn, **options)
         seconds = time.perf_counter() - start + book.reused_seconds
         return radius * self.pool, book.certificate, seconds
 
@@ -176,7 +179,7 @@ class Certifier:
         remainder ≥ 0, and each f is non-decreasing in the radius (tests/test_negligible.py), so by
         induction both ``taylor``'s and ``best``'s radii stay ≥ L_k whatever the remainders, and so does
         their δ_features. One chain for both, so that the two skip the same images and share the
-        forms computed for the others (bounds.certificates.reuse keys them by those images). σ̄_J and
+        forms computed for the others (bounds.certificates.norm_cache keys them by those images). σ̄_J and
         the ingredients' norms are those the bounds certify anyway."""
         low = r0
         for layer, X, lip in zip(self.layers, self.inputs, self.ffn, strict=True):

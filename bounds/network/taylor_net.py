@@ -52,7 +52,7 @@ from torch import Tensor
 from models import InputError
 from models.vit import TokenBatchNorm, ViT
 
-from ..certificates import gram_norm
+from ..norms import gram_norm
 from .backward import backward
 from .constants import net_constants
 from .propagated import check_stages

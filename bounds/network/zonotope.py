@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from ..certificates import gram_norm
+from ..norms import gram_norm
 
 # the largest N·min(N, P)² (flops of the Gram of G, N = n·d) for which the set's radius takes the exact
 # ‖G‖₂ (the joint first order) rather than the tokens' own (Σ_t ε²‖G_t‖²)^½: it covers Fashion-MNIST's

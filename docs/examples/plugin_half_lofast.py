@@ -19,7 +19,8 @@ def half_lofast_or_naive(layer, X, eps):
 
 
 BOUNDS = (
-    Bound("half_lofast_or_naive", half_lofast_or_naive, "example plugin, on Havens et al. (LoFAST)",
-          "min(LoFAST ½ (‖M‖), naive)", certified=True, kinds=frozenset({"dot"}), stack="propagate",
-          biases=True, display="min(LoFAST ½, naive)"),
+    Bound(name="half_lofast_or_naive", fn=half_lofast_or_naive,
+          paper="example plugin, on Havens et al. (LoFAST)", equation="min(LoFAST ½ (‖M‖), naive)",
+          certified=True, kinds=frozenset({"dot"}), stack="propagate", biases=True,
+          display="min(LoFAST ½, naive)"),
 )

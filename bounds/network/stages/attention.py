@@ -14,8 +14,8 @@ from torch import Tensor
 from models import DotMHA
 from models.structured import dot_jacobian
 
-from ...certificates import gram_norm
 from ...lofast import delta2_xi, xi
+from ...norms import gram_norm
 from ...remainder import remainder
 from ..record import Step
 from ..zonotope import DeviationSet, box_norms

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from ...certificates import gram_norm
+from ...norms import gram_norm
 from ..record import Step
 from ..zonotope import DeviationSet, columns, symbols
 from .activations import gelu_bounds, relaxation

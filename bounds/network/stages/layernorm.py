@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from ...certificates import gram_norm
+from ...norms import gram_norm
 from ..record import Step
 from ..zonotope import DeviationSet
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from ...certificates import gram_norm
+from ...norms import gram_norm
 from ..record import Step
 from ..zonotope import DeviationSet, along_u, columns, relu_relaxation, symbols
 from .ffn import Refine, relu_bounds
