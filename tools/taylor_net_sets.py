@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from bench.nets.accuracy import load_model
-from bounds.certificates import gram_norm
+from bounds.norms import gram_norm
 from bounds.network.taylor_net import TaylorNet
 from models.data import load_dataset
 
