@@ -14,8 +14,8 @@ import argparse
 import torch
 
 from bench.nets.accuracy import load_model
-from bounds.norms import gram_norm
 from bounds.network.taylor_net import TaylorNet
+from bounds.norms import gram_norm
 from models.data import load_dataset
 
 
