@@ -452,16 +452,16 @@ def test_model_cells_reject_bad_parameters(kw, words):
 
 def test_a_certified_sample_pgd_breaks_is_a_counted_violation(tmp_path, monkeypatch, capsys):
     """The runner counts and names a certify row refuted by PGD (planted: no bound here has one)."""
-    from bench.sweep import runner
+    from bench.sweep import tasks
 
-    def planted(cell, run, device, dtype):
+    def planted(cell, run, device, dtype, memo=None):  # a certify task also takes the run's memo
         extra = {"label": 1, "correct": True, "margin": 1.0, "pgd_margin": -0.5, "pgd_broken": True,
                  "certified_prop1": False, "certified_pairwise": True}
         return [row("certify", name, 0, 0.1, certified=True, certificate="exact", finding=finding,
                     objective="margin", pgd=0.05, refuted=True, extra=extra)
                 for name, finding in (("lofast_M", False), ("specformer", True))]
 
-    monkeypatch.setitem(runner.TASKS, "certify", planted)
+    monkeypatch.setitem(tasks.TASKS, "certify", planted)
     (tmp_path / "p.toml").write_text(PROFILE.split('[[sweep]]\nname = "cauchy_models"')[0])
     _, violations = run_profile(load_profile(str(tmp_path / "p.toml")), tmp_path / "run", "cpu")
     assert violations == 2  # one per ε cell; the finding's rows are not violations

@@ -19,6 +19,7 @@ from helpers import ONE, ROOT, main_inprocess, one_error
 
 import bench.core.env
 import bench.sweep.runner
+import bench.sweep.tasks
 from bench.sweep.profiles import load_profile
 from models import InputError
 
@@ -45,8 +46,8 @@ def no_cells(monkeypatch):
     def task(*args, **kwargs):
         raise AssertionError("a cell ran before the refusal")
 
-    for name in list(bench.sweep.runner.TASKS):
-        monkeypatch.setitem(bench.sweep.runner.TASKS, name, task)
+    for name in list(bench.sweep.tasks.TASKS):  # run_cell looks a cell's task up there
+        monkeypatch.setitem(bench.sweep.tasks.TASKS, name, task)
 
 
 def refused(capsys, tmp_path: Path, *args, words: str) -> str:
