@@ -21,6 +21,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -78,7 +79,7 @@ def global_remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None) 
 
 
 def first_order_remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
-                          rows: dict[str, Tensor] | None = None) -> Tensor:
+                          rows: RowStats | None = None) -> Tensor:
     """A bound of each head's share of ‖R(Γ)‖_F over ‖Γ‖_F ≤ r that is of order r, [B, h]
     (docs/bounds.md §2.3.3): R_l = (P_l' − P_l)(X + Γ)C_l − dP_l[Γ] X C_l, each part on its own,
 
@@ -99,9 +100,9 @@ def first_order_remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = N
     Xc = X - X.mean(-2, keepdim=True)  # the rows of P' − P and dP sum to 0
     centred = product_norm(torch.einsum("bnd,hde->bhne", Xc, layer.W_v), layer.W_o)
     rows = _rows(layer, X, e[..., None]) if rows is None else rows
-    cap = torch.minimum(rows["s"] / (2 * math.sqrt(2)), torch.full_like(rows["s"], math.sqrt(2)))
-    moved = torch.minimum(change * centred, rows["diamY"] * cap.square().sum(-1).sqrt())
-    sigma = rows["sigma"]  # ‖Cov_p(δ_i, Y)‖ ≤ std_p(δ_i)·σ_i, summed over rows as §2.3.1 does
+    cap = torch.minimum(rows.s / (2 * math.sqrt(2)), torch.full_like(rows.s, math.sqrt(2)))
+    moved = torch.minimum(change * centred, rows.diamY * cap.square().sum(-1).sqrt())
+    sigma = rows.sigma  # ‖Cov_p(δ_i, Y)‖ ≤ std_p(δ_i)·σ_i, summed over rows as §2.3.1 does
     linear = torch.minimum(0.5 * e * core * centred / rd,
                            _assemble(rows, sigma, torch.zeros_like(sigma), e[..., None], layer.d_h))
     return (moved + linear + change * e * layer.C_norm()) * (1 + ROUND_REL)
@@ -150,10 +151,30 @@ def _g3(s: Tensor) -> Tensor:
     return torch.where(s < 1e-2, torch.exp(s) / 6, big)
 
 
-def _rows(layer: DotMHA, X: Tensor, r: Tensor) -> dict[str, Tensor]:
-    """The clean point's per-row quantities both local bounds are made of, each [B, h, n] (or [B, h]
-    / [h]): σ_i = std_{p_i}(X C_l), a_i = ‖diag(√p_i)(U − 1ū_iᵀ)‖, λ_i ≥ λ_max(diag p_i − p_i p_iᵀ),
-    ‖V_i‖ and s_i ≥ the span of row i's logit change over the ball (docs/bounds.md §2.3.1)."""
+@dataclass(frozen=True)
+class RowStats:
+    """The clean point's per-row quantities the local bounds are made of (docs/bounds.md §2.3.1), each
+    [B, h, n] unless said: σ_i = std_{p_i}(X C_l), a_i = ‖diag(√p_i)(U − 1ū_iᵀ)‖, λ_i ≥ λ_max(diag p_i −
+    p_i p_iᵀ), ‖V_i‖, s_i ≥ the span of row i's logit change over the ball, ‖A_l‖ [h], ‖C_l‖ [h, 1],
+    P [B, h, n, n], v_i ≥ std_{p_i}(Γ C_l) over the ball, diamY [B, h] the diameter of X C_l's rows,
+    Yc [B, h, n, n] = ‖Y_k − ȳ_i‖, and Ro [h, d_h, d_h] (W^O's triangular factor)."""
+
+    sigma: Tensor
+    a: Tensor
+    lam: Tensor
+    Vn: Tensor
+    s: Tensor
+    A: Tensor
+    C: Tensor
+    P: Tensor
+    v: Tensor
+    diamY: Tensor
+    Yc: Tensor
+    Ro: Tensor
+
+
+def _rows(layer: DotMHA, X: Tensor, r: Tensor) -> RowStats:
+    """The clean point's :class:`RowStats` at the ball's radius r (docs/bounds.md §2.3.1)."""
     P = layer.attention(X)  # [B, h, n, n]
     Q, K = layer.queries_keys(X)  # [B, h, n, d_h]
     # the d_h-wide factors: ‖z W_qᵀ‖ = ‖z R_qᵀ‖ with W_q = Q_q R_q (orthonormal Q_q), and likewise
@@ -174,37 +195,37 @@ def _rows(layer: DotMHA, X: Tensor, r: Tensor) -> dict[str, Tensor]:
     s = r * (diam[..., None] + math.sqrt(2) * (Vn + r * A)) / math.sqrt(layer.d_h)
     Yc = (Y[..., None, :, :] - (P @ Y)[..., :, None, :]).norm(dim=-1)  # [B, h, i, k]: ‖Y_k − ȳ_i‖
     C = layer.C_norm()[:, None]
-    return {"sigma": sigma, "a": a, "lam": lam, "Vn": Vn, "s": s, "A": A[:, 0], "C": C, "P": P,
-            "v": lam.sqrt() * C * r,  # ≥ std_{p_i}(Γ C_l) over the ball (fact iv)
-            "diamY": Ysq.amax((-1, -2)).sqrt(), "Yc": Yc, "Ro": Ro}
+    return RowStats(sigma=sigma, a=a, lam=lam, Vn=Vn, s=s, A=A[:, 0], C=C, P=P,
+                    v=lam.sqrt() * C * r,  # ≥ std_{p_i}(Γ C_l) over the ball (fact iv)
+                    diamY=Ysq.amax((-1, -2)).sqrt(), Yc=Yc, Ro=Ro)
 
 
-def _assemble(rows: dict[str, Tensor], alpha: Tensor, beta: Tensor, r: Tensor, d_h: int) -> Tensor:
+def _assemble(rows: RowStats, alpha: Tensor, beta: Tensor, r: Tensor, d_h: int) -> Tensor:
     """``(r/√d_h)·[max_i α_i a_i + (Σ_i α_i² λ_i ‖V_i‖²)^½ + r‖A_l‖ max_i β_i √λ_i]`` per head, [B, h]:
     Σ_i (α_i std(δ_i) + β_i std(q_i))² summed over rows by Minkowski, with std(δ_i) ≤ (‖Γ_i‖a_i +
     √λ_i‖V_i‖r)/√d_h and std(q_i) ≤ √λ_i‖A_l‖r‖Γ_i‖/√d_h (docs/bounds.md §2.3.1)."""
-    lam, r = rows["lam"], r[..., 0]  # r: [B, 1]
-    return (r / math.sqrt(d_h)) * ((alpha * rows["a"]).amax(-1)
-                                   + (alpha.square() * lam * rows["Vn"].square()).sum(-1).sqrt()
-                                   + r * rows["A"] * (beta * lam.sqrt()).amax(-1))
+    lam, r = rows.lam, r[..., 0]  # r: [B, 1]
+    return (r / math.sqrt(d_h)) * ((alpha * rows.a).amax(-1)
+                                   + (alpha.square() * lam * rows.Vn.square()).sum(-1).sqrt()
+                                   + r * rows.A * (beta * lam.sqrt()).amax(-1))
 
 
 # λ_max(D_w) of bounds.forms.weighted_spread for weights w, [B]: one of _Spreads' three
 Spread = Callable[[Tensor], Tensor]
 
 
-def _weighted_x(layer: DotMHA, rows: dict[str, Tensor], spread: Spread, w: Tensor, r: Tensor) -> Tensor:
+def _weighted_x(layer: DotMHA, rows: RowStats, spread: Spread, w: Tensor, r: Tensor) -> Tensor:
     """√Λ_w·r + (max_i Σ_l max_k w λ_li ‖A_l‖²/d_h)^½·r² ≥ (Σ_{l,i,k} w p x²)^½ over the ball, [B]
     (docs/bounds.md §2.3.2): x = δ̃ + q̃ split by Minkowski, the δ part a weighted λ_max of the logit
     Gram (:func:`bounds.forms.weighted_spread`, through ``spread``), the q part through
     Var_p(q_li) ≤ λ_li‖A_l‖²r²‖Γ_i‖²/d_h. ``w`` [B, h, n] per (head, row) or [B, h, n, n] per key;
     ``r`` [B]."""
     per_row = w.amax(-1) if w.dim() == 4 else w
-    var_q = (per_row * rows["lam"] * rows["A"][None, :, None].square()).sum(1).amax(-1) / layer.d_h
+    var_q = (per_row * rows.lam * rows.A[None, :, None].square()).sum(1).amax(-1) / layer.d_h
     return spread(w).sqrt() * r + var_q.sqrt() * r**2
 
 
-def local_remainder(layer: DotMHA, X: Tensor, eps, rows: dict[str, Tensor] | None = None) -> Tensor:
+def local_remainder(layer: DotMHA, X: Tensor, eps, rows: RowStats | None = None) -> Tensor:
     """A bound on each head's share of ‖R(Γ)‖_F over ‖Γ‖_F ≤ r from the clean row probabilities,
     [B, h] (docs/bounds.md §2.3.1): with the row quantities of :func:`_rows`,
 
@@ -214,8 +235,8 @@ def local_remainder(layer: DotMHA, X: Tensor, eps, rows: dict[str, Tensor] | Non
     """
     r = radius(eps, X)[:, None, None]  # [B, 1, 1]: broadcasts over heads and rows
     rows = _rows(layer, X, r) if rows is None else rows
-    s, sigma = rows["s"], rows["sigma"]
-    alpha = sigma * _g2(s) + rows["v"] * _g1(s)
+    s, sigma = rows.s, rows.sigma
+    alpha = sigma * _g2(s) + rows.v * _g1(s)
     return _assemble(rows, alpha, sigma + alpha, r, layer.d_h) * (1 + ROUND_REL)
 
 
@@ -228,7 +249,7 @@ CUMULANT4 = 1 + 3 / (2 * math.sqrt(2))
 
 
 def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None,
-                        rows: dict[str, Tensor] | None = None) -> Tensor:
+                        rows: RowStats | None = None) -> Tensor:
     """``‖𝒜‖r² + min(√(cΛ), ‖𝓑‖)r² + the rest`` ≥ ‖R(Γ)‖_F over ‖Γ‖_F ≤ r, [B] (docs/bounds.md
     §2.3.2, §2.3.4): the pure-logit second-order term bounded jointly over heads and rows as the
     quadratic form it is (‖𝒜‖r², :func:`logit_form_norm`), the value term Σ_l dP_l[Γ]ΓC_l by
@@ -256,14 +277,14 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
     if layer.h * n * n > QUAD_LIMIT:
         return torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
     rows = _rows(layer, X, r) if rows is None else rows
-    s, sigma = rows["s"], rows["sigma"]
-    value = rows["v"]
+    s, sigma = rows.s, rows.sigma
+    value = rows.v
     third = 1.75 * s.square() * _g3(s) * sigma  # × std(u): the pure-logit third order, per row
     beta = sigma * (1 + 1.5 * s) + value + _g2(s) * value  # × std(q)
     per_head = _assemble(rows, third + _g2(s) * value, beta + third, r, layer.d_h).sum(-1)
-    G, P = logit_gram(layer, X, rows["P"])
+    G, P = logit_gram(layer, X, rows.P)
     # jointly: Σ_{l,i} c_li Var(u_li) ≤ (√(Σ c Var δ) + √(Σ c Var q))², Var(q_li) ≤ λ_li‖A_l‖²r²‖Γ_i‖²/d_h
-    c = CUMULANT4 * s * rows["diamY"][..., None] * _g3(s)  # [B, h, n]
+    c = CUMULANT4 * s * rows.diamY[..., None] * _g3(s)  # [B, h, n]
     r1 = r[:, 0, 0]
     joint_q = _assemble(rows, _g2(s) * value, beta, r, layer.d_h).sum(-1)
     if cache is not None:
@@ -555,7 +576,7 @@ def _pair_values(clean: dict, r: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return nan_inf(bilinear), nan_inf(value3), nan_inf(pair)
 
 
-def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
+def _cubic_rest(layer: DotMHA, rows: RowStats, r: Tensor,
                 clean: dict[str, Tensor]) -> Callable[..., tuple[Tensor, Tensor]]:
     """R − L − V with the third order at the clean point as the form it is, [B] (docs/bounds.md
     §2.3.4): ‖𝒞‖r³ for (1/6)E[δ̃³Ỹ] − ½E[δ̃²]E[δ̃Ỹ], and every other term (Cov_p(q, Y), the third
@@ -580,10 +601,10 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
     and, with the pair in place of the value term and the value side's third order, the rest without
     them (+inf without a pair), to which the caller adds ‖𝒜‖r² alone."""
     sigma2 = clean["sigma2"]
-    s, lam, v = rows["s"], rows["lam"], rows["v"]
+    s, lam, v = rows.s, rows.lam, rows.v
     r1, rd = r[:, 0, 0], math.sqrt(layer.d_h)
-    A = rows["A"][None, :, None]  # ‖A_l‖, broadcast [1, h, 1]
-    sd = r * (rows["a"] + lam.sqrt() * rows["Vn"]) / rd  # ≥ std_p(δ) over the ball
+    A = rows.A[None, :, None]  # ‖A_l‖, broadcast [1, h, 1]
+    sd = r * (rows.a + lam.sqrt() * rows.Vn) / rd  # ≥ std_p(δ) over the ball
     sq = lam.sqrt() * A * r**2 / rd  # ≥ std_p(q)
     sx = torch.minimum(sd + sq, 0.5 * s)  # ≥ std_p(x): Minkowski, and Popoviciu on the span s
     qm = math.sqrt(2) * A * r**2 / rd  # ≥ |q̃_k| ≤ span(q) ≤ ‖Γ_i‖‖A_l‖ max‖Γ_k − Γ_j‖/√d_h
@@ -592,7 +613,7 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
     # (≤ h₂m₂·h₂E[x²‖Ỹ‖]), (1/Z − 1 + ½m₂)E[xỸ] (≤ (h₂²m₂ + g₃s)m₂·σ₂ std x) and
     # (1/Z − 1)E[(e^x − 1)Z̃] (≤ h₂m₂·g₁ std(x) v), with m₂ = E_p x² ≤ sx²
     per_row = (h2.square() * sx.square() + g3 * s) * sx * sigma2 + h2 * g1 * sx * v
-    w = (g4 * s.square() + h2.square() * sx.square())[..., None] * rows["Yc"] + per_row[..., None]
+    w = (g4 * s.square() + h2.square() * sx.square())[..., None] * rows.Yc + per_row[..., None]
     # × std(δ): E[δ̃q̃Ỹ] ≤ σ₂ qm std(δ); over heads and rows Σ_l α std(δ_li) ≤ (Σ_l α_li)^½
     # (Σ_l α_li Var δ_li)^½, and Σ_{l,i} α_li Var(δ_li) ≤ Λ_α r²; or per head (:func:`_assemble`)
     def lin_d(spread: Spread, alpha: Tensor) -> Tensor:
@@ -647,29 +668,29 @@ def _cubic_rest(layer: DotMHA, rows: dict[str, Tensor], r: Tensor,
     return rest
 
 
-def _shared_value(layer: DotMHA, rows: dict[str, Tensor], spread: Spread, r: Tensor, cv: Tensor) -> Tensor:
+def _shared_value(layer: DotMHA, rows: RowStats, spread: Spread, r: Tensor, cv: Tensor) -> Tensor:
     """E[(e^x − 1 − x)Z̃] over heads and rows with the heads sharing Γ, [B] (docs/bounds.md §2.3.2):
     over the heads of row i, Σ_l g₂(X_li) std(x_li) std(Z̃_li) ≤ (Σ_l g₂² Var x_li)^½ (Σ_l Var Z_li)^½
     (Cauchy–Schwarz), the second factor ≤ √cv·r (:func:`_value_c`), and over rows by ℓ2,
     √cv·r·(√Λ_{g₂²}·r + (max_i Σ_l g₂² λ_li‖A_l‖²/d_h)^½ r²)."""
     r1 = r[:, 0, 0]
-    return cv.sqrt() * r1 * _weighted_x(layer, rows, spread, _g2(rows["s"]).square(), r1)
+    return cv.sqrt() * r1 * _weighted_x(layer, rows, spread, _g2(rows.s).square(), r1)
 
 
-def _value_c(layer: DotMHA, rows: dict[str, Tensor], how: Estimate = Estimate.CERTIFIED,
+def _value_c(layer: DotMHA, rows: RowStats, how: Estimate = Estimate.CERTIFIED,
              memo: dict | None = None) -> Tensor:
     """c ≥ Σ_l Var_{p_li}(Γ C_l)/‖Γ‖_F² for every row i, [B] (docs/bounds.md §2.3.2, the value term by
     Cauchy–Schwarz over (l, k)): max_{i,k} Σ_l p_lik ‖C_l‖², or, as the rows of dP_l sum to 0 and so
     Γ_k may be centred at γ̄_li = Σ_k p_lik Γ_k (fact iv), max_i Σ_l λ_li ‖C_l‖² (a peaked row's
     λ ≈ 2p(1 − p) is far below its max_k p), or with the heads sharing Γ :func:`_value_gram` (``how``
     and ``memo`` as there: BELOW gives an estimate, never a bound)."""
-    C2 = rows["C"][None].square()  # [1, h, 1]
-    cv = (rows["P"] * C2[..., None]).sum(1).amax((-1, -2))
-    cv = torch.minimum(cv, (rows["lam"] * C2).sum(1).amax(-1))
+    C2 = rows.C[None].square()  # [1, h, 1]
+    cv = (rows.P * C2[..., None]).sum(1).amax((-1, -2))
+    cv = torch.minimum(cv, (rows.lam * C2).sum(1).amax(-1))
     return torch.minimum(cv, _value_gram(layer, rows, how, memo))
 
 
-def _value_gram(layer: DotMHA, rows: dict[str, Tensor], how: Estimate = Estimate.CERTIFIED,
+def _value_gram(layer: DotMHA, rows: RowStats, how: Estimate = Estimate.CERTIFIED,
                 memo: dict | None = None) -> Tensor:
     """max_i λ_max(Σ_l λ_li C_l C_lᵀ), rounded up, [B] (docs/bounds.md §2.3.2, the value term): it
     bounds Σ_l λ_li ‖Γ C_l‖_F² for ‖Γ‖_F = 1 with the heads sharing Γ, where Σ_l λ_li ‖C_l‖² lets each
@@ -680,11 +701,11 @@ def _value_gram(layer: DotMHA, rows: dict[str, Tensor], how: Estimate = Estimate
     (empty at first) that keeps F and its head factors for calls on the same layer and rows."""
     memo = {} if memo is None else memo
     if "F" not in memo:
-        memo.update(F=layer.W_v @ rows["Ro"].mT, factors={})
+        memo.update(F=layer.W_v @ rows.Ro.mT, factors={})
     F, factors = memo["F"], memo["factors"]
 
     def value(heads: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
-        return heads(F, rows["lam"])
+        return heads(F, rows.lam)
 
     return heads_top_as(value, how, factors)
 

@@ -326,12 +326,12 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     attained = attack_remainder(layer, X, r, steps=150, restarts=6)
     rr = torch.full((2, 1, 1), r, dtype=torch.float64)
     rows = R._rows(layer, X, rr)
-    G, P = logit_gram(layer, X, rows["P"])
+    G, P = logit_gram(layer, X, rows.P)
     cv = R._value_c(layer, rows)
     # c from above (no eigenproblem) and from below (an estimate) around the certified one (rule 4)
     assert (R._value_c(layer, rows, Estimate.ABOVE) >= cv).all()
     assert (R._value_c(layer, rows, Estimate.BELOW) <= cv * (1 + 1e-9)).all()
-    clean = R._clean_forms(layer, X, G, P, rows["sigma"])
+    clean = R._clean_forms(layer, X, G, P, rows.sigma)
     wide = 4 * h * n * n <= n * d
     assert torch.isfinite(clean["value3_below"]).all() == wide
     none = torch.full((2,), torch.inf, dtype=torch.float64)
