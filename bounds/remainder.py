@@ -173,6 +173,23 @@ class RowStats:
     Ro: Tensor
 
 
+def softmax_jacobian_norm(lo: Tensor, hi: Tensor) -> Tensor:
+    """An upper bound of ‖diag(p) − ppᵀ‖ over every row p with ``lo ≤ p ≤ hi`` entrywise.
+
+    ``diag(p) − ppᵀ ≼ diag(p)`` gives max_j p_j; its rows' absolute sums are 2p_j(1 − p_j), which
+    bound the norm of the symmetric matrix (docs/bounds.md §2.3.1, §3.6). Each is maximised over the
+    box; at a point (``lo = hi = p``) it is min(max_j p_j, max_j 2p_j(1 − p_j)).
+
+    Args:
+      lo, hi: the entrywise bounds of the rows, [..., n].
+
+    Returns:
+      the bound for each row, [...].
+    """
+    c = torch.minimum(torch.maximum(lo, torch.full_like(lo, 0.5)), hi)  # 2p(1 − p) peaks at ½
+    return torch.minimum(hi.amax(-1), (2 * c * (1 - c)).amax(-1))
+
+
 def _rows(layer: DotMHA, X: Tensor, r: Tensor) -> RowStats:
     """The clean point's :class:`RowStats` at the ball's radius r (docs/bounds.md §2.3.1)."""
     P = layer.attention(X)  # [B, h, n, n]
@@ -190,7 +207,7 @@ def _rows(layer: DotMHA, X: Tensor, r: Tensor) -> RowStats:
     diam = _pair_sq(U).amax((-1, -2)).sqrt()  # [B, h]
     Uc = (U[..., None, :, :] - (P @ U)[..., :, None, :]) * P[..., None].sqrt()  # [B, h, i, k, d_h]
     a = torch.linalg.eigvalsh(Uc.mT @ Uc)[..., -1].clamp_min(0).sqrt()  # [B, h, n]
-    lam = torch.minimum(P.amax(-1), (2 * P * (1 - P)).amax(-1))  # ≥ λ_max(diag p_i − p_i p_iᵀ)
+    lam = softmax_jacobian_norm(P, P)  # ≥ λ_max(diag p_i − p_i p_iᵀ)
     A = layer.A_norm()[:, None]  # [h, 1]
     s = r * (diam[..., None] + math.sqrt(2) * (Vn + r * A)) / math.sqrt(layer.d_h)
     Yc = (Y[..., None, :, :] - (P @ Y)[..., :, None, :]).norm(dim=-1)  # [B, h, i, k]: ‖Y_k − ȳ_i‖

@@ -15,7 +15,8 @@ import attacks
 import bounds
 import models
 from bounds.lipschitz.castin import castin_constant
-from bounds.lipschitz.yudin import attention_box, softmax_jacobian_norm
+from bounds.lipschitz.yudin import attention_box
+from bounds.remainder import softmax_jacobian_norm
 
 REL = 1e-6
 

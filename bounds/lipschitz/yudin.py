@@ -18,24 +18,10 @@ import torch
 from torch import Tensor
 
 from models import DotMHA
+from models.spectral import spectral
 
 from ..base import radius
-
-
-def softmax_jacobian_norm(lo: Tensor, hi: Tensor) -> Tensor:
-    """An upper bound of ‖diag(p) − ppᵀ‖ over every row p with ``lo ≤ p ≤ hi`` entrywise.
-
-    ``diag(p) − ppᵀ ≼ diag(p)`` gives max_j p_j; its rows' absolute sums are 2p_j(1 − p_j), which
-    bound the norm of the symmetric matrix (docs/bounds.md §3.6). Each is maximised over the box.
-
-    Args:
-      lo, hi: the entrywise bounds of the rows, [..., n].
-
-    Returns:
-      the bound for each row, [...].
-    """
-    c = torch.minimum(torch.maximum(lo, torch.full_like(lo, 0.5)), hi)  # 2p(1 − p) peaks at ½
-    return torch.minimum(hi.amax(-1), (2 * c * (1 - c)).amax(-1))
+from ..remainder import softmax_jacobian_norm
 
 
 def attention_box(S: Tensor, dev: Tensor) -> tuple[Tensor, Tensor]:
@@ -80,7 +66,7 @@ def yudin(layer: DotMHA, X: Tensor, eps, *, local: bool = False) -> Tensor:
     J = softmax_jacobian_norm(lo, hi).amax(-1)  # [B, h]
     n = X.shape[1]
     P = hi.sum(-2).amax(-1).clamp(max=n).sqrt()  # ‖P‖² ≤ ‖P‖₁‖P‖_∞, ‖P‖_∞ = 1
-    U_norm, V_norm = layer.logit_factor_norms(X)  # [B, h]
+    U_norm, V_norm = spectral(U), spectral(V)  # [B, h]: ‖U_l‖, ‖V_l‖ of the factors formed above
     C = layer.C_norm()
     logits = U_norm + V_norm + 2 * r[:, None] * A
     values = layer.XC_norm(X) + r[:, None] * C
