@@ -110,7 +110,7 @@ _COLOURS = {
     "jacobian_exp": "#393b79", "delta21_M": "#1f77b4", "delta21_xi": "#ff7f0e",
     "delta22_tight": "#1f77b4", "delta22_naive": "#ff7f0e", "delta2_M": "#1f77b4",
     "delta2_xi": "#ff7f0e", "delta1": "#1f77b4", "naive_delta1": "#d62728", "zeta": "#7f7f7f",
-    "taylor": "#006d2c", "best": "#555555", "castin": "#843c39", "yudin": "#e7969c",
+    "taylor": "#006d2c", "best": "#555555", "castin": "#7b4173", "yudin": "#e7969c",
     "yudin_local": "#ad494a",
 }
 
@@ -147,12 +147,17 @@ _SPARE = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7
           "#9edae5", "#637939", "#8c6d31", "#843c39")
 
 
+def spare(name: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` by a hash of ``name``: the same in every figure and run (a colour, a marker)."""
+    return choices[int(hashlib.sha256(name.encode()).hexdigest(), 16) % len(choices)]
+
+
 def colour(name: str) -> str | None:
     """A bound's colour: its pinned one, else a deterministic spare; None for a name the registry
     does not hold (PGD, a solver)."""
     if name in _COLOURS or name not in bounds.REGISTRY:
         return _COLOURS.get(name)
-    return _SPARE[int(hashlib.sha256(name.encode()).hexdigest(), 16) % len(_SPARE)]
+    return spare(name, _SPARE)
 
 
 def label(name: str) -> str:

@@ -11,7 +11,6 @@ CROWN and α-CROWN, and a cascade (a bound whose name starts with ``cascade``).
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import pandas as pd
@@ -19,7 +18,7 @@ from scipy.stats import binomtest
 
 import bounds
 
-from ..panels import Skip, colour, commits, label
+from ..panels import Skip, colour, commits, label, spare
 
 LEVEL = 0.95  # the confidence of every interval the report draws around a certified accuracy
 CASCADE = "cascade"  # a bound whose name starts so is a cascade (cheapest sound bound first, then CROWN)
@@ -53,9 +52,7 @@ def colour_of(bound: str) -> str | None:
 
 
 def marker_of(bound: str) -> str | None:
-    if bound in MARKERS:
-        return MARKERS[bound]
-    return SPARE_MARKERS[int(hashlib.sha256(bound.encode()).hexdigest(), 16) % len(SPARE_MARKERS)]
+    return MARKERS[bound] if bound in MARKERS else spare(bound, SPARE_MARKERS)
 
 
 def order(names) -> list[str]:
