@@ -208,7 +208,7 @@ def diagnostics(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     out = []
     for (model, eps), g in rows.groupby(["model", "eps"], sort=True):
         margin = g["margin"].astype(float)
-        line = {"model": model, "ε": f"{eps:g}", "images": str(len(g)),
+        line = {"model": model, "ε": f"{eps:g}", "correct images": str(len(g)),
                 "certified": str(int(tr.verdicts(g).sum())), "median margin": f"{margin.median():.3g}"}
         for col, label in LOSSES.items():
             line[label] = f"{(g[col].astype(float) / margin).median():.3g}"
