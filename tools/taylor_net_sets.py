@@ -10,12 +10,14 @@ radius, with each stage's relaxed units. Shows which part a later remainder's ra
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
 from bench.nets.accuracy import load_model
 from bounds.network.taylor_net import TaylorNet
 from bounds.norms import gram_norm
+from models import InputError, check_eps
 from models.data import load_dataset
 
 
@@ -28,9 +30,16 @@ def main() -> None:
     p.add_argument("--refine", action="store_true")
     a = p.parse_args()
     torch.set_num_threads(1)
-    net, _ = load_model(a.model)
-    _, _, tx, ty = load_dataset(a.dataset)
-    idx = [int(i) for i in a.images.split(",")]
+    try:  # what needs no work first: the indices, ε, then the model and data
+        idx = [int(i) for i in a.images.split(",")]
+        check_eps(a.eps)
+        net, _ = load_model(a.model)
+        _, _, tx, ty = load_dataset(a.dataset)
+        if not all(0 <= i < len(ty) for i in idx):
+            raise InputError(f"--images must be indices below {len(ty)}, got {a.images!r}")
+    except ValueError as e:  # InputError is one; int() of a bad index is another
+        print(f"error: {e}".replace("\n", " "), file=sys.stderr)
+        sys.exit(2)
     tn = TaylorNet(net, tx[idx], ty[idx])
     with torch.inference_mode():
         stages = tn.stages(a.eps, slice(None), [], refine=a.refine, form=True)
