@@ -180,6 +180,10 @@ CHUNK_SYMBOLS = 1024
 # (about 1,000 unstable neurons a block) is short by 10³–10⁶ margins on every image, where the second
 # pass would cost 47 s on 50 images for nothing
 HOPELESS = 10000.0
+# the largest n·d for which the second pass carries E as columns as well (DeviationSet.W): each
+# remainder merged into them costs an n·d-wide Cholesky factorisation, and each radius an eigenvalue
+# of an n·d-wide Gram. The first pass, which decides most images, keeps E as radii alone
+BALL_ND = 4096
 
 
 def normalize(S: DeviationSet, raw: Tensor, norm, eps: float, k: int | str, log: list | None = None,
@@ -376,6 +380,8 @@ class TaylorNet:
         S = DeviationSet.ball_of(self.embed.expand(B, n, d, P), like.new_full((B,), self.embed_norm * eps))
         out = []
         refine = self._refiner(log, eps) if log is not None and refine else None
+        if refine is not None and n * d <= BALL_ND:  # the second pass: E as columns too
+            S = S.carry_balls()
         for k, block in enumerate(self.net.blocks):
             entry = tuple(t.expand(B, *t.shape[1:]) for t in self._entry_radii(eps)) if k == 0 else None
             if block.standard:
@@ -485,6 +491,11 @@ class TaylorNet:
                      + torch.einsum("bcd,bndm->bcm", rows, mapped.new).abs().sum(-1))
             shift = torch.einsum("bcnd,bnd->bc", F, S.c) + torch.einsum("bcd,bnd->bc", rows, mapped.shift)
             groups = torch.einsum("bcnd,bndkg->bckg", F, S.Q).norm(dim=-1)
+        if S.W is not None and S.W.shape[-1]:  # E as columns: each source's share of ‖Wᵀc‖ where smaller
+            carried = S.ball_support(F if mapped is not None else rows[:, :, None, :].expand(-1, -1, n, -1))
+            total = balls.sum(-1)
+            share = carried / total.clamp_min(torch.finfo(total.dtype).tiny)
+            balls = balls * torch.where(total > carried, share, 1.0)[..., None]
         names = list(dict.fromkeys(S.sources + S.groups))
         of = lambda name: [j for j, s in enumerate(S.groups) if s == name]
         balls = torch.stack([balls[..., [i for i, s in enumerate(S.sources) if s == name]].sum(-1)

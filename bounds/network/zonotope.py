@@ -52,9 +52,17 @@ class DeviationSet:
     # ball reaches σ = 0): that image's set is emptied so that later stages stay finite, and its
     # margins are bounded by −∞ (None: every image defined)
     void: Tensor | None = None
+    # E once more, as columns: E = W v over ‖v‖₂ ≤ 1, W [B, n, d, K] (None: not carried). Every map
+    # applies to W what it applies to G, so that a remainder born at stage s reaches stage m at
+    # ‖J_{s→m}‖₂ρ_s where ρ crosses each stage at its norm, Π_k ‖J_k‖₂·ρ_s (docs/bounds.md §5.1, "The
+    # balls as columns"). Both bound the same E: every support, radius and token radius takes the smaller
+    W: Tensor | None = None
     # box_norms' value, formed at first use (``replace`` resets it: every map makes a new set)
     _box: tuple[Tensor, Tensor] | None = field(default=None, init=False, repr=False, compare=False)
     _cross: tuple[Tensor, Tensor] | None = field(default=None, init=False, repr=False, compare=False)
+    _wnorm: Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    _wtok: Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    _wgram: Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def ball_of(cls, G: Tensor, radius: Tensor) -> DeviationSet:
@@ -89,13 +97,57 @@ class DeviationSet:
         return replace(self, groups=[name] * len(keep), caps=self.caps[:, keep])
 
     def ball(self) -> Tensor:
-        """Σ_s ρ_s ≥ ‖E‖_F, [B]."""
-        return self.rho.sum(-1)
+        """An upper bound of ‖E‖_F, [B]: Σ_s ρ_s, or ‖W‖₂ where the columns are carried and smaller."""
+        total = self.rho.sum(-1)
+        if self.W is None or not self.W.shape[-1]:
+            return total
+        if self._wnorm is None:
+            B, n, d, K = self.W.shape
+            W = self.W.reshape(B, n * d, K)
+            self._wnorm = gram_norm(W.mT @ W if K <= n * d else W @ W.mT)
+        return torch.minimum(total, self._wnorm)
 
     def token_ball(self) -> Tensor:
-        """An upper bound of ‖E_t‖ per token, [B, n]: the smaller of ``tok`` and ‖E‖_F."""
+        """An upper bound of ‖E_t‖ per token, [B, n]: the smallest of ``tok``, ‖E‖_F and ‖W_t‖₂."""
         whole = self.ball()[:, None].expand(*self.c.shape[:2])
-        return whole if self.tok is None else torch.minimum(whole, self.tok)
+        out = whole if self.tok is None else torch.minimum(whole, self.tok)
+        if self.W is not None and self.W.shape[-1]:
+            if self._wtok is None:
+                self._wtok = gram_norm(self.ball_grams())
+            out = torch.minimum(out, self._wtok)
+        return out
+
+    def ball_grams(self) -> Tensor:
+        """W_tW_tᵀ per token, [B, n, d, d] (formed once)."""
+        if self._wgram is None:
+            self._wgram = self.W @ self.W.mT
+        return self._wgram
+
+    def token_ball_along(self, U: Tensor) -> Tensor:
+        """Upper bounds of |⟨u, E_t⟩| for functionals U [B, n, k, d] on each token, [B, n, k]:
+        ‖u‖·:meth:`token_ball`, or (u W_tW_tᵀ u)^½ where the columns are carried and it is smaller
+        (each Gram's rounding covered by a relative 1e-12, as the first order's)."""
+        out = U.norm(dim=-1) * self.token_ball()[..., None]
+        if self.W is not None and self.W.shape[-1]:
+            along = ((U @ self.ball_grams()) * U).sum(-1).clamp_min(0).sqrt()
+            out = torch.minimum(out, along * (1 + 1e-12))
+        return out
+
+    def ball_support(self, c: Tensor) -> Tensor:
+        """An upper bound of ⟨c, E⟩ for functionals c [B, ..., n, d], [B, ...]: ‖c‖_F·Σ_s ρ_s, or
+        ‖Wᵀc‖ where the columns are carried and it is smaller."""
+        total = c.flatten(-2).norm(dim=-1) * self.rho.sum(-1).reshape(-1, *[1] * (c.dim() - 3))
+        if self.W is None or not self.W.shape[-1]:
+            return total
+        B, n, d, K = self.W.shape
+        flat = c.reshape(B, -1, n * d) @ self.W.reshape(B, n * d, K)  # [B, C, K]
+        return torch.minimum(total, flat.norm(dim=-1).reshape(total.shape))
+
+    def carry_balls(self) -> DeviationSet:
+        """The set with E also carried as columns (:attr:`W`), from here on: the remainders added later
+        (:meth:`add_ball`) join them; E so far stays in ρ alone."""
+        B, n, d = self.c.shape
+        return replace(self, W=self.c.new_zeros(B, n, d, 0))
 
     def token_grams(self) -> Tensor:
         """G_t G_tᵀ per token, [B, n, d, d] (formed once, then kept by per-token maps)."""
@@ -158,14 +210,14 @@ class DeviationSet:
         return ((c * self.c).sum((-1, -2)) + eps * torch.einsum("bnd,bndp->bp", c, self.G).norm(dim=-1)
                 + torch.einsum("bnd,bndm->bm", c, self.A).abs().sum(-1)
                 + self.grouped(torch.einsum("bnd,bndkg->bkg", c, self.Q).norm(dim=-1))
-                + c.flatten(1).norm(dim=-1) * self.ball())
+                + self.ball_support(c[:, None])[:, 0])
 
     def per_token(self, L: Tensor, shift: Tensor | None = None) -> DeviationSet:
         """The image under Δ_t ↦ L_t Δ_t (+ shift_t), L [B, n, d, d]; E's radii are the caller's."""
         c = torch.einsum("bnde,bne->bnd", L, self.c) + (0 if shift is None else shift)
         gram = None if self.gram is None else L @ self.gram @ L.mT
         return replace(self, G=L @ self.G, A=L @ self.A, Q=torch.einsum("bnde,bnekg->bndkg", L, self.Q),
-                       c=c, gram=gram)
+                       c=c, gram=gram, W=None if self.W is None else L @ self.W)
 
     def rank_one(self, scale: Tensor, coef: Tensor, u: Tensor, shift: Tensor) -> DeviationSet:
         """:meth:`per_token` for L_t = scale_t·I + coef_t·u_t u_tᵀ (scale, coef [B, n], u [B, n, d]), as
@@ -185,7 +237,8 @@ class DeviationSet:
             gram = (s[..., None] ** 2 * self.gram + (s * c)[..., None] * (uw + uw.mT)
                     + (c**2 * (u[..., None, :] @ w)[..., 0])[..., None] * u[..., None] * u[..., None, :])
         c_new = apply(self.c[..., None])[..., 0] + shift
-        return replace(self, G=apply(self.G), A=apply(self.A), Q=apply(self.Q), c=c_new, gram=gram)
+        return replace(self, G=apply(self.G), A=apply(self.A), Q=apply(self.Q), c=c_new, gram=gram,
+                       W=None if self.W is None else apply(self.W))
 
     def mixed(self, fn: Callable[[Tensor], Tensor],
               sparse: Callable[[Tensor, Tensor], Tensor] | None = None) -> DeviationSet:
@@ -198,8 +251,8 @@ class DeviationSet:
         Where every column moves one token (the first block), c goes that way too, as the sum of its
         tokens' one-token vectors, and ``fn`` is not called."""
         B, n, d, k, g = self.Q.shape
-        comps = [self.G, self.A, self.Q.reshape(B, n, d, k * g)]
-        cut = [0, 0, 0]  # per part, how many of its last columns move one token
+        comps = [self.G, self.A, self.Q.reshape(B, n, d, k * g)] + ([] if self.W is None else [self.W])
+        cut = [0] * len(comps)  # per part, how many of its last columns move one token
         # [B, n, K]: the tokens each column moves (|x| > 0 iff x ≠ 0, and NaN ≠ 0 counts as moved:
         # 3.5× faster than ``ne(0).any`` on the digits models' sets)
         moved = [~(M.abs().amax(2) == 0) for M in comps] if sparse is not None else []
@@ -224,13 +277,15 @@ class DeviationSet:
                 gamma.append(self.c.mT)
                 tokens.append(torch.arange(n, device=self.c.device).expand(B, n))
             mapped = sparse(torch.cat(gamma, -1), torch.cat(tokens, -1)).split([*cut, n][:len(gamma)], -1)
-            for i in range(3):
+            parts = len(comps)
+            for i in range(parts):
                 outs[i] = torch.cat([outs[i], mapped[i]], -1) if outs[i].shape[-1] else mapped[i]
             if alone:
-                outs[3] = mapped[3].sum(-1, keepdim=True)
-        G, A, Q, c = outs
+                outs[parts] = mapped[parts].sum(-1, keepdim=True)
+        G, A, Q, *W, c = outs
         # E's per-token bounds do not survive a map that mixes tokens: the caller sets them anew
-        return replace(self, G=G, A=A, Q=Q.reshape(B, n, d, k, g), c=c[..., 0], gram=None, tok=None)
+        return replace(self, G=G, A=A, Q=Q.reshape(B, n, d, k, g), c=c[..., 0], gram=None, tok=None,
+                       W=W[0] if W else None)
 
     def plus(self, branch: DeviationSet) -> DeviationSet:
         """The set of Δ + B(Δ) (a residual around a branch) from this set and ``branch``, the branch's
@@ -248,14 +303,18 @@ class DeviationSet:
         tok = None if self.tok is None or branch.tok is None else self.tok + branch.tok
         voids = [v for v in (self.void, branch.void) if v is not None]
         void = voids[0] | voids[-1] if voids else None
+        W = None
+        if self.W is not None and branch.W is not None:  # two ellipsoids whose sum is one (merge_balls)
+            W = merge_balls(self.W, branch.W)
         return replace(branch, G=self.G + branch.G, A=A, Q=Q, c=self.c + branch.c, rho=rho, tok=tok,
-                       route=self.route + branch.route, gram=None, void=void)
+                       route=self.route + branch.route, gram=None, void=void, W=W)
 
     def token(self, t: int) -> DeviationSet:
         """The set of token t's deviation alone, as a set of one token."""
         keep = slice(t, t + 1)
         return replace(self, G=self.G[:, keep], A=self.A[:, keep], Q=self.Q[:, keep], c=self.c[:, keep],
-                       tok=None if self.tok is None else self.tok[:, keep], gram=None)
+                       tok=None if self.tok is None else self.tok[:, keep], gram=None,
+                       W=None if self.W is None else self.W[:, keep])
 
     def with_symbols(self, columns: Tensor) -> DeviationSet:
         """The set plus new symbol columns [B, n, d, k]."""
@@ -281,8 +340,61 @@ class DeviationSet:
         """The set plus a remainder ball of source ``name``, Frobenius radius ``rho`` [B], and where
         known its bound per token ``per_token`` [B, n] (else ``rho`` at every token)."""
         tok = None if self.tok is None else self.tok + (rho[:, None] if per_token is None else per_token)
+        W = self.W
+        if W is not None and bool((rho > 0).any()):  # the ball ρ·I joins the columns (merge_balls)
+            n, d = self.c.shape[1:]
+            eye = torch.eye(n * d, dtype=rho.dtype, device=rho.device).reshape(n, d, n * d)
+            W = merge_balls(W, rho[:, None, None, None] * eye)
         return replace(self, rho=torch.cat([self.rho, rho[:, None]], -1), sources=[*self.sources, name],
-                       tok=tok)
+                       tok=tok, W=W)
+
+
+def merge_balls(W1: Tensor, W2: Tensor) -> Tensor:
+    """Columns W [B, n, d, K] with {Wv : ‖v‖₂ ≤ 1} ⊇ {W₁v₁ + W₂v₂ : ‖v₁‖₂, ‖v₂‖₂ ≤ 1} (docs/bounds.md
+    §5.1, "The balls as columns"), for W₁ [B, n, d, K₁] and W₂ [B, n, d, K₂].
+
+    For any p > 0, W₁v₁ + W₂v₂ = [aW₁, bW₂]w with w = (v₁/a, v₂/b), a² = 1 + 1/p, b² = 1 + p, and
+    ‖w‖² ≤ 1/a² + 1/b² = 1; p = s₁/s₂ (s_i an estimate of ‖W_i‖₂, 20 power steps: any p is sound)
+    makes the support exact along the top direction where both share it. Where the n·d rows are fewer
+    than the K₁ + K₂ columns, the columns are compressed to n·d with the same set up to rounding: a
+    computed Cholesky factor L of M = fl(a²W₁W₁ᵀ + b²W₂W₂ᵀ) + τI has LLᵀ = M + ΔM with ‖ΔM‖₂ ≤
+    γ_{N+1}‖L‖_F² (Higham, Thm 10.3), and fl(·) is off from the exact sum by at most γ_{K+2}(‖aW₁‖_F² +
+    ‖bW₂‖_F²) (Thm 3.5), so τ at twice their sum makes LLᵀ ⪰ a²W₁W₁ᵀ + b²W₂W₂ᵀ, whose ellipsoid holds
+    that of [aW₁, bW₂]. An image whose factorisation fails keeps the columns side by side."""
+    if not W1.shape[-1]:
+        return W2
+    B, n, d = W1.shape[:3]
+    N = n * d
+    flat = [W.reshape(B, N, W.shape[-1]) for W in (W1, W2)]
+    s1, s2 = (_top_singular(W) for W in flat)
+    # where one part is zero the other is taken as it is (a or b = 1)
+    both = (s1 > 0) & (s2 > 0)
+    p = torch.where(both, s1 / torch.where(both, s2, 1.0), 1.0)
+    a = torch.where(both, (1 + 1 / p).sqrt(), 1.0)
+    b = torch.where(both, (1 + p).sqrt(), 1.0)
+    side = torch.cat([flat[0] * a[:, None, None], flat[1] * b[:, None, None]], -1)  # [B, N, K]
+    K = side.shape[-1]
+    if K <= N:
+        return side.reshape(B, n, d, K)
+    M = side @ side.mT
+    fro = side.square().sum((-1, -2))
+    trace = M.diagonal(dim1=-2, dim2=-1).sum(-1)
+    tau = 2 * (rounding(K + 2, M.dtype) * fro + rounding(N + 1, M.dtype) * 1.01 * (trace + N * fro * 1e-6))
+    tau = tau + torch.finfo(M.dtype).tiny
+    L, info = torch.linalg.cholesky_ex(M + tau[:, None, None] * torch.eye(N, dtype=M.dtype, device=M.device))
+    if bool((info != 0).any()):  # side by side: the same set, more columns
+        return side.reshape(B, n, d, K)
+    return L.reshape(B, n, d, N)
+
+
+def _top_singular(W: Tensor, steps: int = 20) -> Tensor:
+    """An estimate of ‖W‖₂ per image for W [B, N, K] (power steps on WᵀW from a fixed start): only a
+    weight of :func:`merge_balls`, nothing certified rests on it."""
+    v = torch.ones(W.shape[0], W.shape[-1], 1, dtype=W.dtype, device=W.device)
+    for _ in range(steps):
+        v = W.mT @ (W @ v)
+        v = v / v.norm(dim=1, keepdim=True).clamp_min(torch.finfo(W.dtype).tiny)
+    return (W @ v).norm(dim=(1, 2))
 
 
 # the most entries of one image's symbols' per-token Grams A_tᵀA_t formed at once (200 MB in

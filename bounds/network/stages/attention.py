@@ -80,6 +80,9 @@ def logit_change(S: DeviationSet, layer: DotMHA, parts: dict[str, Tensor], eps: 
     else:
         grouped = torch.zeros_like(shift)
     ball = parts["xi"] * S.ball()[:, None]
+    if S.W is not None and S.W.shape[-1]:  # E as columns: ‖L(W)‖₂ per head where it is smaller
+        LW = L(S.W).reshape(B, h, n * n, -1)
+        ball = torch.minimum(ball, gram_norm(LW @ LW.mT if n * n <= LW.shape[-1] else LW.mT @ LW))
     # each norm's own rounding: a relative 1e-12 covers products of a few hundred terms in float64
     return (shift + first + symbols + grouped + ball) * (1 + 1e-12)
 

@@ -39,7 +39,7 @@ def batch_norm(S: DeviationSet, norm: TokenBatchNorm, log: list | None = None) -
     Q = S.Q * a[:, None, None] if S.Q is not None else None
     gram = None if S.gram is None else S.gram * a[:, None] * a[None, :]
     out = replace(S, G=S.G * a[:, None], A=S.A * a[:, None], Q=Q, c=S.c * a, gram=gram, rho=S.rho * top,
-                  route=S.route * top, tok=scale(S.tok))
+                  route=S.route * top, tok=scale(S.tok), W=None if S.W is None else S.W * a[:, None])
     if log is not None:
         log.append(ScaleRecord(a))
     return out, torch.zeros(S.G.shape[0], dtype=torch.long, device=S.G.device)

@@ -72,7 +72,7 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
     zQ = torch.einsum("wd,bndkg->bnwkg", W1, S.Q)
     zc = S.c @ W1.T
     half = (eps * first + zA.abs().sum(-1) + S.grouped(zQ.norm(dim=-1))
-            + W1.norm(dim=-1) * S.token_ball()[..., None])
+            + S.token_ball_along(W1.expand(*S.c.shape[:2], *W1.shape)))
     # the Gram's square root carries its own rounding: widen each range by a relative 1e-12
     half = half * (1 + 1e-12)
     B, n, w = z0.shape

@@ -125,7 +125,7 @@ def layer_norm(S: DeviationSet, raw: Tensor, norm: nn.LayerNorm, eps: float, k: 
     if void.any():  # emptied (later stages stay finite), and bounded by −∞ at the margins
         keep = lambda t: None if t is None else torch.where(void.reshape(-1, *[1] * (t.dim() - 1)), 0.0, t)
         out = replace(out, G=keep(out.G), A=keep(out.A), Q=keep(out.Q), c=keep(out.c), rho=keep(out.rho),
-                      route=keep(out.route), gram=keep(out.gram), tok=keep(out.tok),
+                      route=keep(out.route), gram=keep(out.gram), tok=keep(out.tok), W=keep(out.W),
                       void=void if S.void is None else S.void | void)
         err, smooth = keep(err), keep(smooth)
     # attention reads its input's radius off the route: the set's own radius where it is smaller (its

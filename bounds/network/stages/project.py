@@ -52,7 +52,8 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     a_A = torch.einsum("bnd,bndm->bnm", u, S.A)
     a_Q = torch.einsum("bnd,bndkg->bnkg", u, S.Q)
     a_mid = (u * S.c).sum(-1)
-    a_half = eps * a_G.norm(dim=-1) + a_A.abs().sum(-1) + S.grouped(a_Q.norm(dim=-1)) + S.token_ball()
+    a_half = (eps * a_G.norm(dim=-1) + a_A.abs().sum(-1) + S.grouped(a_Q.norm(dim=-1))
+              + S.token_ball_along(u[:, :, None])[..., 0])
     a_lo, a_hi = a_mid - a_half, a_mid + a_half
     n, d = raw.shape[1:]
     if refine is not None:  # the backward pass over the stages before gives its own range of a
