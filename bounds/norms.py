@@ -206,7 +206,7 @@ def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL, vector: bool = False,
     nothing certified rests on it (a start blind to the top direction, or a space stopped short,
     only sends that element to the fallback). ``vector``: with its Ritz vector, [Bt, D], a start for
     estimates of nearby problems (bounds.forms.spread_estimate). ``apply``: the products G @ Q
-    [Bt, D, k] computed another way (bounds.forms.heads_top's, through a factor every element shares).
+    [Bt, D, k] computed another way (bounds.heads.heads_top's, through a factor every element shares).
     ``start`` [Bt, D, GUESS_BLOCK]: the first block, where a caller has directions near the top one
     (a start blind to it only costs steps: the guess is checked)."""
     Bt, D, _ = G.shape

@@ -31,13 +31,12 @@ from models.spectral import product_norm
 
 from .base import radius
 from .certificates import cached_value, record
+from .estimate import Estimate
 from .forms import (
     ROUND_REL,
     Deferred,
-    Estimate,
     cubic_form_norm,
     form_norm,
-    heads_top_as,
     logit_form_norm,
     logit_gram,
     nan_inf,
@@ -50,6 +49,7 @@ from .forms import (
     value_side_below,
     weighted_spread,
 )
+from .heads import heads_top_as
 from .lofast import layer_key, xi
 
 __all__ = [
@@ -411,7 +411,7 @@ TERM_SLACK = 1e-3
 
 class _Spreads:
     """λ_max(D_w) = λ_max(diag(√(w∘p)) G diag(√(w∘p))) for the weights w the quadratic remainder asks
-    (:func:`bounds.forms.weighted_spread`), three ways (:class:`bounds.forms.Estimate`), each [B]:
+    (:func:`bounds.forms.weighted_spread`), three ways (:class:`bounds.estimate.Estimate`), each [B]:
 
     * ``certified``: an eigenproblem of side h·n² each;
     * ``above``: max(w)·Λ, certified without one: λ_max(D_w) = λ_max(G^½ diag(w∘p) G^½) and
@@ -603,7 +603,7 @@ def _cubic_rest(layer: DotMHA, rows: RowStats, r: Tensor,
       products), a weighted λ_max of the logit Gram;
     * Σ_l α_li std(δ_li) (E[δ̃q̃Ỹ]), by Cauchy–Schwarz over heads and rows against the same Gram;
     * Σ_l β_li std(q_li) (Cov_p(q, Y) and the rest of q's terms), by Cauchy–Schwarz over heads
-      through ‖Γ_i W^Q_l‖ and the keys' spread ‖Γ W^K_l‖ (:func:`bounds.forms.heads_top`);
+      through ‖Γ_i W^Q_l‖ and the keys' spread ‖Γ W^K_l‖ (:func:`bounds.heads.heads_top`);
 
     each term of the form ‖E_p[a Ỹ]‖ paid with σ₂ (the values' widest spread) in place of σ. The
     value side's E[(e^x − 1 − x)Z̃] is the smaller of two bounds: with the heads sharing Γ as
@@ -613,7 +613,7 @@ def _cubic_rest(layer: DotMHA, rows: RowStats, r: Tensor,
     (:func:`_shared_value`'s), of ‖𝒞‖, of ‖𝓑₂‖ and of the value pair ν(r⁴/a + r⁶/c)^½
     (:func:`_pair_values`; each +inf where left out, each from above, from below or certified: the
     same choice as the spreads') and of how the q part of the value side's third order is taken
-    (``how``, a :class:`bounds.forms.Estimate`: rule 4 of docs/bounds.md §2.3.4); what does not
+    (``how``, a :class:`bounds.estimate.Estimate`: rule 4 of docs/bounds.md §2.3.4); what does not
     depend on them is computed once. It gives ([B] each) the rest with the value side on its own
     and, with the pair in place of the value term and the value side's third order, the rest without
     them (+inf without a pair), to which the caller adds ‖𝒜‖r² alone."""
@@ -644,7 +644,7 @@ def _cubic_rest(layer: DotMHA, rows: RowStats, r: Tensor,
         # over heads, two ways of splitting β; Var_{p_li}(Γ W^K_l) ≤ λ_li ‖Γ W^K_l‖_F² (fact iv), the
         # keys' factor max over Γ of Σ_l Var_{p_li}(Γ W^K_l)/‖Γ‖², one per row i; the largest row's
         # value certified, or ``how`` ABOVE / BELOW without an eigenproblem (a bound, or an estimate
-        # that bounds nothing: bounds.forms.heads_top_as)
+        # that bounds nothing: bounds.heads.heads_top_as)
         def row(heads: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
             one = heads(layer.W_q, beta.square()) * heads(layer.W_k, lam)
             return torch.minimum(one, heads(layer.W_q, beta) * heads(layer.W_k, lam * beta))
@@ -712,9 +712,9 @@ def _value_gram(layer: DotMHA, rows: RowStats, how: Estimate = Estimate.CERTIFIE
     """max_i λ_max(Σ_l λ_li C_l C_lᵀ), rounded up, [B] (docs/bounds.md §2.3.2, the value term): it
     bounds Σ_l λ_li ‖Γ C_l‖_F² for ‖Γ‖_F = 1 with the heads sharing Γ, where Σ_l λ_li ‖C_l‖² lets each
     head take all of it. Through the d_h-wide factors F_l = W^V_l R_lᵀ (W^O_lᵀ = Q_l R_l, so
-    C_l C_lᵀ = F_l F_lᵀ; :func:`bounds.forms.heads_top`); λ and R from :func:`_rows`. ``how``:
-    CERTIFIED (bounds.forms.heads_top_max), or ABOVE / BELOW without an eigenproblem (a bound, or an
-    estimate that bounds nothing; bounds.forms.heads_top_as). ``memo``: a dict
+    C_l C_lᵀ = F_l F_lᵀ; :func:`bounds.heads.heads_top`); λ and R from :func:`_rows`. ``how``:
+    CERTIFIED (bounds.heads.heads_top_max), or ABOVE / BELOW without an eigenproblem (a bound, or an
+    estimate that bounds nothing; bounds.heads.heads_top_as). ``memo``: a dict
     (empty at first) that keeps F and its head factors for calls on the same layer and rows."""
     memo = {} if memo is None else memo
     if "F" not in memo:

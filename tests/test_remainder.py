@@ -14,7 +14,7 @@ import torch
 
 from attacks.pgd import attack_remainder
 from bounds import remainder as R
-from bounds.forms import Estimate
+from bounds.estimate import Estimate
 from bounds.remainder import (
     _g1,
     _g3,
@@ -68,7 +68,7 @@ HEADS_WIDE = [(4, 96, 4, 1.0, 5.0, 0.1, 0.0), (3, 80, 2, 6.0, 4.0, 0.3, 0.5), (5
 
 @pytest.mark.parametrize("case", HEADS_WIDE)
 def test_the_remainder_with_heads_checked_by_cholesky_is_above_the_attack(case):
-    from bounds.forms import HEADS_EIGH_MAX
+    from bounds.heads import HEADS_EIGH_MAX
     n, d, h, w, xn, r, bias = case
     assert d > HEADS_EIGH_MAX
     seed = int(1000 * w + 10 * n + d)
@@ -569,11 +569,11 @@ def test_the_spreads_by_monotonicity_cost_at_most_their_slack(case):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_heads_tops_of_the_rows_that_can_be_the_largest(seed):
-    """λ_max(Σ_l w_li F_l F_lᵀ) per row (bounds.forms.heads_top) against a dense float64 eigvalsh:
+    """λ_max(Σ_l w_li F_l F_lᵀ) per row (bounds.heads.heads_top) against a dense float64 eigvalsh:
     heads_above bounds it from above (exactly where the weights are equal over heads), heads_below
     from below, and heads_top_max, certifying only the rows that can attain the maximum, gives the
     maximum of every row certified; for weights spread over rows and heads, zero, and ∞."""
-    from bounds.forms import HEADS_TAU, head_factors, heads_above, heads_below, heads_top, heads_top_max
+    from bounds.heads import HEADS_TAU, head_factors, heads_above, heads_below, heads_top, heads_top_max
     g = torch.Generator().manual_seed(seed)
     h, d, e, n = 3 + seed, 12, 4, 7
     F = torch.randn(h, d, e, generator=g, dtype=torch.float64)
@@ -602,11 +602,11 @@ def test_the_heads_tops_of_the_rows_that_can_be_the_largest(seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_proportional_rows_take_one_certified_row(seed, monkeypatch):
     """Rows whose weights are proportional (w_li = c_i·v_l, as on the zoo's ViTs up to 1e-4) need one
-    certified row each (bounds.forms.heads_top_max: λ_i ≤ max_l(w_li/w_*l)·λ_*): heads_top runs on
+    certified row each (bounds.heads.heads_top_max: λ_i ≤ max_l(w_li/w_*l)·λ_*): heads_top runs on
     one row per batch element, and the maximum stays within HEADS_TAU of every row certified (dense
     float64 eigvalsh); a row perturbed off the proportion is certified as well; an ∞ weight gives ∞."""
-    import bounds.forms as forms
-    from bounds.forms import HEADS_TAU, heads_top_max
+    import bounds.heads as forms
+    from bounds.heads import HEADS_TAU, heads_top_max
     g = torch.Generator().manual_seed(seed)
     h, d, e, n = 3, 12, 4, 9
     F = torch.randn(h, d, e, generator=g, dtype=torch.float64)
@@ -637,8 +637,8 @@ def test_one_certified_row_is_sound_whatever_the_estimates(monkeypatch, zero):
     estimates from below are weak (0 but on row 0, which they make the reference) and row 0's weight
     on the dominant head is rounded below 0: heads_top takes it as 0, so the rows with weight there
     cannot be bounded through row 0 (ρ_i = ∞) and are certified themselves."""
-    import bounds.forms as forms
-    from bounds.forms import heads_top_max
+    import bounds.heads as forms
+    from bounds.heads import heads_top_max
     g = torch.Generator().manual_seed(5)
     F = torch.randn(3, 10, 4, generator=g, dtype=torch.float64)
     F[0] *= 5  # head 0 dominates
@@ -670,7 +670,7 @@ def test_the_heads_tops_checked_by_cholesky_are_just_above_the_truth(d):
     against a dense float64 eigvalsh of Σ_l w_li F_l F_lᵀ: never below it, at most HEADS_TAU above;
     F̄ of rank 40 < h·e (the guess's space invariant early) and of full rank; weights spread over
     heads, on one head alone, zero, and ∞."""
-    from bounds.forms import HEADS_EIGH_MAX, HEADS_TAU, heads_top
+    from bounds.heads import HEADS_EIGH_MAX, HEADS_TAU, heads_top
     g = torch.Generator().manual_seed(d)
     h, e, n = 6, 16, 5
     assert h * e > HEADS_EIGH_MAX
