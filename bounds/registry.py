@@ -37,7 +37,7 @@ TAYLOR_NET = "taylor_net"
 # taylor_net with each attention bound that can serve as its remainder (docs/bounds.md §5.1, "what
 # the attention bound buys"): the name → bounds.network.taylor_net's split
 TAYLOR_NETS = {TAYLOR_NET: "taylor", "taylor_net_lofast": "lofast", "taylor_net_lofast_half": "lofast_half",
-               "taylor_net_best": "best"}
+               "taylor_net_best": "best", "taylor_net_alpha": "taylor+alpha"}
 # the same cascade with taylor_net first: CROWN gets only what taylor_net leaves (docs/bounds.md §5.1)
 CASCADE_TN = "cascade_taylor_net_crown"
 CASCADES = {CASCADE: CASCADE_FIRST, CASCADE_TN: TAYLOR_NET}
@@ -173,6 +173,12 @@ BOUNDS: tuple[Bound, ...] = (
           kinds=frozenset(), ours=True, display="taylor_net, best split",
           description="per margin the larger of taylor_net's and taylor_net_lofast_half's lower bounds "
                       "(the second only on images the first leaves)"),
+    Bound(name="taylor_net_alpha", fn=_taylor_net_only,
+          paper="this suite, docs/bounds.md §5.1, with α-CROWN's slopes (Xu et al. 2021)",
+          equation="§5.1, the second pass's ReLU slopes tuned per image and class (\"Optimized slopes\")",
+          certified=True, kinds=frozenset(), ours=True, opt_in=True, display="taylor_net, α slopes",
+          description="taylor_net with the lower slopes of every relaxed ReLU in its second pass's last "
+                      "backward pass tuned by projected Adam steps on the margins' bound"),
     Bound(name=CASCADE_TN, fn=_network_only,
           paper="this suite, docs/bounds.md §5.1, with LoFAST Table 2's cascade",
           equation=f"{TAYLOR_NET}, then whole-network CROWN on the rest (docs/bounds.md §5.1)",

@@ -18,7 +18,8 @@ STAGES = (AttentionRecord, FFNRecord, NormRecord, ProjectRecord, ScaleRecord)
 
 
 def backward(log: list, Lam: Tensor, embed: Tensor, eps: float,
-             split: dict[str, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+             split: dict[str, Tensor] | None = None,
+             alphas: dict[int, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """Lower bounds of ⟨Λ_j, Δ_N⟩ for C functionals Λ [B, C, n, d] on the last tokens, by one pass
     back through the stages of ``log`` (docs/bounds.md §5.1, "the backward pass"): every smooth stage
     by its exact Jacobian (transposed) with its remainder charged at its own coefficients, every
@@ -26,14 +27,17 @@ def backward(log: list, Lam: Tensor, embed: Tensor, eps: float,
     :mod:`bounds.network.record`). Returns (bounds [B, C], the sum
     of the magnitudes of their terms, for the rounding slack); ``split`` (a dict) receives what the
     bound loses where: ``first_order``, ``kinks`` (net of the relaxations' offsets) and each stage's
-    remainder by its source's name, each [B, C] (the diagnostics where this bound is the better)."""
+    remainder by its source's name, each [B, C] (the diagnostics where this bound is the better).
+    ``alphas``: the ReLUs' lower slopes of the records at these indices of ``log``, in place of
+    CROWN's (:mod:`bounds.network.slopes`); any values in [0, 1] give a sound bound."""
     B, C = Lam.shape[:2]
     const = Lam.new_zeros(B, C)
     mag = Lam.new_zeros(B, C)
     if split is not None:
         split["kinks"] = Lam.new_zeros(B, C)
     skips: list[Tensor] = []  # the functionals on a residual's input, from its join to its fork
-    for rec in reversed(log):
+    for at in range(len(log) - 1, -1, -1):
+        rec = log[at]
         if isinstance(rec, Join):  # out = x + branch(x): Λ reaches x both ways
             skips.append(Lam)
             continue
@@ -45,7 +49,7 @@ def backward(log: list, Lam: Tensor, embed: Tensor, eps: float,
             # a stage this pass does not know has no backward step: crossing it as another would be unsound
             kind = rec.get("kind") if isinstance(rec, dict) else type(rec).__name__
             raise ValueError(f"backward: unknown stage record {kind!r}")
-        step = rec.step(Lam)
+        step = rec.step(Lam, alphas[at]) if alphas and at in alphas else rec.step(Lam)
         Lam = step.Lam
         if step.charge is None:
             const, mag = const + step.gain, mag + step.offsets

@@ -57,6 +57,7 @@ from .backward import backward
 from .constants import net_constants
 from .propagated import check_stages
 from .record import Fork, Join
+from .slopes import optimized_backward
 from .stages.attention import (
     BEST,
     BEST_OF,
@@ -184,6 +185,8 @@ HOPELESS = 10000.0
 # remainder merged into them costs an n·d-wide Cholesky factorisation, and each radius an eigenvalue
 # of an n·d-wide Gram. The first pass, which decides most images, keeps E as radii alone
 BALL_ND = 4096
+# a split's suffix that tunes the second pass's ReLU slopes (registry: taylor_net_alpha)
+OPTIMIZED = "+alpha"
 
 
 def normalize(S: DeviationSet, raw: Tensor, norm, eps: float, k: int | str, log: list | None = None,
@@ -261,7 +264,7 @@ class TaylorNet:
         every image's symbols to the largest count in it: 3.7× slower measured on the Fashion-MNIST
         3-block model at 8 images), the whole batch at once on a GPU. Kept per (ε, split), so a
         ``best`` after its splits (or the reverse) reuses them; its seconds are still its own."""
-        if split not in (*SPLITS, BEST):
+        if split not in (*SPLITS, BEST, f"taylor{OPTIMIZED}"):
             raise InputError(f"unknown attention split {split!r}; expected one of "
                              f"{', '.join((*SPLITS, BEST))}")
         key = (float(eps), split)
@@ -358,11 +361,15 @@ class TaylorNet:
         return NetCertificate(lower, certified, diag, float(per.sum()), verified, per)
 
     def _once(self, eps: float, images: slice | Tensor, split: str, refine: bool):
+        """One pass on ``images``; a split ending in :data:`OPTIMIZED` tunes the ReLUs' slopes of the
+        second pass's last backward pass (:mod:`bounds.network.slopes`)."""
         log: list = []
+        split, _, tuned = split.partition("+")
         stages = self.stages(eps, images, log, refine, split, form=False)
         unstable = [count for name, _, count in stages if name.startswith("ffn")]
         straddling = [count for name, _, count in stages if re.fullmatch(r"(project|norm)\d+", name)]
-        return self._margins(stages[-1][1], eps, unstable, straddling, images, log)
+        return self._margins(stages[-1][1], eps, unstable, straddling, images, log,
+                             optimize=refine and bool(tuned))
 
     def stages(self, eps: float, images: slice | Tensor = slice(None), log: list | None = None,
                refine: bool = False, split: str = "taylor",
@@ -463,7 +470,7 @@ class TaylorNet:
         return refine
 
     def _margins(self, S: DeviationSet | Mapped, eps: float, unstable, straddling, images: slice | Tensor,
-                 log: list):
+                 log: list, optimize: bool = False):
         W = self.net.head_matrix()
         y = self.labels[images]
         logits = self.logits[images]
@@ -513,6 +520,10 @@ class TaylorNet:
         if N != n:  # the class token's functional, zero at every other token
             Lam = torch.cat([Lam, Lam.new_zeros(*Lam.shape[:2], N - n, Lam.shape[-1])], 2)
         back, mag = backward(log, Lam, self.embed, eps, split)
+        if optimize:  # the slopes tuned: each margin the better of the two (the diagnostics CROWN's)
+            tuned, tuned_mag = optimized_backward(log, Lam, self.embed, eps, ROUND)
+            take = tuned - ROUND * tuned_mag > back - ROUND * mag
+            back, mag = torch.where(take, tuned, back), torch.where(take, tuned_mag, mag)
         back_slack = ROUND * (own.abs() + logits_j.abs() + mag)
         better = back - back_slack > lower - slack
         lower, slack = torch.where(better, back, lower), torch.where(better, back_slack, slack)

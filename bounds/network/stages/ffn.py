@@ -120,15 +120,17 @@ def _refine_neurons(refine: Refine, W1: Tensor, z0: Tensor, lo: Tensor, hi: Tens
     return flat_lo.reshape(B, n, w), flat_hi.reshape(B, n, w)
 
 
-def relu_bounds(g: Tensor, z0: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
+def relu_bounds(g: Tensor, z0: Tensor, lo: Tensor, hi: Tensor,
+                alpha: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(s, b) with ``g·(relu(z) − relu(z0)) ≥ g·s·(z − z0) + g·b`` for every z ∈ [lo, hi] (CROWN's
     relaxation, Zhang et al. 2018, chosen per sign of the coefficient g): where g ≥ 0 the lower line
-    αz (α = 1 if hi ≥ −lo, else 0), where g < 0 the chord λ(z − lo), λ = hi/(hi − lo); exact where
-    the unit is stable (docs/bounds.md §5.1)."""
+    αz (α = 1 if hi ≥ −lo, else 0; or ``alpha``, any values in [0, 1]: relu(z) ≥ αz holds for each),
+    where g < 0 the chord λ(z − lo), λ = hi/(hi − lo); exact where the unit is stable (docs/bounds.md
+    §5.1)."""
     active, dead = lo >= 0, hi <= 0
     unstable = ~active & ~dead
     lam = hi / torch.where(unstable, hi - lo, 1.0)
-    alpha = (hi >= -lo).to(g.dtype)
+    alpha = (hi >= -lo).to(g.dtype) if alpha is None else alpha.clamp(0, 1)
     up = g < 0
     s = torch.where(active, 1.0, torch.where(dead, 0.0, torch.where(up, lam, alpha)))
     b = torch.where(unstable, torch.where(up, lam * (z0 - lo), alpha * z0) - torch.relu(z0), 0.0)
@@ -150,12 +152,15 @@ class FFNRecord:
     residual: bool
     name = None
 
-    def step(self, Lam: Tensor) -> Step:
+    def step(self, Lam: Tensor, alpha: Tensor | None = None) -> Step:
         """Λ ↦ Λ + W₁ᵀ diag(s) W₂ᵀΛ (without the identity for a branch), the slopes s and offsets b
-        chosen per sign of W₂ᵀΛ: CROWN's for ReLU, the exact slope and the error's end for GELU."""
+        chosen per sign of W₂ᵀΛ: CROWN's for ReLU (or its lower slopes ``alpha`` [B, C, n, w] in [0, 1],
+        :mod:`bounds.network.slopes`), the exact slope and the error's end for GELU."""
         g = Lam @ self.W2  # [B, C, n, w]
-        bounds_of = relu_bounds if self.act == "relu" else gelu_bounds
-        s, b = bounds_of(g, self.z0[:, None], self.lo[:, None], self.hi[:, None])
+        if self.act == "relu":
+            s, b = relu_bounds(g, self.z0[:, None], self.lo[:, None], self.hi[:, None], alpha)
+        else:
+            s, b = gelu_bounds(g, self.z0[:, None], self.lo[:, None], self.hi[:, None])
         moved = (g * s) @ self.W1
         gain = g * b
         return Step(Lam + moved if self.residual else moved, gain.sum((-1, -2)), gain.abs().sum((-1, -2)))

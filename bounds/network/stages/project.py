@@ -198,12 +198,12 @@ class ProjectRecord:
     budget: Tensor
     wild: Tensor
 
-    def step(self, Lam: Tensor) -> Step:
-        """Λ_t ↦ L_tᵀΛ_t plus the radial ReLU's slope along u_t (CROWN's per sign), its offset gained and
-        every error charged at ‖Λ_t‖."""
+    def step(self, Lam: Tensor, alpha: Tensor | None = None) -> Step:
+        """Λ_t ↦ L_tᵀΛ_t plus the radial ReLU's slope along u_t (CROWN's per sign, or the lower slopes
+        ``alpha`` [B, C, n]), its offset gained and every error charged at ‖Λ_t‖."""
         u = self.u[:, None]  # [B, 1, n, d]
         gam = -(Lam * u).sum(-1)  # the coefficient of q − q₀ (q = w or v), [B, C, n]
-        s, b = relu_bounds(gam, self.z0[:, None], self.lo[:, None], self.hi[:, None])
+        s, b = relu_bounds(gam, self.z0[:, None], self.lo[:, None], self.hi[:, None], alpha)
         on = self.relu[:, None]
         s, b = torch.where(on, s, 0.0), torch.where(on, b, 0.0)
         norms = Lam.norm(dim=-1)  # ‖Λ_t‖
