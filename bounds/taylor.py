@@ -30,7 +30,8 @@ from models.structured import dot_jacobian, dot_jacobian_operator
 from .base import radius
 from .lofast import layer_key, m_norms, xi
 from .norms import certified_norm
-from .remainder import global_remainder, remainder
+from .remainder import remainder
+from .remainder.row_bounds import global_remainder
 
 
 def sigma_J(layer: DotMHA, X: Tensor, *, probabilistic: bool = False) -> Tensor:

@@ -16,7 +16,7 @@ import bounds
 import models
 from bounds.lipschitz.castin import castin_constant
 from bounds.lipschitz.yudin import attention_box
-from bounds.remainder import softmax_jacobian_norm
+from bounds.remainder.row_bounds import softmax_jacobian_norm
 
 REL = 1e-6
 

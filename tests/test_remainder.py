@@ -16,9 +16,6 @@ from attacks.pgd import attack_remainder
 from bounds import remainder as R
 from bounds.estimate import Estimate
 from bounds.remainder import (
-    _g1,
-    _g3,
-    _h2,
     first_order_remainder,
     global_remainder,
     local_remainder,
@@ -26,6 +23,8 @@ from bounds.remainder import (
     quadratic_remainder,
     remainder,
 )
+from bounds.remainder import quadratic as Q
+from bounds.remainder.row_bounds import curve_g1, curve_g3, curve_h2, row_stats
 from models.build import random_dot
 
 # (n, d, h, q/k weight norm, ‖X‖_F, r, bias norm): uniform-ish, sharp, saturated (norm 30), biased,
@@ -87,7 +86,7 @@ def test_the_clean_rows_constants_bound_their_functions_on_the_whole_interval(X)
     independent float64 evaluation, with the series where it cancels), and tend to their limits 1, ½,
     0 as X → 0."""
     t = torch.tensor([X], dtype=torch.float64)
-    g1, h2, g3 = float(_g1(t)), float(_h2(t)), float(_g3(t))
+    g1, h2, g3 = float(curve_g1(t)), float(curve_h2(t)), float(curve_g3(t))
     for x in torch.linspace(-X, X, 4001, dtype=torch.float64).tolist():
         if x == 0:
             continue
@@ -325,13 +324,13 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     X = _case(n, d, h, w, xn, seed)
     attained = attack_remainder(layer, X, r, steps=150, restarts=6)
     rr = torch.full((2, 1, 1), r, dtype=torch.float64)
-    rows = R._rows(layer, X, rr)
+    rows = row_stats(layer, X, rr)
     G, P = logit_gram(layer, X, rows.P)
-    cv = R._value_c(layer, rows)
+    cv = Q._value_c(layer, rows)
     # c from above (no eigenproblem) and from below (an estimate) around the certified one (rule 4)
-    assert (R._value_c(layer, rows, Estimate.ABOVE) >= cv).all()
-    assert (R._value_c(layer, rows, Estimate.BELOW) <= cv * (1 + 1e-9)).all()
-    clean = R._clean_forms(layer, X, G, P, rows.sigma)
+    assert (Q._value_c(layer, rows, Estimate.ABOVE) >= cv).all()
+    assert (Q._value_c(layer, rows, Estimate.BELOW) <= cv * (1 + 1e-9)).all()
+    clean = Q._clean_forms(layer, X, G, P, rows.sigma)
     wide = 4 * h * n * n <= n * d
     assert torch.isfinite(clean["value3_below"]).all() == wide
     none = torch.full((2,), torch.inf, dtype=torch.float64)
@@ -355,15 +354,15 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     logit = 0.5 * logit.value().clamp_min(0).sqrt()
     second = (logit + torch.minimum(cv.sqrt() * clean["spread"], bilinear)) * r**2
     tol = 1e-12 * (1 + X.flatten(1).norm(dim=1))
-    cubic, spreads = R._cubic_rest(layer, rows, rr, clean), R._Spreads(G, P, clean)
-    form = R.cubic_form(layer, X, G, P, clean)  # ‖𝒞‖², deferred: certified, and from ‖S‖_F
+    cubic, spreads = Q._cubic_rest(layer, rows, rr, clean), Q._Spreads(G, P, clean)
+    form = Q.cubic_form(layer, X, G, P, clean)  # ‖𝒞‖², deferred: certified, and from ‖S‖_F
     assert (form.below <= form.value() * (1 + 1e-9)).all() and (form.value() <= form.upper).all()
     # and without its matrix (the first assembly's), from above: not below the certified value less
     # what the check raised it by (τ 1e-6) and its rounding slack
-    crude = R._cubic_crude(G, clean, R._Spreads(G, P, clean))
+    crude = Q._cubic_crude(G, clean, Q._Spreads(G, P, clean))
     assert (crude * (1 + 1e-5) + form.slack >= form.value()).all(), (crude, form.value())
     for spread, third in ((spreads.certified, form.value()), (spreads.above, form.upper)):
-        shared = R._shared_value(layer, rows, spread, rr, cv)
+        shared = Q._shared_value(layer, rows, spread, rr, cv)
         for pair in pairs:
             for how in (Estimate.CERTIFIED, Estimate.ABOVE):  # the value side's q part, both ways
                 apart, paired = cubic(spread, shared, third.clamp_min(0).sqrt(), value3, pair, how)
@@ -424,9 +423,9 @@ def test_what_is_left_uncertified_costs_at_most_its_slack(case, monkeypatch):
     layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
     X = _case(n, d, h, w, xn, seed)
     chosen = R.quadratic_remainder(layer, X, r, cache={})
-    allowed = (1 + R.SPREAD_SLACK) * (1 + R.TERM_SLACK) ** 2 * (1 + 1e-9)
-    monkeypatch.setattr(R, "SPREAD_SLACK", 0.0)
-    monkeypatch.setattr(R, "TERM_SLACK", 0.0)
+    allowed = (1 + Q.SPREAD_SLACK) * (1 + Q.TERM_SLACK) ** 2 * (1 + 1e-9)
+    monkeypatch.setattr(Q, "SPREAD_SLACK", 0.0)
+    monkeypatch.setattr(Q, "TERM_SLACK", 0.0)
     every = R.quadratic_remainder(layer, X, r, cache={})
     assert torch.isfinite(every).all()
     assert (chosen <= every * allowed).all(), (chosen, every)
@@ -526,7 +525,7 @@ def test_the_spreads_by_monotonicity_above_and_their_estimates_below(case):
     X = _case(n, d, h, w, xn, seed)
     G, P = logit_gram(layer, X)
     Lambda, vector = weighted_spread(G, P, vector=True)
-    spreads = R._Spreads(G, P, {"Lambda": Lambda, "spread_vector": vector})
+    spreads = Q._Spreads(G, P, {"Lambda": Lambda, "spread_vector": vector})
     gen = torch.Generator().manual_seed(seed)
     for shape in ((2, h, n), (2, h, n, n)):
         for k in range(4):
@@ -555,12 +554,12 @@ def test_the_spreads_by_monotonicity_cost_at_most_their_slack(case):
     layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
     X = _case(n, d, h, w, xn, seed)
     ours = quadratic_remainder(layer, X, r)
-    slack = R.SPREAD_SLACK
+    slack = Q.SPREAD_SLACK
     try:
-        R.SPREAD_SLACK = -1.0  # never good enough: every weighted spread certified
+        Q.SPREAD_SLACK = -1.0  # never good enough: every weighted spread certified
         certified = quadratic_remainder(layer, X, r)
     finally:
-        R.SPREAD_SLACK = slack
+        Q.SPREAD_SLACK = slack
     finite = torch.isfinite(certified)
     assert torch.equal(finite, torch.isfinite(ours))
     assert (ours[finite] >= certified[finite] * (1 - 1e-5)).all()  # each raised for its check (τ 1e-6)

@@ -21,7 +21,7 @@ from models import DotMHA
 from models.spectral import spectral
 
 from ..base import radius
-from ..remainder import softmax_jacobian_norm
+from ..remainder.row_bounds import softmax_jacobian_norm
 
 
 def attention_box(S: Tensor, dev: Tensor) -> tuple[Tensor, Tensor]:

@@ -95,7 +95,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     radius (or, with ``split`` lofast, LoFAST's Δ₁ and δ₂); E's radii and the route grow by
     :func:`jacobian_bound`. ``quadratic`` as in ``bounds.remainder.remainder`` (the second pass asks
     for the quadratic form, docs/bounds.md §2.3.2); ``cache`` keeps its parts that depend on X alone
-    (``bounds.remainder.quadratic_remainder``)."""
+    (``bounds.remainder.quadratic.quadratic_remainder``)."""
     r = S.route  # the radius LayerProject left (bounds.network.zonotope.DeviationSet.radius)
     parts = attention_parts(layer, X)
     N = X.shape[-2] * X.shape[-1]

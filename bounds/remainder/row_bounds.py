@@ -1,0 +1,218 @@
+"""Attention's Taylor remainder from the rows' own statistics (docs/bounds.md §2.3, §2.3.1, §2.3.3):
+:func:`global_remainder` (softmax's global constants), :func:`local_remainder` (the clean point's row
+probabilities) and :func:`first_order_remainder` (of order r), with the row statistics they share
+(:class:`RowStats`, :func:`row_stats`) and their assembly over rows. :mod:`bounds.remainder` takes the
+smallest of them and of :mod:`bounds.remainder.quadratic`'s."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from models import DotMHA
+from models.spectral import product_norm
+
+from ..base import radius
+from ..forms import (
+    ROUND_REL,
+)
+from ..lofast import xi
+
+# an absolute slack for float64 rounding in units of the global bound (a scale of the magnitudes),
+# beside forms.ROUND_REL's relative one (docs/bounds.md §2.3.1)
+ROUND_ABS = 1e-12
+
+
+def global_remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None) -> Tensor:
+    """``(½m_l² + ½r²a_l/√d_h)‖XC_l‖ + ½ m_l r ‖C_l‖`` per head, [B, h] (docs/bounds.md §2.3), with
+    a_l = ‖A_l‖ and m_l = r(core_l + r a_l)/√d_h. ``core`` [B, h] bounds the linear logit map's norm
+    (‖M_l‖ or ξ_l; default ξ_l, which is deterministic)."""
+    e = radius(eps, X)[:, None]  # [B, 1]
+    core = xi(layer, X) if core is None else core
+    rd = math.sqrt(layer.d_h)
+    a = layer.A_norm()  # [h]
+    m = e * (core + e * a) / rd  # [B, h]
+    return (0.5 * m**2 + 0.5 * e**2 * a / rd) * layer.XC_norm(X) + 0.5 * m * e * layer.C_norm()
+
+
+def first_order_remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
+                          rows: RowStats | None = None) -> Tensor:
+    """A bound of each head's share of ‖R(Γ)‖_F over ‖Γ‖_F ≤ r that is of order r, [B, h]
+    (docs/bounds.md §2.3.3): R_l = (P_l' − P_l)(X + Γ)C_l − dP_l[Γ] X C_l, each part on its own,
+
+    * ‖(P' − P)XC‖ ≤ min(e_l ‖X̃C_l‖, diam(XC_l)·(Σ_i min(s_i/(2√2), √2)²)^½),
+    * ‖dP[Γ]XC‖ ≤ min(½ r core_l ‖X̃C_l‖/√d_h, the local spread of §2.3.1 with α = σ, β = 0),
+    * ‖(P' − P)ΓC‖ ≤ e_l r ‖C_l‖,
+
+    with X̃ = X less its mean row (the rows of P' − P and dP sum to 0), e_l = min(½m_l, √(2n)) ≥
+    ‖P' − P‖_F, m_l = r(core_l + r a_l)/√d_h as in :func:`global_remainder`, and s_i ≥ the span of row
+    i's logit change (:func:`row_stats`). ``core`` as in :func:`global_remainder`; ``rows`` as in
+    :func:`local_remainder`."""
+    n = X.shape[-2]
+    e = radius(eps, X)[:, None]  # [B, 1]
+    core = xi(layer, X) if core is None else core
+    rd = math.sqrt(layer.d_h)
+    m = e * (core + e * layer.A_norm()) / rd
+    change = torch.minimum(0.5 * m, torch.full_like(m, math.sqrt(2 * n)))  # ≥ ‖P' − P‖_F
+    Xc = X - X.mean(-2, keepdim=True)  # the rows of P' − P and dP sum to 0
+    centred = product_norm(torch.einsum("bnd,hde->bhne", Xc, layer.W_v), layer.W_o)
+    rows = row_stats(layer, X, e[..., None]) if rows is None else rows
+    cap = torch.minimum(rows.s / (2 * math.sqrt(2)), torch.full_like(rows.s, math.sqrt(2)))
+    moved = torch.minimum(change * centred, rows.diamY * cap.square().sum(-1).sqrt())
+    sigma = rows.sigma  # ‖Cov_p(δ_i, Y)‖ ≤ std_p(δ_i)·σ_i, summed over rows as §2.3.1 does
+    linear = torch.minimum(0.5 * e * core * centred / rd,
+                           assemble_rows(rows, sigma, torch.zeros_like(sigma), e[..., None], layer.d_h))
+    return (moved + linear + change * e * layer.C_norm()) * (1 + ROUND_REL)
+
+
+def pair_sq(Z: Tensor) -> Tensor:
+    """‖Z_k − Z_j‖² for every pair of rows, [..., n, n], from the differences themselves (no
+    cancellation: every term is a square)."""
+    return (Z[..., :, None, :] - Z[..., None, :, :]).square().sum(-1)
+
+
+def curve_g1(s: Tensor) -> Tensor:
+    """∫₀¹ e^{ts} dt = (e^s − 1)/s (1 at s = 0)."""
+    return torch.where(s > 1e-8, torch.expm1(s) / s.clamp_min(1e-8), 1 + s)
+
+
+def curve_g2(s: Tensor) -> Tensor:
+    """s·∫₀¹ (1 − t) e^{ts} dt = (e^s − 1 − s)/s; below 1e-4, its upper bound ½ s e^s (each term
+    s^k/(k+1)! of the series is ≤ ½ s^k/k!), which the difference would lose to cancellation."""
+    small = 0.5 * s * torch.exp(s)
+    big = (torch.expm1(s) - s) / s.clamp_min(1e-4)
+    return torch.where(s < 1e-4, small, big)
+
+
+def curve_h2(s: Tensor) -> Tensor:
+    """∫₀¹ (1 − t) e^{ts} dt = (e^s − 1 − s)/s² (½ at s = 0), which bounds (e^x − 1 − x)/x² for every
+    x ≤ s (it increases with x); below 1e-4, its upper bound ½e^s (each term s^k/(k+2)! of the series is
+    ≤ ½ s^k/k!), which the difference would lose to cancellation."""
+    big = (torch.expm1(s) - s) / s.clamp_min(1e-4).square()
+    return torch.where(s < 1e-4, 0.5 * torch.exp(s), big)
+
+
+def curve_g4(s: Tensor) -> Tensor:
+    """∫₀¹ (1 − t)³/6 e^{ts} dt = (e^s − 1 − s − s²/2 − s³/6)/s⁴ (1/24 at s = 0), which bounds
+    (e^x − 1 − x − x²/2 − x³/6)/x⁴ for every x ≤ s (it increases with x); below 0.1, its upper bound
+    e^s/24 (each term s^k/(k+4)! of the series is ≤ s^k/(24·k!)), which the difference would lose to
+    cancellation."""
+    big = (torch.expm1(s) - s - 0.5 * s.square() - s**3 / 6) / s.clamp_min(0.1) ** 4
+    return torch.where(s < 0.1, torch.exp(s) / 24, big)
+
+
+def curve_g3(s: Tensor) -> Tensor:
+    """∫₀¹ ½(1 − t)² e^{ts} dt = (e^s − 1 − s − s²/2)/s³ (1/6 at s = 0); below 1e-2, its upper bound
+    e^s/6, which the difference would lose to cancellation."""
+    big = (torch.expm1(s) - s - 0.5 * s.square()) / s.clamp_min(1e-2) ** 3
+    return torch.where(s < 1e-2, torch.exp(s) / 6, big)
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """The clean point's per-row quantities the local bounds are made of (docs/bounds.md §2.3.1), each
+    [B, h, n] unless said: σ_i = std_{p_i}(X C_l), a_i = ‖diag(√p_i)(U − 1ū_iᵀ)‖, λ_i ≥ λ_max(diag p_i −
+    p_i p_iᵀ), ‖V_i‖, s_i ≥ the span of row i's logit change over the ball, ‖A_l‖ [h], ‖C_l‖ [h, 1],
+    P [B, h, n, n], v_i ≥ std_{p_i}(Γ C_l) over the ball, diamY [B, h] the diameter of X C_l's rows,
+    Yc [B, h, n, n] = ‖Y_k − ȳ_i‖, and Ro [h, d_h, d_h] (W^O's triangular factor)."""
+
+    sigma: Tensor
+    a: Tensor
+    lam: Tensor
+    Vn: Tensor
+    s: Tensor
+    A: Tensor
+    C: Tensor
+    P: Tensor
+    v: Tensor
+    diamY: Tensor
+    Yc: Tensor
+    Ro: Tensor
+
+
+def softmax_jacobian_norm(lo: Tensor, hi: Tensor) -> Tensor:
+    """An upper bound of ‖diag(p) − ppᵀ‖ over every row p with ``lo ≤ p ≤ hi`` entrywise.
+
+    ``diag(p) − ppᵀ ≼ diag(p)`` gives max_j p_j; its rows' absolute sums are 2p_j(1 − p_j), which
+    bound the norm of the symmetric matrix (docs/bounds.md §2.3.1, §3.6). Each is maximised over the
+    box; at a point (``lo = hi = p``) it is min(max_j p_j, max_j 2p_j(1 − p_j)).
+
+    Args:
+      lo, hi: the entrywise bounds of the rows, [..., n].
+
+    Returns:
+      the bound for each row, [...].
+    """
+    c = torch.minimum(torch.maximum(lo, torch.full_like(lo, 0.5)), hi)  # 2p(1 − p) peaks at ½
+    return torch.minimum(hi.amax(-1), (2 * c * (1 - c)).amax(-1))
+
+
+def row_stats(layer: DotMHA, X: Tensor, r: Tensor) -> RowStats:
+    """The clean point's :class:`RowStats` at the ball's radius r (docs/bounds.md §2.3.1)."""
+    P = layer.attention(X)  # [B, h, n, n]
+    Q, K = layer.queries_keys(X)  # [B, h, n, d_h]
+    # the d_h-wide factors: ‖z W_qᵀ‖ = ‖z R_qᵀ‖ with W_q = Q_q R_q (orthonormal Q_q), and likewise
+    # for W_k and W_oᵀ, so every spread below is computed on d_h columns, never on d
+    Rq = torch.linalg.qr(layer.W_q, mode="r").R  # [h, d_h, d_h]
+    Rk = torch.linalg.qr(layer.W_k, mode="r").R
+    Ro = torch.linalg.qr(layer.W_o.mT, mode="r").R
+    U = K @ Rq.mT  # [B, h, n, d_h]: the rows of U = K W_qᵀ in Q_q's coordinates
+    Vn = (Q @ Rk.mT).norm(dim=-1)  # [B, h, n]: ‖V_i‖
+    Y = torch.einsum("bnd,hde->bhne", X, layer.W_v) @ Ro.mT  # rows of X C_l in Q_o's coordinates
+    Ysq = pair_sq(Y)
+    sigma = (0.5 * torch.einsum("bhik,bhkj,bhij->bhi", P, Ysq, P)).clamp_min(0).sqrt()
+    diam = pair_sq(U).amax((-1, -2)).sqrt()  # [B, h]
+    Uc = (U[..., None, :, :] - (P @ U)[..., :, None, :]) * P[..., None].sqrt()  # [B, h, i, k, d_h]
+    a = torch.linalg.eigvalsh(Uc.mT @ Uc)[..., -1].clamp_min(0).sqrt()  # [B, h, n]
+    lam = softmax_jacobian_norm(P, P)  # ≥ λ_max(diag p_i − p_i p_iᵀ)
+    A = layer.A_norm()[:, None]  # [h, 1]
+    s = r * (diam[..., None] + math.sqrt(2) * (Vn + r * A)) / math.sqrt(layer.d_h)
+    Yc = (Y[..., None, :, :] - (P @ Y)[..., :, None, :]).norm(dim=-1)  # [B, h, i, k]: ‖Y_k − ȳ_i‖
+    C = layer.C_norm()[:, None]
+    return RowStats(sigma=sigma, a=a, lam=lam, Vn=Vn, s=s, A=A[:, 0], C=C, P=P,
+                    v=lam.sqrt() * C * r,  # ≥ std_{p_i}(Γ C_l) over the ball (fact iv)
+                    diamY=Ysq.amax((-1, -2)).sqrt(), Yc=Yc, Ro=Ro)
+
+
+def assemble_rows(rows: RowStats, alpha: Tensor, beta: Tensor, r: Tensor, d_h: int) -> Tensor:
+    """``(r/√d_h)·[max_i α_i a_i + (Σ_i α_i² λ_i ‖V_i‖²)^½ + r‖A_l‖ max_i β_i √λ_i]`` per head, [B, h]:
+    Σ_i (α_i std(δ_i) + β_i std(q_i))² summed over rows by Minkowski, with std(δ_i) ≤ (‖Γ_i‖a_i +
+    √λ_i‖V_i‖r)/√d_h and std(q_i) ≤ √λ_i‖A_l‖r‖Γ_i‖/√d_h (docs/bounds.md §2.3.1)."""
+    lam, r = rows.lam, r[..., 0]  # r: [B, 1]
+    return (r / math.sqrt(d_h)) * ((alpha * rows.a).amax(-1)
+                                   + (alpha.square() * lam * rows.Vn.square()).sum(-1).sqrt()
+                                   + r * rows.A * (beta * lam.sqrt()).amax(-1))
+
+
+# λ_max(D_w) of bounds.forms.weighted_spread for weights w, [B]: one of _Spreads' three
+Spread = Callable[[Tensor], Tensor]
+
+
+def weighted_x(layer: DotMHA, rows: RowStats, spread: Spread, w: Tensor, r: Tensor) -> Tensor:
+    """√Λ_w·r + (max_i Σ_l max_k w λ_li ‖A_l‖²/d_h)^½·r² ≥ (Σ_{l,i,k} w p x²)^½ over the ball, [B]
+    (docs/bounds.md §2.3.2): x = δ̃ + q̃ split by Minkowski, the δ part a weighted λ_max of the logit
+    Gram (:func:`bounds.forms.weighted_spread`, through ``spread``), the q part through
+    Var_p(q_li) ≤ λ_li‖A_l‖²r²‖Γ_i‖²/d_h. ``w`` [B, h, n] per (head, row) or [B, h, n, n] per key;
+    ``r`` [B]."""
+    per_row = w.amax(-1) if w.dim() == 4 else w
+    var_q = (per_row * rows.lam * rows.A[None, :, None].square()).sum(1).amax(-1) / layer.d_h
+    return spread(w).sqrt() * r + var_q.sqrt() * r**2
+
+
+def local_remainder(layer: DotMHA, X: Tensor, eps, rows: RowStats | None = None) -> Tensor:
+    """A bound on each head's share of ‖R(Γ)‖_F over ‖Γ‖_F ≤ r from the clean row probabilities,
+    [B, h] (docs/bounds.md §2.3.1): with the row quantities of :func:`row_stats`,
+
+        α_i = σ_i g₂(s_i) + √λ_i‖C_l‖ r g₁(s_i),  β_i = σ_i + α_i,
+
+    assembled over rows by :func:`assemble_rows`. ``rows``: :func:`row_stats` at this radius, if at hand.
+    """
+    r = radius(eps, X)[:, None, None]  # [B, 1, 1]: broadcasts over heads and rows
+    rows = row_stats(layer, X, r) if rows is None else rows
+    s, sigma = rows.s, rows.sigma
+    alpha = sigma * curve_g2(s) + rows.v * curve_g1(s)
+    return assemble_rows(rows, alpha, sigma + alpha, r, layer.d_h) * (1 + ROUND_REL)
