@@ -89,10 +89,12 @@ def test_no_gelu_image_certified_by_taylor_net_or_crown_is_broken_by_an_independ
     survives_attack(net, x, y, eps, crown=True)
 
 
-def test_the_tanh_approximation_is_refused_by_name():
+def test_an_activation_without_a_stage_is_refused_by_name():
+    """(GELU's tanh approximation has its stage: tests/test_gelu_tanh_stage.py.)"""
     cfg = ViTConfig(image=8, classes=4, d=8, depth=1, heads=2, patch=2, ffn=16, variant="vanilla",
-                    constraint=None, ffn_constraint=None, activation="gelu_tanh")
+                    constraint=None, ffn_constraint=None, activation="gelu")
     net = ViT(cfg, constrained=False).double()
+    object.__setattr__(net.cfg, "activation", "silu")  # a config this suite cannot build
     x = torch.rand(2, 8, 8, dtype=torch.float64)
-    with pytest.raises(InputError, match="gelu_tanh"):
+    with pytest.raises(InputError, match="silu"):
         TaylorNet(net, x, torch.zeros(2, dtype=torch.long))

@@ -134,7 +134,11 @@ class TracedViT(nn.Module):
 
     def _branch(self, X: Tensor, k: int) -> Tensor:
         pre = X.matmul(self._w("W_1", k).T) + self._w("b_1", k)
-        hidden = torch.relu(pre) if self.act == "relu" else _Gelu.apply(pre)
+        if self.act == "gelu_tanh":  # its formula from ops auto_LiRPA bounds (tanh, products)
+            c = math.sqrt(2 / math.pi)
+            hidden = 0.5 * pre * (1 + torch.tanh(c * (pre + 0.044715 * pre * pre * pre)))
+        else:
+            hidden = torch.relu(pre) if self.act == "relu" else _Gelu.apply(pre)
         return hidden.matmul(self._w("W_2", k).T) + self._w("b_2", k)
 
     def forward(self, x: Tensor) -> Tensor:

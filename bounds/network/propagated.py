@@ -35,6 +35,7 @@ from ..certificates import Certificate, ledger
 from ..norms import exact_norm
 from ..registry import TAYLOR_NETS, best_ingredients, every, get
 from ..taylor import TaylorOptions, sigma_J
+from .stages.activations import ACTIVATION_STAGES
 
 # Float64 rounding in the logits, in the products of the test and in the SVDs of ‖E‖ and Lip(FFN)
 # (a few ulps each; the norms inside the bounds are rounded up already): a gap must beat its
@@ -115,8 +116,9 @@ def check_stages(net: ViT) -> None:
     (``lofast``) and LayerNorm (``vanilla``) blocks alike (docs/bounds.md §5.1)."""
     if net.cfg.variant not in ("lofast", "vanilla", "standard"):
         raise InputError(f"a {net.cfg.variant!r} ViT has no stages taylor_net knows")
-    if net.cfg.activation not in ("relu", "gelu"):
-        raise InputError(f"an FFN with {net.cfg.activation} has no stage yet (relu and exact gelu do)")
+    if net.cfg.activation not in ACTIVATION_STAGES:
+        raise InputError(f"an FFN with {net.cfg.activation} has no stage yet "
+                         f"({', '.join(ACTIVATION_STAGES)} do)")
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,8 @@ class FFNRecord:
         if self.act == "relu":
             s, b = relu_bounds(g, self.z0[:, None], self.lo[:, None], self.hi[:, None], alpha)
         else:
-            s, b = gelu_bounds(g, self.z0[:, None], self.lo[:, None], self.hi[:, None])
+            s, b = gelu_bounds(g, self.z0[:, None], self.lo[:, None], self.hi[:, None],
+                               tanh=self.act == "gelu_tanh")
         moved = (g * s) @ self.W1
         gain = g * b
         return Step(Lam + moved if self.residual else moved, gain.sum((-1, -2)), gain.abs().sum((-1, -2)))
