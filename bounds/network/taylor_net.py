@@ -499,7 +499,9 @@ class TaylorNet:
             shift = torch.einsum("bcnd,bnd->bc", F, S.c) + torch.einsum("bcd,bnd->bc", rows, mapped.shift)
             groups = torch.einsum("bcnd,bndkg->bckg", F, S.Q).norm(dim=-1)
         if S.W is not None and S.W.shape[-1]:  # E as columns: each source's share of ‖Wᵀc‖ where smaller
-            carried = S.ball_support(F if mapped is not None else rows[:, :, None, :].expand(-1, -1, n, -1))
+            # (through the map, ⟨c, L_tE_t⟩ = ⟨L_tᵀc, E_t⟩ with W before it: the columns' part alone, as
+            # the radii ρ are those after the map, which ‖L_tᵀc‖ must not multiply)
+            carried = S.column_support(F if mapped is not None else rows[:, :, None, :].expand(-1, -1, n, -1))
             total = balls.sum(-1)
             share = carried / total.clamp_min(torch.finfo(total.dtype).tiny)
             balls = balls * torch.where(total > carried, share, 1.0)[..., None]

@@ -137,11 +137,17 @@ class DeviationSet:
         """An upper bound of ⟨c, E⟩ for functionals c [B, ..., n, d], [B, ...]: ‖c‖_F·Σ_s ρ_s, or
         ‖Wᵀc‖ where the columns are carried and it is smaller."""
         total = c.flatten(-2).norm(dim=-1) * self.rho.sum(-1).reshape(-1, *[1] * (c.dim() - 3))
+        columns = self.column_support(c)
+        return total if columns is None else torch.minimum(total, columns)
+
+    def column_support(self, c: Tensor) -> Tensor | None:
+        """max ⟨c, Wv⟩ = ‖Wᵀc‖ over ‖v‖ ≤ 1 for functionals c [B, ..., n, d], [B, ...] (None where the
+        columns are not carried): the columns' part of :meth:`ball_support` alone."""
         if self.W is None or not self.W.shape[-1]:
-            return total
+            return None
         B, n, d, K = self.W.shape
         flat = c.reshape(B, -1, n * d) @ self.W.reshape(B, n * d, K)  # [B, C, K]
-        return torch.minimum(total, flat.norm(dim=-1).reshape(total.shape))
+        return flat.norm(dim=-1).reshape(c.shape[:-2])
 
     def carry_balls(self) -> DeviationSet:
         """The set with E also carried as columns (:attr:`W`), from here on: the remainders added later
