@@ -5,8 +5,6 @@ perturbations, on a zoo model and on random ViTs up to saturated attention."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -14,7 +12,7 @@ from bench.nets.accuracy import first_test_images
 from bounds.network.slopes import optimized_backward
 from bounds.network.taylor_net import TaylorNet
 from models.vit_io import load_vit
-from tests.test_taylor_net import SHARP, perturbations, random_vit
+from tests.test_taylor_net import SHARP, attacked_margins_hold, margins_hold, random_vit
 
 
 def _case(which: str):
@@ -38,25 +36,8 @@ def test_tuned_slopes_are_sound_and_never_worse(which, eps):
     finite = torch.isfinite(plain)
     assert (tuned[finite] >= plain[finite] - 1e-12).all()  # CROWN's slopes are its first iterate
     assert (tuned[finite] > plain[finite]).any()  # and the steps move it (0.003–0.63 on these cases)
-    lower = tuned.masked_fill(tuned == math.inf, 0.0)
-    with torch.no_grad():
-        clean = net(x)
-        base = clean.gather(-1, y[:, None]) - clean
-        for delta in perturbations(x, eps, 12, torch.Generator().manual_seed(5)):
-            moved = net(x + delta)
-            assert ((moved.gather(-1, y[:, None]) - moved) - base >= lower - 1e-9).all()
-    for j in range(lower.shape[-1]):  # an attack on margin j alone still ends above its bound
-        d = torch.zeros_like(x, requires_grad=True)
-        for _ in range(40):
-            logits = net(x + d)
-            (g,) = torch.autograd.grad((logits.gather(-1, y[:, None])[:, 0] - logits[:, j]).sum(), d)
-            with torch.no_grad():
-                d -= 0.2 * eps * g / g.flatten(1).norm(dim=-1).clamp_min(1e-300)[:, None, None]
-                d *= eps / d.flatten(1).norm(dim=-1).clamp_min(eps)[:, None, None]
-        with torch.no_grad():
-            logits = net(x + d)
-            change = (logits.gather(-1, y[:, None])[:, 0] - logits[:, j]) - base[:, j]
-            assert (change >= lower[:, j] - 1e-9).all(), j
+    lower = margins_hold(net, x, y, tuned, eps, 12, 5)
+    attacked_margins_hold(net, x, y, lower, eps, 40)  # an attack on each margin ends above its bound
 
 
 def test_the_slopes_stay_in_their_interval():

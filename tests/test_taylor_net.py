@@ -109,19 +109,47 @@ def test_every_stage_holds_the_sampled_deviations_on_random_vits(seed, qk, eps, 
     check_stages(net, x, y, eps, refine=refine)
 
 
-def sampled_margins_hold(net: ViT, x: torch.Tensor, y: torch.Tensor, eps: float,
-                         samples: int) -> torch.Tensor:
-    """taylor_net's lower bounds [B, C] of the margins' change at ``eps`` (0 at j = y: m_y ≡ 0),
-    asserted: m_j(x + δ) − m_j(x) ≥ lower_j for ``samples`` sampled δ (:func:`perturbations`)."""
-    cert = TaylorNet(net, x, y).certify(eps)
-    lower = cert.lower.masked_fill(cert.lower == math.inf, 0.0)
+def margins_hold(net: ViT, x: torch.Tensor, y: torch.Tensor, lower: torch.Tensor, eps: float,
+                 samples: int, seed: int) -> torch.Tensor:
+    """Asserts m_j(x + δ) − m_j(x) ≥ lower_j [B, C] (+∞ at j = y read as 0: m_y ≡ 0) for ``samples``
+    sampled δ (:func:`perturbations`, from ``seed``); returns the lower bounds so read."""
+    lower = lower.masked_fill(lower == math.inf, 0.0)
     with torch.no_grad():
         clean = net(x)
         base = clean.gather(-1, y[:, None]) - clean
-        for delta in perturbations(x, eps, samples, torch.Generator().manual_seed(3)):
+        for delta in perturbations(x, eps, samples, torch.Generator().manual_seed(seed)):
             moved = net(x + delta)
             assert ((moved.gather(-1, y[:, None]) - moved) - base >= lower - 1e-9).all()
     return lower
+
+
+def attacked_margins_hold(net: ViT, x: torch.Tensor, y: torch.Tensor, lower: torch.Tensor, eps: float,
+                          steps: int) -> None:
+    """Asserts m_j(x + δ) − m_j(x) ≥ lower_j [B, C] where an own attack on margin j alone ends
+    (``steps`` normalized gradient steps of 0.2ε, projected on the ball), for every class j."""
+    with torch.no_grad():
+        clean = net(x)
+        base = clean.gather(-1, y[:, None]) - clean
+    for j in range(lower.shape[-1]):
+        d = torch.zeros_like(x, requires_grad=True)
+        for _ in range(steps):
+            logits = net(x + d)
+            m = (logits.gather(-1, y[:, None])[:, 0] - logits[:, j]).sum()
+            (g,) = torch.autograd.grad(m, d)
+            with torch.no_grad():
+                d -= 0.2 * eps * g / g.flatten(1).norm(dim=-1).clamp_min(1e-300)[:, None, None]
+                d *= eps / d.flatten(1).norm(dim=-1).clamp_min(eps)[:, None, None]
+        with torch.no_grad():
+            logits = net(x + d)
+            change = (logits.gather(-1, y[:, None])[:, 0] - logits[:, j]) - base[:, j]
+            assert (change >= lower[:, j] - 1e-9).all(), j
+
+
+def sampled_margins_hold(net: ViT, x: torch.Tensor, y: torch.Tensor, eps: float,
+                         samples: int) -> torch.Tensor:
+    """taylor_net's lower bounds [B, C] of the margins' change at ``eps`` (0 at j = y: m_y ≡ 0),
+    asserted: m_j(x + δ) − m_j(x) ≥ lower_j for ``samples`` sampled δ (:func:`margins_hold`)."""
+    return margins_hold(net, x, y, TaylorNet(net, x, y).certify(eps).lower, eps, samples, 3)
 
 
 @pytest.mark.parametrize("which,eps", [("sharp", 0.02), ("random", 0.05), ("saturated", 1e-3)])
@@ -138,22 +166,7 @@ def test_every_margin_change_is_above_its_lower_bound(which, eps):
         with torch.no_grad():
             y = net(x).argmax(-1)
     lower = sampled_margins_hold(net, x, y, eps, 16)
-    with torch.no_grad():
-        clean = net(x)
-        base = clean.gather(-1, y[:, None]) - clean
-    for j in range(lower.shape[-1]):  # attack margin j alone
-        d = torch.zeros_like(x, requires_grad=True)
-        for _ in range(60):
-            logits = net(x + d)
-            m = (logits.gather(-1, y[:, None])[:, 0] - logits[:, j]).sum()
-            (g,) = torch.autograd.grad(m, d)
-            with torch.no_grad():
-                d -= 0.2 * eps * g / g.flatten(1).norm(dim=-1).clamp_min(1e-300)[:, None, None]
-                d *= eps / d.flatten(1).norm(dim=-1).clamp_min(eps)[:, None, None]
-        with torch.no_grad():
-            logits = net(x + d)
-            change = (logits.gather(-1, y[:, None])[:, 0] - logits[:, j]) - base[:, j]
-            assert (change >= lower[:, j] - 1e-9).all(), j
+    attacked_margins_hold(net, x, y, lower, eps, 60)
 
 
 @pytest.mark.parametrize("split", ["lofast", "lofast_half"])

@@ -22,6 +22,7 @@ from models.vit import TokenBatchNorm, ViT
 
 from ..crown import RELAXATION, float64_lirpa, intersect, lirpa_module, nan_as
 from .propagated import ROUNDING, check_stages
+from .stages.activations import TANH_A, TANH_C
 
 METHODS = {"crown": "CROWN", "alpha_crown": "alpha-CROWN"}
 # Images bounded at once. auto_LiRPA's tensors grow with the batch: CROWN was fastest at 1–2 images
@@ -135,8 +136,7 @@ class TracedViT(nn.Module):
     def _branch(self, X: Tensor, k: int) -> Tensor:
         pre = X.matmul(self._w("W_1", k).T) + self._w("b_1", k)
         if self.act == "gelu_tanh":  # its formula from ops auto_LiRPA bounds (tanh, products)
-            c = math.sqrt(2 / math.pi)
-            hidden = 0.5 * pre * (1 + torch.tanh(c * (pre + 0.044715 * pre * pre * pre)))
+            hidden = 0.5 * pre * (1 + torch.tanh(TANH_C * (pre + TANH_A * pre * pre * pre)))
         else:
             hidden = torch.relu(pre) if self.act == "relu" else _Gelu.apply(pre)
         return hidden.matmul(self._w("W_2", k).T) + self._w("b_2", k)

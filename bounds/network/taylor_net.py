@@ -264,9 +264,9 @@ class TaylorNet:
         every image's symbols to the largest count in it: 3.7× slower measured on the Fashion-MNIST
         3-block model at 8 images), the whole batch at once on a GPU. Kept per (ε, split), so a
         ``best`` after its splits (or the reverse) reuses them; its seconds are still its own."""
-        if split not in (*SPLITS, BEST, f"taylor{OPTIMIZED}"):
-            raise InputError(f"unknown attention split {split!r}; expected one of "
-                             f"{', '.join((*SPLITS, BEST))}")
+        known = (*SPLITS, BEST, f"taylor{OPTIMIZED}")
+        if split not in known:
+            raise InputError(f"unknown attention split {split!r}; expected one of {', '.join(known)}")
         key = (float(eps), split)
         if key not in self.done:
             self.done[key] = self._best(eps) if split == BEST else self._split(eps, split)

@@ -366,7 +366,8 @@ def merge_balls(W1: Tensor, W2: Tensor) -> Tensor:
     computed Cholesky factor L of M = fl(a²W₁W₁ᵀ + b²W₂W₂ᵀ) + τI has LLᵀ = M + ΔM with ‖ΔM‖₂ ≤
     γ_{N+1}‖L‖_F² (Higham, Thm 10.3), and fl(·) is off from the exact sum by at most γ_{K+2}(‖aW₁‖_F² +
     ‖bW₂‖_F²) (Thm 3.5), so τ at twice their sum makes LLᵀ ⪰ a²W₁W₁ᵀ + b²W₂W₂ᵀ, whose ellipsoid holds
-    that of [aW₁, bW₂]. An image whose factorisation fails keeps the columns side by side."""
+    that of [aW₁, bW₂]. Where a factorisation fails (in any image: the columns' count is the batch's)
+    the columns stay side by side."""
     if not W1.shape[-1]:
         return W2
     B, n, d = W1.shape[:3]
@@ -385,6 +386,7 @@ def merge_balls(W1: Tensor, W2: Tensor) -> Tensor:
     M = side @ side.mT
     fro = side.square().sum((-1, -2))
     trace = M.diagonal(dim1=-2, dim2=-1).sum(-1)
+    # ‖L‖_F² = tr(M + τI + ΔM) ≤ 1.01·(tr M + Nτ), and Nτ ≤ 1e-6·N·‖side‖_F² for any τ this makes
     tau = 2 * (rounding(K + 2, M.dtype) * fro + rounding(N + 1, M.dtype) * 1.01 * (trace + N * fro * 1e-6))
     tau = tau + torch.finfo(M.dtype).tiny
     L, info = torch.linalg.cholesky_ex(M + tau[:, None, None] * torch.eye(N, dtype=M.dtype, device=M.device))

@@ -120,6 +120,11 @@ def _refine_neurons(refine: Refine, W1: Tensor, z0: Tensor, lo: Tensor, hi: Tens
     return flat_lo.reshape(B, n, w), flat_hi.reshape(B, n, w)
 
 
+def crown_slope(lo: Tensor, hi: Tensor) -> Tensor:
+    """CROWN's lower slope of relu on [lo, hi] (Zhang et al. 2018): 1 where hi ≥ −lo, else 0."""
+    return (hi >= -lo).to(lo.dtype)
+
+
 def relu_bounds(g: Tensor, z0: Tensor, lo: Tensor, hi: Tensor,
                 alpha: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(s, b) with ``g·(relu(z) − relu(z0)) ≥ g·s·(z − z0) + g·b`` for every z ∈ [lo, hi] (CROWN's
@@ -130,7 +135,7 @@ def relu_bounds(g: Tensor, z0: Tensor, lo: Tensor, hi: Tensor,
     active, dead = lo >= 0, hi <= 0
     unstable = ~active & ~dead
     lam = hi / torch.where(unstable, hi - lo, 1.0)
-    alpha = (hi >= -lo).to(g.dtype) if alpha is None else alpha.clamp(0, 1)
+    alpha = crown_slope(lo, hi).to(g.dtype) if alpha is None else alpha.clamp(0, 1)
     up = g < 0
     s = torch.where(active, 1.0, torch.where(dead, 0.0, torch.where(up, lam, alpha)))
     b = torch.where(unstable, torch.where(up, lam * (z0 - lo), alpha * z0) - torch.relu(z0), 0.0)
