@@ -34,7 +34,6 @@ import torch.nn.functional as F
 from bench.core.env import keep_freed_memory
 from bench.nets.accuracy import first_test_images, load_model
 from bounds import crown
-from bounds.certificates import norm_cache
 from bounds.network import Certifier
 from bounds.network.netcrown import METHODS, TracedViT, verify
 from bounds.network.taylor_net import TaylorNet
@@ -111,8 +110,8 @@ def _images(model: str):
 def _suite(net, X, y, name: str) -> torch.Tensor:
     if name == "taylor_net":  # its clean trace and every stage from scratch
         return TaylorNet(net, X, y).certify(EPS).certified.cpu()
-    with norm_cache():  # a fresh cache: the certified norms are computed, not taken from another round
-        return Certifier(net, X, y).certify(name, EPS).pairwise.cpu()
+    # a fresh cache: the certified norms are computed, not taken from another round
+    return Certifier(net, X, y).certify(name, EPS, {}).pairwise.cpu()
 
 
 def _crown(net, X, y, name: str) -> torch.Tensor:

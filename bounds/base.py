@@ -15,8 +15,10 @@ BoundFn = Callable[..., Tensor]
 class Bound:
     """One bound of docs/bounds.md, built with keywords only (``Bound(name=..., fn=..., ...)``).
 
-    ``fn(layer, X, eps)`` takes a layer already on X's device and dtype, ``X`` as [B, n, d] and
-    ``eps`` as a float or a per-input tensor [B]; it returns [B] (or [B, h] when ``per_head``).
+    ``fn(layer, X, eps, *, ledger)`` takes a layer already on X's device and dtype, ``X`` as
+    [B, n, d], ``eps`` as a float or a per-input tensor [B], and the
+    :class:`bounds.certificates.Ledger` that records the certificate of every certified norm it
+    computes (and shares them through its cache); it returns [B] (or [B, h] when ``per_head``).
     ``objective`` names the PGD objective (attacks.objectives) the value is compared with.
     ``stack`` says how it meets a stack: ``no``; ``propagate`` the radius block by block
     (docs/bounds.md §1.4); or ``only`` on stacks (its fn then takes the stack itself).
@@ -26,7 +28,7 @@ class Bound:
     for a bound too slow for every cell; ``check`` raises InputError when it cannot run here (an
     optional package it needs is missing), before any work. ``taylor_options``: ``fn`` also takes
     ``options=`` a :class:`bounds.taylor.TaylorOptions` as a keyword (what a network certificate
-    lets it skip, docs/bounds.md §5); the others are called with (layer, X, eps) alone.
+    lets it skip, docs/bounds.md §5); the others are called with (layer, X, eps, ledger=) alone.
     """
 
     name: str
@@ -67,7 +69,8 @@ def propagate(bound: Bound, blocks: Sequence, inputs: Sequence[Tensor], eps: flo
     X_k, r_k), with X_k block k's input on the clean trajectory. ``after`` holds the Lipschitz
     constant of what follows each block inside the network (a ViT's FFN, bounds.network); a plain
     stack has nothing there and its radius is not multiplied at all. ``options`` go to every block's
-    ``bound.fn`` as keywords (``options=`` a TaylorOptions, for a bound with ``taylor_options``)."""
+    ``bound.fn`` as keywords (``ledger=``, and ``options=`` a TaylorOptions for a bound with
+    ``taylor_options``)."""
     if len(inputs) != len(blocks) or (after is not None and len(after) != len(blocks)):
         raise ValueError(f"{len(blocks)} blocks need as many inputs and constants, got {len(inputs)} "
                          f"and {None if after is None else len(after)}")

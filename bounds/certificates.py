@@ -1,21 +1,19 @@
-"""The certificate of a certified value, and the two blocks that carry certificates and norms
+"""The certificate of a certified value, and the ledger that carries certificates and shared norms
 between the functions that compute them (docs/bounds.md §2.4).
 
 A :class:`Certificate` says how a value was certified: its kind (:data:`KINDS`, strongest first), its
 failure probability and the seeds to replay it. The certified norms themselves are computed in
-:mod:`bounds.norms`; each records its certificate in the ledger opened by :func:`ledger`, so that a
+:mod:`bounds.norms`; each records its certificate in the :class:`Ledger` passed to it, so that a
 bound built from several norms (ζ and every ‖M_l‖, over every block of a stack) carries the weakest
-kind and the summed failure probability of its parts (a union bound). Inside a :func:`norm_cache`
-block a norm of the same operator at the same tensors is computed once, and each value that uses it
-is still charged its seconds (:attr:`Ledger.reused_seconds`).
+kind and the summed failure probability of its parts (a union bound). Ledgers on one cache share
+their norms: a norm of the same operator at the same tensors is computed once, and each value that
+uses it is still charged its seconds (:attr:`Ledger.reused_seconds`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -60,9 +58,24 @@ class Entry:
     key: tuple | None = field(default=None, compare=False)  # the norm's cache key (None: not cached)
 
 
+NormCache = dict  # (key, *ids of its tensors) -> (value, certificate, seconds, the tensors)
+
+
 @dataclass
 class Ledger:
+    """The certificates of every certified norm one value used, and the cache of norms that value
+    shares with the values computed beside it. Every function that computes a certified norm takes
+    it as the keyword ``ledger``; without one, a fresh ledger is used and its certificates are
+    dropped (the value is as certified, but no caller learns how).
+
+    ``cache`` (a :data:`NormCache`, None: no sharing): a certified norm of the same operator at the
+    same tensors is computed once for every ledger on the same cache (several bounds of one
+    evaluation share ζ, ‖M_l‖ and σ̄_J), and each value that uses it is still charged its seconds
+    (:attr:`reused_seconds`). The cache holds its key tensors, so no id is recycled while it lives.
+    """
+
     entries: list[Entry] = field(default_factory=list)
+    cache: NormCache | None = field(default=None, repr=False)
 
     @property
     def certificate(self) -> Certificate:
@@ -81,82 +94,49 @@ class Ledger:
         taken = {e.key: e.seconds for e in self.entries if e.reused and e.key not in computed}
         return sum(taken.values())
 
+    def sharing(self) -> Ledger:
+        """A fresh ledger on the same cache: another value's, computed beside this one."""
+        return Ledger(cache=self.cache)
 
-_LEDGER: contextvars.ContextVar[Ledger | None] = contextvars.ContextVar("ledger", default=None)
-_NORM_CACHE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("norm_cache", default=None)
+    def record(self, certificate: Certificate, seconds: float, reused: bool = False,
+               key: tuple | None = None) -> None:
+        """Records a value certified by other means than a norm here (bounds/crown.py, the
+        remainder's probabilistic value pairs); ``reused`` and ``key`` as in :class:`Entry`."""
+        self.entries.append(Entry(certificate, seconds, reused, key))
 
-
-@contextlib.contextmanager
-def ledger() -> Iterator[Ledger]:
-    """Collects the certificates of every certified norm computed inside the block."""
-    book = Ledger()
-    token = _LEDGER.set(book)
-    try:
-        yield book
-    finally:
-        _LEDGER.reset(token)
-
-
-@contextlib.contextmanager
-def norm_cache(cache: dict | None = None) -> Iterator[None]:
-    """Inside the block, a certified norm of the same operator at the same tensors is computed once
-    (several bounds of one evaluation share ζ, ‖M_l‖ and σ̄_J). The cache holds its key tensors, so
-    no id is recycled while it lives. Pass the ``cache`` of an earlier block (an empty dict to start
-    one) to go on sharing with it."""
-    token = _NORM_CACHE.set({} if cache is None else cache)
-    try:
-        yield
-    finally:
-        _NORM_CACHE.reset(token)
-
-
-def norm_cache_open() -> bool:
-    """Whether a :func:`norm_cache` block is open."""
-    return _NORM_CACHE.get() is not None
-
-
-def cached_certified(key: tuple, tensors: tuple[Tensor, ...],
-                     compute: Callable[[], tuple[object, Certificate]], like: Tensor | None = None) -> object:
-    """The value of ``compute()`` (a value and its certificate), computed once per ``key`` and
-    tensors inside a :func:`norm_cache` block (every call outside one), its certificate and seconds
-    in the ledger either way: a value that takes it from the cache still counts its cost
-    (:attr:`Ledger.reused_seconds`). ``like`` names the device to synchronise for the timing."""
-    cache = _NORM_CACHE.get()
-    full_key = (key, *(id(t) for t in tensors))
-    if cache is not None and full_key in cache:
-        value, cert, seconds, _ = cache[full_key]
-        _record(Entry(cert, seconds, reused=True, key=full_key))
+    def certified(self, key: tuple, tensors: tuple[Tensor, ...],
+                  compute: Callable[[], tuple[object, Certificate]], like: Tensor | None = None) -> object:
+        """The value of ``compute()`` (a value and its certificate), computed once per ``key`` and
+        tensors on this ledger's cache (every call without one), its certificate and seconds
+        recorded either way: a value that takes it from the cache still counts its cost
+        (:attr:`reused_seconds`). ``like`` names the device to synchronise for the timing."""
+        full_key = (key, *(id(t) for t in tensors))
+        if self.cache is not None and full_key in self.cache:
+            value, cert, seconds, _ = self.cache[full_key]
+            self.record(cert, seconds, reused=True, key=full_key)
+            return value
+        if like is not None:
+            _sync(like)
+        start = time.perf_counter()
+        value, cert = compute()
+        if like is not None:
+            _sync(like)
+        seconds = time.perf_counter() - start
+        if self.cache is not None:
+            self.cache[full_key] = (value, cert, seconds, tensors)  # holds the tensors: no id is recycled
+        self.record(cert, seconds, key=full_key)
         return value
-    if like is not None:
-        _sync(like)
-    start = time.perf_counter()
-    value, cert = compute()
-    if like is not None:
-        _sync(like)
-    seconds = time.perf_counter() - start
-    if cache is not None:
-        cache[full_key] = (value, cert, seconds, tensors)  # holds the tensors: no id is recycled
-    _record(Entry(cert, seconds, key=full_key))
-    return value
+
+    def value(self, key: tuple, tensors: tuple[Tensor, ...], compute: Callable[[], object]) -> object:
+        """``compute()`` once per ``key`` and tensors on this ledger's cache, as :meth:`certified`
+        for norms: for the parts of a bound that do not depend on ε. It adds no certificate of its
+        own (an ``exact`` entry, for its seconds)."""
+        return self.certified(key, tensors, lambda: (compute(), Certificate()))
 
 
-def cached_value(key: tuple, tensors: tuple[Tensor, ...], compute: Callable[[], object]) -> object:
-    """``compute()`` once per ``key`` and tensors inside a :func:`norm_cache` block, as
-    :func:`certified_norm` for norms: for the parts of a bound that do not depend on ε. It adds no
-    certificate of its own (an ``exact`` entry in the ledger, for its seconds)."""
-    return cached_certified(key, tensors, lambda: (compute(), Certificate()))
-
-
-def _record(entry: Entry) -> None:
-    book = _LEDGER.get()
-    if book is not None:
-        book.entries.append(entry)
-
-
-def record(certificate: Certificate, seconds: float, reused: bool = False, key: tuple | None = None) -> None:
-    """Records a value certified by other means than a norm here (bounds/crown.py, the remainder's
-    probabilistic value pairs) in the ledger; ``reused`` and ``key`` as in :class:`Entry`."""
-    _record(Entry(certificate, seconds, reused, key))
+def book(ledger: Ledger | None) -> Ledger:
+    """``ledger``, or a fresh one where the caller passed none (its certificates dropped)."""
+    return Ledger() if ledger is None else ledger
 
 
 def _sync(t: Tensor) -> None:

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from models import DotMHA, InputError
 
 from .base import radius
-from .certificates import Certificate, record
+from .certificates import Certificate, Ledger, book
 
 INSTALL = ("auto_LiRPA is not installed (needed by the crown and alpha_crown bounds): "
            "pip install 'attnbounds[crown]' --find-links ../shared/wheels here, elsewhere "
@@ -185,23 +185,23 @@ def intervals(layer: DotMHA, X: Tensor, eps, method: str) -> tuple[Tensor, Tenso
     return torch.cat(lbs), torch.cat(ubs), f
 
 
-def _value(layer: DotMHA, X: Tensor, eps, method: str) -> Tensor:
+def _value(layer: DotMHA, X: Tensor, eps, method: str, ledger: Ledger | None) -> Tensor:
     start = time.perf_counter()
     lb, ub, f = intervals(layer, X, eps, method)
     value = torch.maximum(ub - f, f - lb).square().sum(-1).sqrt()
     # a NaN interval (an overflow inside the relaxation) bounds nothing: report the trivial bound
     value = torch.nan_to_num(value, nan=math.inf)
-    record(RELAXATION, time.perf_counter() - start)
+    book(ledger).record(RELAXATION, time.perf_counter() - start)
     return value.to(X.dtype)
 
 
-def crown(layer: DotMHA, X: Tensor, eps) -> Tensor:
+def crown(layer: DotMHA, X: Tensor, eps, *, ledger: Ledger | None = None) -> Tensor:
     """``√(Σ max(ub − f, f − lb)²)`` with CROWN's per-output bounds (Zhang et al. 2018, through
     auto_LiRPA, Xu et al. 2020) over the joint ball ‖Γ‖_F ≤ ε; docs/bounds.md §2.5. [B]."""
-    return _value(layer, X, eps, "CROWN")
+    return _value(layer, X, eps, "CROWN", ledger)
 
 
-def alpha_crown(layer: DotMHA, X: Tensor, eps) -> Tensor:
+def alpha_crown(layer: DotMHA, X: Tensor, eps, *, ledger: Ledger | None = None) -> Tensor:
     """:func:`crown` with α-CROWN's optimised relaxations (Xu et al. 2021), intersected with
     CROWN's; docs/bounds.md §2.5. [B]."""
-    return _value(layer, X, eps, "alpha-CROWN")
+    return _value(layer, X, eps, "alpha-CROWN", ledger)

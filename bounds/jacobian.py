@@ -15,20 +15,21 @@ from models.operators import jacobian_lanczos, jacobian_matrix
 from models.spectral import spectral
 
 from .base import radius
+from .certificates import Ledger
 
 
-def jacobian(layer, X: Tensor, eps) -> Tensor:
+def jacobian(layer, X: Tensor, eps, *, ledger: Ledger | None = None) -> Tensor:
     """σ_max(J_F(X))·ε, a first-order estimate, not a certificate (Wang & Ruan, docs/bounds.md §3.4)."""
     return jacobian_lanczos(layer.forward, X).sigma * radius(eps, X)
 
 
-def jacobian_l1linf(layer, X: Tensor, eps) -> Tensor:
+def jacobian_l1linf(layer, X: Tensor, eps, *, ledger: Ledger | None = None) -> Tensor:
     """√(‖J‖₁‖J‖_∞)·ε, the paper's cheap surrogate of σ_max (induced 1- and ∞-norms); an estimate."""
     J = jacobian_matrix(layer.forward, X).abs()
     return (J.sum(-2).amax(-1) * J.sum(-1).amax(-1)).sqrt() * radius(eps, X)
 
 
-def jacobian_exp(stack: Stack, X: Tensor, eps) -> Tensor:
+def jacobian_exp(stack: Stack, X: Tensor, eps, *, ledger: Ledger | None = None) -> Tensor:
     """ε·exp(Σ_k ‖J_{G_k}(X_k)‖) for residual blocks X_{k+1} = X_k + G_k(X_k), Wang & Ruan eq. 15.
 
     G_k is block k without its residual branch, evaluated at its projected input; an estimate.

@@ -14,9 +14,9 @@ A certified norm here is one of
   so ``‖T‖ ≤ √(θ_k/(1−δ))`` except with probability p when ``√δ·(2k−1) ≥ ln(1.648√N/p)``.
 
 Closed forms (norms of d×d, n×d and n×n factors) are exact SVDs and are not recorded. Each certified
-computation records its :class:`bounds.certificates.Certificate` in the open ledger
-(:func:`bounds.certificates.ledger`) and is computed once per :func:`bounds.certificates.norm_cache`
-block (:func:`certified_norm`).
+computation records its :class:`bounds.certificates.Certificate` in the
+:class:`bounds.certificates.Ledger` passed to it, and is computed once per ledger cache
+(:func:`certified_norm`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from torch import Tensor
 from models.operators import DENSE_LIMIT, VERIFY_MIN
 from models.spectral import LinearOperator
 
-from .certificates import Certificate, cached_certified
+from .certificates import Certificate, Ledger, book
 
 DEFAULT_P = 1e-9  # failure probability of one probabilistic norm
 # relative slack of θ: the norm's bound √(θ_k/(1−δ)) is at most 1/√(1−δ) − 1 ≈ 0.5 % above the truth.
@@ -334,15 +334,15 @@ def certified_norm(key: tuple, tensors: tuple[Tensor, ...], dense: Callable[[], 
                    operator: Callable[[], LinearOperator], batch: tuple[int, ...],
                    shape: tuple[int, ...], like: Tensor, probabilistic: bool = False, *,
                    gram: bool = False, dense_dim: int | None = None,
-                   limit: int = DENSE_LIMIT) -> Tensor:
+                   limit: int = DENSE_LIMIT, ledger: Ledger | None = None) -> Tensor:
     """An upper bound of ‖T‖ for each batch element, certified as docs/bounds.md §2.4 allows.
 
     ``dense()`` builds the matrices [*batch, m, N] (or, with ``gram``, their Gram matrices
     [*batch, D, D] formed from structure), used when ``dense_dim`` (the side D of the Gram that
     is eigendecomposed; default N = ∏shape) is at most ``limit``: exact. ``operator()`` gives T
     and its adjoint on [*batch, *shape] (used above: probabilistic). ``key`` and ``tensors`` name
-    the operator for reuse within a :func:`norm_cache` block. ``probabilistic`` takes the Lanczos
-    certificate even where the dense one fits (to measure and test it).
+    the operator for reuse on ``ledger``'s cache, where its certificate is recorded. ``probabilistic``
+    takes the Lanczos certificate even where the dense one fits (to measure and test it).
     """
     N = math.prod(shape)
 
@@ -352,4 +352,4 @@ def certified_norm(key: tuple, tensors: tuple[Tensor, ...], dense: Callable[[], 
         nb = lanczos_upper(_gram(operator(), batch, shape), batch, N, like)
         return nb.value, nb.certificate
 
-    return cached_certified((key, probabilistic), tensors, compute, like)
+    return book(ledger).certified((key, probabilistic), tensors, compute, like)

@@ -3,7 +3,7 @@ or a stack (docs/bounds.md §1.4: block k is bounded at its projected input X_k 
 
 from __future__ import annotations
 
-import contextlib
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -17,7 +17,7 @@ from . import jacobian as jac
 from . import lofast as lf
 from . import taylor as tay
 from .base import Bound, propagate
-from .certificates import Certificate, ledger, norm_cache, norm_cache_open
+from .certificates import Certificate, Ledger, NormCache, book
 from .lipschitz import castin as castin_
 from .lipschitz import kim as kim_
 from .lipschitz import olsa as olsa_
@@ -42,11 +42,11 @@ TAYLOR_NETS = {TAYLOR_NET: "taylor", "taylor_net_lofast": "lofast", "taylor_net_
 CASCADE_TN = "cascade_taylor_net_crown"
 CASCADES = {CASCADE: CASCADE_FIRST, CASCADE_TN: TAYLOR_NET}
 
-def _network_only(layer, X, eps):
+def _network_only(layer, X, eps, *, ledger: Ledger | None = None):
     raise InputError(f"{CASCADE} certifies a whole network only: python -m bench certify --cascade")
 
 
-def _taylor_net_only(layer, X, eps):
+def _taylor_net_only(layer, X, eps, *, ledger: Ledger | None = None):
     raise InputError(f"{TAYLOR_NET} certifies a whole network only: python -m bench certify --bounds "
                      f"{TAYLOR_NET}")
 
@@ -57,7 +57,8 @@ def _taylor_net_only(layer, X, eps):
 BOUNDS: tuple[Bound, ...] = (
     Bound(name="naive_delta1", fn=lf.naive_delta1, paper=LOFAST, equation="eq. 12", certified=True,
           kinds=DOT, objective="delta1", biases=True, display="naive δ₁ (eq. 12)"),
-    Bound(name="zeta", fn=lambda layer, X, eps: lf.zeta(layer, X), paper=LOFAST, equation="eq. 15",
+    Bound(name="zeta", fn=lambda layer, X, eps, ledger=None: lf.zeta(layer, X, ledger=ledger), paper=LOFAST,
+          equation="eq. 15",
           certified=True, kinds=DOT, objective=None,
           description="ζ(X) itself, a norm: compare delta1 = ζε with PGD", biases=True,
           display="ζ(X) (eq. 15)"),
@@ -202,19 +203,21 @@ def best_ingredients(layer) -> list[Bound]:
             and layer.kind in b.kinds and (b.biases or not has_biases(layer))]
 
 
-def best(layer, X: Tensor, eps, *, options: tay.TaylorOptions = tay.NO_OPTIONS) -> Tensor:
+def best(layer, X: Tensor, eps, *, options: tay.TaylorOptions = tay.NO_OPTIONS,
+         ledger: Ledger | None = None) -> Tensor:
     """The smallest of :func:`best_ingredients` at each input: a minimum of upper bounds is one.
     On a stack it is taken at every block, so each block starts from the smallest radius.
-    ``options`` go on to the ingredients that take them (``taylor``)."""
-    with _norm_cache_unless_open():  # the ingredients share ζ, ‖M_l‖ and σ̄_J: each is computed once
-        values = [b.fn(layer, X, eps, options=options) if b.taylor_options else b.fn(layer, X, eps)
-                  for b in best_ingredients(layer)]
+    ``options`` go on to the ingredients that take them (``taylor``); every ingredient's
+    certificates go to ``ledger``."""
+    ledger = book(ledger)
+    # the ingredients share ζ, ‖M_l‖ and σ̄_J: each is computed once, on the ledger's cache or one
+    # of their own
+    shared = ledger if ledger.cache is not None else Ledger(cache={})
+    values = [b.fn(layer, X, eps, options=options, ledger=shared) if b.taylor_options
+              else b.fn(layer, X, eps, ledger=shared) for b in best_ingredients(layer)]
+    if shared is not ledger:
+        ledger.entries.extend(shared.entries)
     return torch.stack(values).amin(0)
-
-
-def _norm_cache_unless_open():
-    """A :func:`bounds.certificates.norm_cache` block, unless one is open already (then its cache serves)."""
-    return contextlib.nullcontext() if norm_cache_open() else norm_cache()
 
 
 def get(name: str) -> Bound:
@@ -276,8 +279,12 @@ def _guarded(bound: Bound, source: str):
     """A plugin's fn that says, as one PluginError, what went wrong: an exception of its own, or a
     value that is not a finite tensor of shape [B] (X's batch)."""
 
-    def fn(layer, X, eps, **options):
+    takes_ledger = "ledger" in inspect.signature(bound.fn).parameters
+
+    def fn(layer, X, eps, *, ledger: Ledger | None = None, **options):
         where = f"plugin bound {bound.name!r} ({source})"
+        if takes_ledger:  # a plugin that computes certified norms (bounds.norms) records them there
+            options["ledger"] = ledger
         try:
             out = bound.fn(layer, X, eps, **options)
         except InputError:
@@ -354,13 +361,16 @@ class Value:
 
     value: Tensor  # [B] or [B, h]
     certificate: Certificate
-    reused_seconds: float  # time of certified norms reused from an earlier bound (certificates.norm_cache)
+    reused_seconds: float  # time of certified norms reused from an earlier bound (on the same cache)
 
 
-def evaluate_certified(bound: Bound | str, layer, X: Tensor, eps: float) -> Value:
+def evaluate_certified(bound: Bound | str, layer, X: Tensor, eps: float, *,
+                       cache: NormCache | None = None) -> Value:
     """The bound's values for each input of X ([n, d] or [B, n, d]) at radius eps, and how they
     are certified: ``estimate`` for estimates; for certified bounds the weakest certificate of the
     norms used (``exact`` when every norm was an exact SVD) with the summed failure probability.
+    ``cache`` (a dict, empty at first): certified norms shared with the other evaluations given the
+    same one (:class:`bounds.certificates.Ledger`).
 
     Certified bounds compute in float64 whatever X's dtype: a float32 norm can fall below the
     truth by its rounding (docs/bounds.md §2.4). Estimates compute in X's dtype. Both on X's
@@ -373,15 +383,15 @@ def evaluate_certified(bound: Bound | str, layer, X: Tensor, eps: float) -> Valu
     if bound.certified:
         X = X.to(torch.float64)
     layer = layer.to(X)
-    with ledger() as book:
-        if not isinstance(layer, Stack) or bound.stack == "only":
-            value = bound.fn(layer, X, eps)
-        else:
-            value = propagate(bound, layer.blocks, layer.trajectory(X)[:-1], eps)
-    cert = book.certificate if bound.certified else Certificate("estimate")
-    return Value(value, cert, book.reused_seconds)
+    ledger = Ledger(cache=cache)
+    if not isinstance(layer, Stack) or bound.stack == "only":
+        value = bound.fn(layer, X, eps, ledger=ledger)
+    else:
+        value = propagate(bound, layer.blocks, layer.trajectory(X)[:-1], eps, ledger=ledger)
+    cert = ledger.certificate if bound.certified else Certificate("estimate")
+    return Value(value, cert, ledger.reused_seconds)
 
 
-def evaluate(bound: Bound | str, layer, X: Tensor, eps: float) -> Tensor:
+def evaluate(bound: Bound | str, layer, X: Tensor, eps: float, *, cache: NormCache | None = None) -> Tensor:
     """:func:`evaluate_certified`'s values alone."""
-    return evaluate_certified(bound, layer, X, eps).value
+    return evaluate_certified(bound, layer, X, eps, cache=cache).value

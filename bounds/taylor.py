@@ -28,20 +28,21 @@ from models.spectral import LinearOperator
 from models.structured import dot_jacobian, dot_jacobian_operator
 
 from .base import radius
+from .certificates import Ledger
 from .lofast import layer_key, m_norms, xi
 from .norms import certified_norm
 from .remainder import remainder
 from .remainder.row_bounds import global_remainder
 
 
-def sigma_J(layer: DotMHA, X: Tensor, *, probabilistic: bool = False) -> Tensor:
+def sigma_J(layer: DotMHA, X: Tensor, *, probabilistic: bool = False, ledger: Ledger | None = None) -> Tensor:
     """A certified upper bound σ̄_J of ‖J_F(X)‖ per input (docs/bounds.md §2.4). [B]."""
     B, n, d = X.shape
     names, tensors = layer_key(layer)
     return certified_norm(("jacobian", layer.kind, layer.residual, names), (*tensors, X),
                           lambda: dense_jacobian(layer, X),
                           lambda: jacobian_map(layer, X), (B,), (n, d), X,
-                          probabilistic=probabilistic, limit=JACOBIAN_LIMIT)
+                          probabilistic=probabilistic, limit=JACOBIAN_LIMIT, ledger=ledger)
 
 
 def jacobian_map(layer, X: Tensor) -> LinearOperator:
@@ -55,22 +56,23 @@ def dense_jacobian(layer, X: Tensor) -> Tensor:
     return dot_jacobian(layer, X) if layer.kind == "dot" else jacobian_matrix(layer.forward, X)
 
 
-def taylor_remainder(layer: DotMHA, X: Tensor, eps, negligible: Tensor | None = None) -> Tensor:
+def taylor_remainder(layer: DotMHA, X: Tensor, eps, negligible: Tensor | None = None, *,
+                     ledger: Ledger | None = None) -> Tensor:
     """The remainder ``taylor`` pays, [B]: the smallest of its certified bounds
     (``bounds.remainder.remainder``, docs/bounds.md §2.3–2.3.2); the global one's m_l takes the
     smaller of the certified ‖M_l‖ and ξ_l (both bound the linear logit change). ``negligible`` as in
     ``bounds.remainder.remainder`` (:class:`TaylorOptions`)."""
-    return remainder(layer, X, eps, _core(layer, X), negligible=negligible)
+    return remainder(layer, X, eps, _core(layer, X, ledger), negligible=negligible, ledger=ledger)
 
 
-def taylor_remainder_global(layer: DotMHA, X: Tensor, eps) -> Tensor:
+def taylor_remainder_global(layer: DotMHA, X: Tensor, eps, *, ledger: Ledger | None = None) -> Tensor:
     """The remainder of docs/bounds.md §2.3 alone (softmax's global constants), [B]: what ``taylor``
     paid before §2.3.1–2.3.2, kept to show what they buy."""
-    return global_remainder(layer, X, eps, _core(layer, X)).sum(-1)
+    return global_remainder(layer, X, eps, _core(layer, X, ledger)).sum(-1)
 
 
-def _core(layer: DotMHA, X: Tensor) -> Tensor:
-    return torch.minimum(m_norms(layer, X), xi(layer, X))
+def _core(layer: DotMHA, X: Tensor, ledger: Ledger | None = None) -> Tensor:
+    return torch.minimum(m_norms(layer, X, ledger=ledger), xi(layer, X))
 
 
 @dataclass(frozen=True)
@@ -97,15 +99,16 @@ class TaylorOptions:
 NO_OPTIONS = TaylorOptions()
 
 
-def taylor(layer: DotMHA, X: Tensor, eps, *, options: TaylorOptions = NO_OPTIONS) -> Tensor:
+def taylor(layer: DotMHA, X: Tensor, eps, *, options: TaylorOptions = NO_OPTIONS,
+           ledger: Ledger | None = None) -> Tensor:
     """``σ̄_J ε + taylor_remainder``, docs/bounds.md §2.3 (with :class:`TaylorOptions`, the remainder
     without the forms where they are negligible and at the inputs named not needed)."""
-    first = sigma_J(layer, X) * radius(eps, X)
+    first = sigma_J(layer, X, ledger=ledger) * radius(eps, X)
     share = options.negligible
     negligible = share * first if share else None
     skip = options.not_needed
     if skip is not None and skip.shape == first.shape and bool(skip.any()):
         negligible = torch.where(skip, torch.inf, -torch.inf if negligible is None else negligible)
-    return first + taylor_remainder(layer, X, eps, negligible)
+    return first + taylor_remainder(layer, X, eps, negligible, ledger=ledger)
 
 

@@ -12,7 +12,7 @@ import torch
 import bounds
 import models
 from bounds import norms
-from bounds.certificates import Certificate, ledger, norm_cache
+from bounds.certificates import Certificate, Ledger
 from bounds.lofast import m_norms, zeta
 from bounds.norms import cholesky_check, gram_norm, kw_delta, kw_steps, lanczos_upper, verified_gram_norm
 from bounds.taylor import sigma_J
@@ -120,11 +120,10 @@ def test_evaluation_names_each_certificate():
 def test_reuse_computes_a_norm_once_and_charges_each_user():
     layer = models.random_dot(8, 2, seed=0)
     X = models.random_input(5, 8, seed=1)
-    with norm_cache():
-        with ledger() as first:
-            a = zeta(layer, X)
-        with ledger() as second:
-            b = zeta(layer, X)
+    first = Ledger(cache={})
+    second = first.sharing()
+    a = zeta(layer, X, ledger=first)
+    b = zeta(layer, X, ledger=second)
     assert torch.equal(a, b)
     assert not first.entries[0].reused and second.entries[0].reused
     assert second.reused_seconds == first.entries[0].seconds > 0
@@ -242,14 +241,14 @@ def test_a_wrong_guess_falls_back_to_the_eigendecomposition(monkeypatch, guess):
 def test_large_grams_are_checked_by_cholesky_and_say_deterministic():
     layer = models.random_dot(32, 2, seed=0)
     X = models.random_input(8, 32, seed=1)  # n·d = 256 = VERIFY_MIN
-    with ledger() as book:
-        value = zeta(layer, X)
+    book = Ledger()
+    value = zeta(layer, X, ledger=book)
     assert book.certificate.kind == "deterministic" and book.certificate.p == 0
     truth = np.linalg.svd(delta1_matrix(layer, X).numpy(), compute_uv=False)[:, 0]
     assert (value.numpy() >= truth).all()
     np.testing.assert_array_less(value.numpy(), truth * (1 + 2e-9))
-    with ledger() as book:
-        zeta(layer, X[:, :4])  # n·d = 128: the eigendecomposition, exact
+    book = Ledger()
+    zeta(layer, X[:, :4], ledger=book)  # n·d = 128: the eigendecomposition, exact
     assert book.certificate.kind == "exact"
 
 

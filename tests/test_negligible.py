@@ -83,19 +83,18 @@ def test_the_network_bound_skips_only_what_its_first_order_already_fails(monkeyp
     from helpers import ROOT
 
     from bench.nets.accuracy import first_test_images, load_model
-    from bounds.certificates import norm_cache
+    from bounds.certificates import Ledger
     from bounds.network import Certifier
 
     net, _ = load_model(ROOT / "zoo" / f"{stem}.safetensors")
     x, y = first_test_images("digits", net, 16)
-    with norm_cache():
-        c = Certifier(net, x.double(), y)
-        skip = c.first_order_fails(torch.full_like(c.logits[:, 0], c.embedding * eps))
-        cut = c.certify(name, eps)
-    with norm_cache():
-        c = Certifier(net, x.double(), y)
-        monkeypatch.setattr(c, "first_order_fails", lambda r0: torch.zeros_like(r0, dtype=torch.bool))
-        full = c.certify(name, eps)
+    c = Certifier(net, x.double(), y)
+    norms = {}
+    skip = c.first_order_fails(torch.full_like(c.logits[:, 0], c.embedding * eps), Ledger(cache=norms))
+    cut = c.certify(name, eps, norms)
+    c = Certifier(net, x.double(), y)
+    monkeypatch.setattr(c, "first_order_fails", lambda r0, ledger: torch.zeros_like(r0, dtype=torch.bool))
+    full = c.certify(name, eps, {})
     assert torch.equal(cut.pairwise, full.pairwise) and torch.equal(cut.prop1, full.prop1)
     assert not bool((skip & full.pairwise).any()) and bool(skip.any())
     torch.testing.assert_close(cut.delta[~skip], full.delta[~skip], rtol=1e-10, atol=0)

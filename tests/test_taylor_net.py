@@ -886,19 +886,21 @@ def test_skipping_hopeless_second_passes_costs_no_verdict_on_a_zoo_model(monkeyp
 
 
 def test_the_kept_weight_constants_follow_a_change_of_the_weights():
-    """bounds.network.constants keeps the weights' norms per network: the same object while nothing
-    changed, computed anew after an in-place change of a weight (an optimiser's step) or a
+    """bounds.network.constants: constants kept by a caller serve the same network while nothing
+    changed, and are computed anew after an in-place change of a weight (an optimiser's step) or a
     replaced one, equal to a fresh network's with the same weights."""
     from bounds.network.constants import net_constants
 
     net, _ = load_vit(ONE_BLOCK)
     first = net_constants(net)
-    assert net_constants(net) is first
+    assert net_constants(net, first) is first
+    assert TaylorNet(net, torch.rand(1, 8, 8, dtype=torch.float64), torch.zeros(1, dtype=torch.long),
+                     first).constants is first
     before = first.layers[0].C_norm().clone()
     attn = net.blocks[0].attn
     with torch.no_grad():
         attn.W_v.mul_(0.5)  # in place: the version counter moves
-    moved = net_constants(net)
+    moved = net_constants(net, first)
     assert moved is not first
     fresh, _ = load_vit(ONE_BLOCK)
     with torch.no_grad():
@@ -908,4 +910,4 @@ def test_the_kept_weight_constants_follow_a_change_of_the_weights():
     torch.testing.assert_close(moved.layers[0].C_norm(), 0.5 * before)
     with torch.no_grad():
         net.blocks[0].ffn.up.weight = torch.nn.Parameter(2 * net.blocks[0].ffn.up.weight)  # replaced
-    assert net_constants(net).lip[0] > moved.lip[0]
+    assert net_constants(net, moved).lip[0] > moved.lip[0]

@@ -16,7 +16,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from attacks.margin import attack_margin, margin
-from bounds.certificates import Certificate, norm_cache
+from bounds.certificates import Certificate
 from bounds.network import Certifier, check_network, default_bounds, network_bound
 from bounds.network.netcrown import METHODS, RELAXATION, TracedViT, verify
 from bounds.network.taylor_net import Diagnostics, TaylorNet
@@ -212,30 +212,30 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
             else:
                 with torch.no_grad():
                     clean.append(net(x))
-            with norm_cache(norms):  # one chunk's norms, shared by every bound and ε (ε-free)
-                for e in eps:
-                    for b in bounds_:
-                        p = parts[(b.name, e)]
-                        if b in direct:
-                            v = verify(net, x, y, e, b.name, traced)
-                            p["delta"].append(torch.full((len(x),), torch.nan, dtype=torch.float64))
-                            p["prop1"].append(v.certified)
-                            p["pairwise"].append(v.certified)
-                            p["cert"].append(RELAXATION)
-                            p["s"] += v.seconds
-                            p["s_last"] = v.seconds  # this chunk's, for the cascade
-                            continue
-                        if b.name in TAYLOR_NETS:
-                            _taylor_net(p, net, x, y, e, traces, i, b.name)
-                            continue
-                        c = cert.certify(b, e)
-                        p["delta"].append(c.delta)
-                        p["prop1"].append(c.prop1)
-                        p["pairwise"].append(c.pairwise)
-                        p["cert"].append(c.certificate)
-                        p["s"] += c.seconds
-                    for name in cascades:
-                        _cascade(parts, net, x, y, e, cert, traced, name)
+            # one chunk's norms (``norms``), shared by every bound and ε (ε-free)
+            for e in eps:
+                for b in bounds_:
+                    p = parts[(b.name, e)]
+                    if b in direct:
+                        v = verify(net, x, y, e, b.name, traced)
+                        p["delta"].append(torch.full((len(x),), torch.nan, dtype=torch.float64))
+                        p["prop1"].append(v.certified)
+                        p["pairwise"].append(v.certified)
+                        p["cert"].append(RELAXATION)
+                        p["s"] += v.seconds
+                        p["s_last"] = v.seconds  # this chunk's, for the cascade
+                        continue
+                    if b.name in TAYLOR_NETS:
+                        _taylor_net(p, net, x, y, e, traces, i, b.name)
+                        continue
+                    c = cert.certify(b, e, norms)
+                    p["delta"].append(c.delta)
+                    p["prop1"].append(c.prop1)
+                    p["pairwise"].append(c.pairwise)
+                    p["cert"].append(c.certificate)
+                    p["s"] += c.seconds
+                for name in cascades:
+                    _cascade(parts, net, x, y, e, cert, traced, name, norms)
             with torch.no_grad():
                 features = net.trace(x).features  # the clean features, the same for every ε
             for e in eps:
@@ -278,8 +278,10 @@ def _taylor_net(p: dict, net: ViT, x: Tensor, y: Tensor, eps: float, memo: dict,
     key = (TAYLOR_NET, i)
     start = time.perf_counter()
     held = memo.get(key)
-    if held is None:
-        held = memo[key] = TaylorNet(net, x, y)
+    if held is None:  # the weights' constants of an earlier chunk's TaylorNet serve this one
+        kept = memo.get(TAYLOR_NET)
+        held = memo[key] = TaylorNet(net, x, y, kept)
+        memo[TAYLOR_NET] = held.constants
     built = time.perf_counter() - start
     # its own seconds: a split or ``best`` made before for another bound at this ε is reused, and its
     # seconds are counted again here, once, as they would be if this bound ran alone
@@ -287,26 +289,26 @@ def _taylor_net(p: dict, net: ViT, x: Tensor, y: Tensor, eps: float, memo: dict,
     p["delta"].append(torch.full((len(x),), torch.nan, dtype=torch.float64))
     p["prop1"].append(c.certified)
     p["pairwise"].append(c.certified)
-    p["cert"].append(Certificate("deterministic"))
+    p["cert"].append(c.certificate)
     p["diag"].append(c.diagnostics)
     p["s_last"] = built + c.seconds  # this chunk's, for its cascade
     p["s"] += p["s_last"]
 
 
 def _cascade(parts: dict, net: ViT, x: Tensor, y: Tensor, eps: float, cert: Certifier,
-             traced: TracedViT, name: str) -> None:
+             traced: TracedViT, name: str, norms: dict) -> None:
     """One chunk of the cascade ``name`` (:data:`bounds.registry.CASCADES`) at ``eps``: its first
     bound's pairwise test on every image (naive's norms reused from the chunk's other bounds where
-    they ran; taylor_net's verdicts and seconds taken from its own run on the chunk), CROWN on the
-    correctly classified rest. Where ``crown`` ran on the chunk as well its verdicts are the same
-    computation, so they are taken with its seconds per image times the number sent, not computed
-    twice."""
+    they ran, through their cache ``norms``; taylor_net's verdicts and seconds taken from its own
+    run on the chunk), CROWN on the correctly classified rest. Where ``crown`` ran on the chunk as
+    well its verdicts are the same computation, so they are taken with its seconds per image times
+    the number sent, not computed twice."""
     first_name = CASCADES[name]
     if first_name == TAYLOR_NET:
         own = parts[(TAYLOR_NET, eps)]
         pairwise, seconds, certificate = own["pairwise"][-1], own["s_last"], own["cert"][-1]
     else:
-        first = cert.certify(first_name, eps)
+        first = cert.certify(first_name, eps, norms)
         pairwise, seconds, certificate = first.pairwise, first.seconds, first.certificate
     sent = ~pairwise.to(cert.correct.device) & cert.correct  # a misclassified image is certified by nothing
     verdict = pairwise.cpu().clone()

@@ -10,7 +10,6 @@ runner's alone. Dask is an optional dependency, imported only here and only when
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import signal
 import sys
@@ -224,26 +223,29 @@ def compute(cell_id: str, run: dict, device_arg: str, threads: int, after: objec
     torch.set_num_threads(threads)  # the client's count, so that a cell runs as it would serially
     device = resolve_device(device_arg)  # the worker's own: auto is its GPU if it has one
     cell = Cell.from_id(cell_id)
+    state = _worker_state()
     with using(plugins):
-        rows = run_cell(cell, run, device, resolve_dtype(run["dtype"]), _worker_memo())
+        rows = run_cell(cell, run, device, resolve_dtype(run["dtype"]), state.memo)
     return rows, {"torch_version": torch.__version__, "device": device.type,
-                  "device_name": device_name(device), "git_commit": _commit()}
+                  "device_name": device_name(device), "git_commit": state.commit}
 
 
-def _worker_memo() -> CertifyMemo:
-    """The :class:`bench.sweep.tasks.CertifyMemo` of the worker this runs on, made by its first cell:
-    the cells of one model run one after another on one worker (:meth:`Cluster.rows`), and each
-    shares the norms of the one before it, as in a serial run."""
+@dataclass
+class WorkerState:
+    """What a worker keeps between its cells, on the dask worker itself (no module-level state)."""
+
+    memo: CertifyMemo  # each certify cell shares the norms of the one before it, as in a serial run
+    commit: str  # the worker's checkout, asked once (git is a subprocess)
+
+
+def _worker_state() -> WorkerState:
+    """The :class:`WorkerState` of the worker this runs on, made by its first cell: the cells of one
+    model run one after another on one worker (:meth:`Cluster.rows`), and each shares the norms of
+    the one before it (:class:`bench.sweep.tasks.CertifyMemo`)."""
     from distributed import get_worker
 
     worker = get_worker()
-    memo = getattr(worker, "bench_certify_memo", None)
-    if memo is None:
-        memo = worker.bench_certify_memo = CertifyMemo()
-    return memo
-
-
-@functools.lru_cache(maxsize=1)
-def _commit() -> str:
-    """The worker's checkout, asked once per worker process (git is a subprocess)."""
-    return git_state()[0]
+    state = getattr(worker, "bench_state", None)
+    if state is None:
+        state = worker.bench_state = WorkerState(CertifyMemo(), git_state()[0])
+    return state

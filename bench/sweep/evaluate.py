@@ -10,7 +10,7 @@ from torch import Tensor
 
 import bounds
 from attacks import attack
-from bounds.certificates import Certificate, norm_cache
+from bounds.certificates import Certificate
 from bounds.registry import PluginError
 from models import InputError, Stack, as_batch, check_eps
 
@@ -68,23 +68,24 @@ def evaluate(layer, X: Tensor, eps: float, *, names: list[str] | None = None,
     layer = layer.to(X)
     out = Evaluation()
     chosen = select(layer, names, extra)
-    with norm_cache():
-        for b in chosen:
-            Xb, lb = (X64, layer64) if b.certified else (X, layer)
-            try:
-                v, s = timed(lambda b=b, Xb=Xb, lb=lb: bounds.evaluate_certified(b, lb, Xb, eps), device)
-            except InputError as e:
-                if names or isinstance(e, PluginError):  # a plugin that fails is never a skip
-                    raise
-                out.skipped[b.name] = str(e)
-                continue
-            except torch.linalg.LinAlgError as e:  # never a skip: the instance is what is wrong
-                raise _overflow(b.name, X64, eps, str(e).splitlines()[0]) from None
-            out.values[b.name] = v.value.detach().cpu().double()
-            if not bool(torch.isfinite(out.values[b.name]).all()):
-                raise _overflow(b.name, X64, eps, f"its value is {out.values[b.name].max().item()}")
-            out.certificates[b.name] = v.certificate
-            out.seconds[b.name] = s + v.reused_seconds
+    norms: dict = {}  # the certified norms the bounds share (bounds.certificates.Ledger)
+    for b in chosen:
+        Xb, lb = (X64, layer64) if b.certified else (X, layer)
+        try:
+            v, s = timed(lambda b=b, Xb=Xb, lb=lb: bounds.evaluate_certified(b, lb, Xb, eps, cache=norms),
+                         device)
+        except InputError as e:
+            if names or isinstance(e, PluginError):  # a plugin that fails is never a skip
+                raise
+            out.skipped[b.name] = str(e)
+            continue
+        except torch.linalg.LinAlgError as e:  # never a skip: the instance is what is wrong
+            raise _overflow(b.name, X64, eps, str(e).splitlines()[0]) from None
+        out.values[b.name] = v.value.detach().cpu().double()
+        if not bool(torch.isfinite(out.values[b.name]).all()):
+            raise _overflow(b.name, X64, eps, f"its value is {out.values[b.name].max().item()}")
+        out.certificates[b.name] = v.certificate
+        out.seconds[b.name] = s + v.reused_seconds
     objectives = ["output"] + ([] if isinstance(layer, Stack) else
                                sorted({b.objective for b in chosen if b.objective} - {"output"}))
     for obj in objectives:

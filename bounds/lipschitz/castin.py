@@ -13,6 +13,7 @@ from models import DotMHA
 from models.spectral import product_norm
 
 from ..base import radius
+from ..certificates import Ledger
 
 # The bias coordinate's scales t, as fractions of the tokens' radius R (and t = 1): biases enter
 # as a constant coordinate t of every token (docs/bounds.md §3.5), each t gives a valid constant
@@ -48,7 +49,7 @@ def _augmented_A_norm(layer: DotMHA, t: Tensor) -> Tensor:
     return product_norm(Wq, Wk.mT) / math.sqrt(e)
 
 
-def castin(layer: DotMHA, X: Tensor, eps) -> Tensor:
+def castin(layer: DotMHA, X: Tensor, eps, *, ledger: Ledger | None = None) -> Tensor:
     """``ε·(‖H‖ + Σ_l √3‖C_l‖(‖A_l‖²R⁴(4n + 1)/d_h + n)^{1/2})`` with ``R = max_i ‖x_i‖ + ε``.
 
     Castin et al., Theorem 3.3: on B_R^n (every token of norm ≤ R) one head ``x_i ↦ Σ_j P_ij V x_j``

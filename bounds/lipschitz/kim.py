@@ -11,6 +11,7 @@ from models import L2MHA
 from models.spectral import spectral
 
 from ..base import radius
+from ..certificates import Ledger
 
 FINDING = (
     "not a bound for ‖W^Q_l‖ > 1: the layer is quadratic in W^Q (A_l = W^Q_l W^Q_lᵀ/√d_h) but the "
@@ -36,7 +37,7 @@ def kim_lipschitz(layer: L2MHA, n: int) -> Tensor:
     return layer.H_norm + attn * heads * spectral(W_o)
 
 
-def kim(layer: L2MHA, X: Tensor, eps) -> Tensor:
+def kim(layer: L2MHA, X: Tensor, eps, *, ledger: Ledger | None = None) -> Tensor:
     """Lip₂(F)·ε with Kim et al.'s global constant; it depends on X only through n."""
     return kim_lipschitz(layer, X.shape[1]) * radius(eps, X)
 

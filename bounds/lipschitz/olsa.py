@@ -10,6 +10,7 @@ from torch import Tensor
 from models import OLSA, InputError
 
 from ..base import radius
+from ..certificates import Ledger
 
 FINDING = (
     "fails at finite ε: a search over inputs and orthogonal weights finds σ_max(J)/Lip = 1.06 (n = 2, "
@@ -38,7 +39,7 @@ def olsa_lipschitz(layer: OLSA, c: Tensor, n: int) -> Tensor:
     return (1 + c * math.sqrt(n) / (4 * layer.alpha1)) / layer.alpha2
 
 
-def olsa(layer: OLSA, X: Tensor, eps) -> Tensor:
+def olsa(layer: OLSA, X: Tensor, eps, *, ledger: Ledger | None = None) -> Tensor:
     """``ε(‖H‖ + Lip)`` with Lip taken at c = ‖X‖_F + ε, the smallest ball holding every X'.
 
     Implemented as published; its proof's weak points (a softmax constant of ¼, ‖P‖ ≤ 1 for

@@ -9,6 +9,7 @@ from models import DotMHA
 from models.spectral import spectral
 
 from ..base import radius
+from ..certificates import Ledger
 
 FINDING = (
     "unsound for small inputs: its constant vanishes like (‖X‖_F + ε)², but at X = 0 the "
@@ -17,7 +18,7 @@ FINDING = (
 )
 
 
-def specformer(layer: DotMHA, X: Tensor, eps) -> Tensor:
+def specformer(layer: DotMHA, X: Tensor, eps, *, ledger: Ledger | None = None) -> Tensor:
     """``ε(‖H‖ + Σ_l N(N+1)(‖X‖_F + ε)²[‖C_l‖‖W^Q_l‖‖W^K_l‖ + ‖C_l‖])``.
 
     Theorem 4.3 is stated for one head, no W^O and no residual: ``Lip ≤ N(N+1)(‖X0‖_F + δ0)²

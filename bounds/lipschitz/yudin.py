@@ -21,6 +21,7 @@ from models import DotMHA
 from models.spectral import spectral
 
 from ..base import radius
+from ..certificates import Ledger
 from ..remainder.row_bounds import softmax_jacobian_norm
 
 
@@ -39,7 +40,7 @@ def attention_box(S: Tensor, dev: Tensor) -> tuple[Tensor, Tensor]:
     return lo, hi
 
 
-def yudin(layer: DotMHA, X: Tensor, eps, *, local: bool = False) -> Tensor:
+def yudin(layer: DotMHA, X: Tensor, eps, *, local: bool = False, ledger: Ledger | None = None) -> Tensor:
     """``ε·(‖H‖ + Σ_l [‖C_l‖·p̄_l + (J̄_l/√d_h)(‖U_l‖ + ‖V_l‖ + 2ε‖A_l‖)(‖X C_l‖ + ε‖C_l‖)])``.
 
     For X' in B(X, ε), dF = HΓ + Σ_l [P_l(X') Γ C_l + dP_l X' C_l] with dP_l's row i the softmax
@@ -73,6 +74,6 @@ def yudin(layer: DotMHA, X: Tensor, eps, *, local: bool = False) -> Tensor:
     return e * (layer.H_norm + (C * P + J * logits * values / math.sqrt(d_h)).sum(-1))
 
 
-def yudin_local(layer: DotMHA, X: Tensor, eps) -> Tensor:
+def yudin_local(layer: DotMHA, X: Tensor, eps, *, ledger: Ledger | None = None) -> Tensor:
     """:func:`yudin` at X alone: ε times the bound of ‖J_F(X)‖ (an estimate, docs/bounds.md §3.6)."""
     return yudin(layer, X, eps, local=True)

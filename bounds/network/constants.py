@@ -1,18 +1,18 @@
 """What a whole-network certificate needs of the network's weights alone, computed once per network
-and kept while its weights stay as they were (docs/bounds.md §5.1, "Speed of the first pass").
+and passed to every certificate of it while its weights stay as they were (docs/bounds.md §5.1,
+"Speed of the first pass").
 
 A sweep certifies the same network at many batches and radii; each `taylor_net` pass asked again for
 the same weight norms, the pixels-to-tokens map and its patch columns (≈ 3 ms of a 30 ms pass on the
-1-block digits model, 8 images). They are kept here per network object, with a stamp of every
-parameter and buffer (storage, in-place version counter, dtype, device, shape): any change to a
-weight, in place (an optimiser's step, ``load_state_dict``) or by replacing it, changes the stamp,
-and the constants are computed anew. A weak reference holds the network, so nothing outlives it.
+1-block digits model, 8 images). A caller keeps the :class:`NetConstants` and passes it on
+(:func:`net_constants`); it carries a stamp of every parameter and buffer (storage, in-place version
+counter, dtype, device, shape), so that after any change to a weight, in place (an optimiser's step,
+``load_state_dict``) or by replacing it, the kept constants are refused and computed anew.
 """
 
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -31,9 +31,11 @@ class NetConstants:
     embed_norm: float  # ‖E‖: the tokens' ball is ‖E‖ε
     patch: Tensor | None  # each token's pixels' columns of G₀, where separable
     span: Tensor | None  # where the first block's deviations lie, per token
+    stamp: tuple = field(default=(), compare=False, repr=False)  # the weights they were computed from
 
-
-_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    def holds_for(self, net: ViT) -> bool:
+        """Whether these were computed from ``net``'s present weights."""
+        return self.stamp == _stamp(net)
 
 
 def _stamp(net: ViT) -> tuple:
@@ -41,18 +43,16 @@ def _stamp(net: ViT) -> tuple:
     return (net.cfg, *((t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape)) for t in tensors))
 
 
-def net_constants(net: ViT) -> NetConstants:
-    """The weight-only constants of ``net`` (computed on first use and whenever a weight changed)."""
-    stamp = _stamp(net)
-    kept = _KEPT.get(net)
-    if kept is not None and kept[0] == stamp:
-        return kept[1]
+def net_constants(net: ViT, kept: NetConstants | None = None) -> NetConstants:
+    """The weight-only constants of ``net``: ``kept`` where it was computed from its present weights
+    (:meth:`NetConstants.holds_for`), else computed anew."""
+    if kept is not None and kept.holds_for(net):
+        return kept
     embed = net.pixel_map().permute(1, 2, 0).contiguous()
     patch = patch_columns(embed)
-    out = NetConstants(tuple(KeptNormsMHA.of(layer) for layer in net.attention_layers()),
-                       net.ffn_lipschitz(), embed, net.embedding_norm(), patch, patch_span(patch))
-    _KEPT[net] = (stamp, out)
-    return out
+    return NetConstants(tuple(KeptNormsMHA.of(layer) for layer in net.attention_layers()),
+                        net.ffn_lipschitz(), embed, net.embedding_norm(), patch, patch_span(patch),
+                        _stamp(net))
 
 
 def patch_columns(embed: Tensor) -> Tensor | None:

@@ -15,7 +15,7 @@ embedding and every bias cancel in differences. A sample (correctly classified) 
   which certifies every sample Proposition 1 certifies (``‖w_y − w_j‖ ≤ √2‖W‖``).
 
 Everything is float64; the certified norms inside the bounds carry their certificate, collected
-over the blocks by :func:`bounds.certificates.ledger` (docs/bounds.md §2.4).
+over the blocks by a :class:`bounds.certificates.Ledger` (docs/bounds.md §2.4).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from models import InputError
 from models.vit import ViT
 
 from ..base import Bound, propagate
-from ..certificates import Certificate, ledger
+from ..certificates import Certificate, Ledger, NormCache
 from ..norms import exact_norm
 from ..registry import TAYLOR_NETS, best_ingredients, every, get
 from ..taylor import TaylorOptions, sigma_J
@@ -135,8 +135,9 @@ class NetworkCertificate:
 
 
 class Certifier:
-    """A network at a batch of images: the clean trace is taken once, so that within a
-    :func:`bounds.certificates.norm_cache` block every bound and ε share the certified norms of each block."""
+    """A network at a batch of images: the clean trace is taken once, so that every bound and ε
+    given the same norm cache share the certified norms of each block
+    (:class:`bounds.certificates.Ledger`)."""
 
     def __init__(self, net: ViT, images: Tensor, labels: Tensor):
         check_certifiable(net)
@@ -158,43 +159,47 @@ class Certifier:
         self.W_norm = float(exact_norm(self.W))
         self.correct = self.logits.argmax(-1) == self.labels
 
-    def delta(self, bound: Bound, eps: float) -> tuple[Tensor, Certificate, float]:
+    def delta(self, bound: Bound, eps: float,
+              cache: NormCache | None = None) -> tuple[Tensor, Certificate, float]:
         """(δ_features [B], its certificate, seconds on its own) at image radius ``eps``. A bound
         that takes :class:`bounds.taylor.TaylorOptions` (``taylor``, ``best``) skips the remainder's
         forms where they are negligible (:data:`NEGLIGIBLE`) and at the images that a first-order
         chain below both fails to certify (:meth:`first_order_fails`): their verdict cannot change."""
         start = time.perf_counter()
-        with ledger() as book:
-            r0 = torch.full_like(self.logits[:, 0], self.embedding * eps)
-            options = {}
-            if bound.taylor_options:
-                skip = self.first_order_fails(r0)
-                options["options"] = TaylorOptions(negligible=NEGLIGIBLE, not_needed=skip)
-            radius = propagate(bound, self.layers, self.inputs, r0, self.ffn, **options)
-        seconds = time.perf_counter() - start + book.reused_seconds
-        return radius * self.pool, book.certificate, seconds
+        ledger = Ledger(cache=cache)
+        r0 = torch.full_like(self.logits[:, 0], self.embedding * eps)
+        if bound.taylor_options:
+            skip = self.first_order_fails(r0, ledger)
+            options = TaylorOptions(negligible=NEGLIGIBLE, not_needed=skip)
+            radius = propagate(bound, self.layers, self.inputs, r0, self.ffn, options=options, ledger=ledger)
+        else:
+            radius = propagate(bound, self.layers, self.inputs, r0, self.ffn, ledger=ledger)
+        seconds = time.perf_counter() - start + ledger.reused_seconds
+        return radius * self.pool, ledger.certificate, seconds
 
-    def first_order_fails(self, r0: Tensor) -> Tensor:
+    def first_order_fails(self, r0: Tensor, ledger: Ledger) -> Tensor:
         """[B] bool: the images that the pairwise test (which certifies all that Proposition 1 does)
         refuses even at δ_features = pool·L_N, with L_0 = ``r0`` and L_{k+1} = Lip(FFN_k)·min(σ̄_J,k·L_k,
         f(L_k) for every other ingredient f of ``best``). Taylor's radius at block k is σ̄_J,k·r_k plus a
         remainder ≥ 0, and each f is non-decreasing in the radius (tests/test_negligible.py), so by
         induction both ``taylor``'s and ``best``'s radii stay ≥ L_k whatever the remainders, and so does
         their δ_features. One chain for both, so that the two skip the same images and share the
-        forms computed for the others (bounds.certificates.norm_cache keys them by those images). σ̄_J and
-        the ingredients' norms are those the bounds certify anyway."""
+        forms computed for the others (the ledger's cache keys them by those images). σ̄_J and the
+        ingredients' norms are those the bounds certify anyway, recorded in ``ledger``."""
         low = r0
         for layer, X, lip in zip(self.layers, self.inputs, self.ffn, strict=True):
-            step = sigma_J(layer, X) * low
+            step = sigma_J(layer, X, ledger=ledger) * low
             for other in best_ingredients(layer):
                 if other.name != "taylor":
-                    step = torch.minimum(step, other.fn(layer, X, low))
+                    step = torch.minimum(step, other.fn(layer, X, low, ledger=ledger))
             low = lip * step
         return ~pairwise(self.logits, self.labels, self.W, low * self.pool)
 
-    def certify(self, bound: Bound | str, eps: float) -> NetworkCertificate:
+    def certify(self, bound: Bound | str, eps: float, cache: NormCache | None = None) -> NetworkCertificate:
+        """``bound``'s certificate at image radius ``eps``; ``cache`` (a dict, empty at first) shares
+        the certified norms with the other bounds and ε certified with the same one."""
         bound = network_bound(bound) if isinstance(bound, str) else bound
-        delta, cert, seconds = self.delta(bound, eps)
+        delta, cert, seconds = self.delta(bound, eps, cache)
         return NetworkCertificate(bound.name, eps, delta, prop1(self.logits, self.labels, self.W_norm, delta),
                                   pairwise(self.logits, self.labels, self.W, delta), cert, seconds)
 

@@ -52,9 +52,10 @@ from torch import Tensor
 from models import InputError
 from models.vit import TokenBatchNorm, ViT
 
+from ..certificates import Certificate, Ledger
 from ..norms import gram_norm
 from .backward import backward
-from .constants import net_constants
+from .constants import NetConstants, net_constants
 from .propagated import check_stages
 from .record import Fork, Join
 from .slopes import optimized_backward
@@ -149,6 +150,9 @@ class Diagnostics:
                            f(self.backward, other.backward) if both else None)
 
 
+DETERMINISTIC = Certificate("deterministic")  # taylor_net's norms: exact factors, rounded up
+
+
 @dataclass
 class NetCertificate:
     lower: Tensor  # [B, C]: lower bounds of every margin change over the ball (+inf at j = y)
@@ -157,6 +161,8 @@ class NetCertificate:
     seconds: float
     verified: Tensor  # [B, C] bool: margin j proved positive with its rounding slack (True at j = y)
     image_seconds: Tensor  # [B]: each image's share of ``seconds`` (its own on a CPU)
+    # deterministic, or weaker where a remainder's norm was (every norm this TaylorNet computed)
+    certificate: Certificate = DETERMINISTIC
 
 
 
@@ -217,7 +223,7 @@ def _key(images: slice | Tensor) -> tuple:
 class TaylorNet:
     """The network's clean trace at a batch of images, and its certificate at any ε."""
 
-    def __init__(self, net: ViT, images: Tensor, labels: Tensor):
+    def __init__(self, net: ViT, images: Tensor, labels: Tensor, constants: NetConstants | None = None):
         check_stages(net)
         if net.head.weight.dtype != torch.float64:
             raise InputError("certify a float64 network (models.load_vit loads one)")
@@ -246,13 +252,16 @@ class TaylorNet:
             self.features = net.pool(X)
             self.logits = net.head(self.features)
         self.correct = self.logits.argmax(-1) == labels  # a misclassified image gets no pass
-        # the weights' own constants (norms, G₀ and its patch columns), kept per network (.constants)
-        const = net_constants(net)
+        # the weights' own constants (norms, G₀ and its patch columns): ``constants`` where the caller
+        # kept them for this network's present weights (.constants)
+        self.constants = const = net_constants(net, constants)
         self.layers, self.lip, self.embed = const.layers, const.lip, const.embed
         self.embed_norm, self.patch, self.span = const.embed_norm, const.patch, const.span
         # per block and batch slice, the remainder's parts that depend on the clean tokens alone
         # (two eigenproblems of four): computed at the first ε that needs them, reused at the others
         self.clean_parts: dict[tuple, dict] = {}
+        # the certificates of the remainders' norms (a probabilistic value pair on a wide layer)
+        self.ledger = Ledger()
         self.done: dict[tuple[float, str], NetCertificate] = {}  # the certificates made, per (ε, split)
         self.entry: dict[float, tuple[Tensor, Tensor]] = {}  # per ε, :meth:`_entry_radii`
         n, d = X.shape[-2:]
@@ -326,7 +335,8 @@ class TaylorNet:
         diag = self._nothing(slice(None))[3]
         if done:
             diag = Diagnostics.cat(diags).scattered(torch.cat(done), diag)
-        return NetCertificate(lower, certified, diag, float(per.sum()), verified, per)
+        return NetCertificate(lower, certified, diag, float(per.sum()), verified, per,
+                              DETERMINISTIC & self.ledger.certificate)
 
     def _nothing(self, images: slice):
         """What :meth:`_once` returns for images that were not certified: no bound, no verdict, and
@@ -358,7 +368,8 @@ class TaylorNet:
         certified = first.certified | (verified.all(-1) & rest)
         per = first.image_seconds + torch.where(rest.cpu(), second.image_seconds, 0.0)  # seconds: on the CPU
         diag = second.diagnostics.where(certified & ~first.certified, first.diagnostics)
-        return NetCertificate(lower, certified, diag, float(per.sum()), verified, per)
+        return NetCertificate(lower, certified, diag, float(per.sum()), verified, per,
+                              DETERMINISTIC & self.ledger.certificate)
 
     def _once(self, eps: float, images: slice | Tensor, split: str, refine: bool):
         """One pass on ``images``; a split ending in :data:`OPTIMIZED` tunes the ReLUs' slopes of the
@@ -404,7 +415,8 @@ class TaylorNet:
             # the quadratic form of the remainder costs h·n²-wide eigenproblems: the second pass only
             S = attention(S, self.layers[k], self.inputs[k][images], k, log, split,
                           quadratic=refine is not None,
-                          cache=self.clean_parts.setdefault((k, *_key(images)), {}), eps=eps)
+                          cache=self.clean_parts.setdefault((k, *_key(images)), {}), eps=eps,
+                          ledger=self.ledger)
             out.append((f"attention{k}", S, None))
             last = k == len(self.net.blocks) - 1
             S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine, form or not last)
@@ -426,7 +438,8 @@ class TaylorNet:
         out.append((f"norm{k}", S1, s))
         branch = attention(S1, self.layers[k], self.inputs[k][images], k, log, split,
                            quadratic=refine is not None,
-                           cache=self.clean_parts.setdefault((k, *_key(images)), {}), eps=eps)
+                           cache=self.clean_parts.setdefault((k, *_key(images)), {}), eps=eps,
+                           ledger=self.ledger)
         mark(Join())
         S = S.plus(branch)
         out.append((f"attention{k}", S, None))

@@ -25,7 +25,7 @@ from torch import Tensor
 from models import DotMHA
 
 from ..base import radius
-from ..certificates import cached_value
+from ..certificates import Ledger, book
 from ..forms import (
     logit_form_norm,
     nan_inf,
@@ -52,7 +52,8 @@ __all__ = [
 
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
               quadratic: bool | None = None, cache: dict | None = None,
-              negligible: Tensor | None = None, enough: Tensor | None = None) -> Tensor:
+              negligible: Tensor | None = None, enough: Tensor | None = None, *,
+              ledger: Ledger | None = None) -> Tensor:
     """A certified bound of ‖F(X+Γ) − F(X) − J_F(X)[Γ]‖_F over ‖Γ‖_F ≤ r, [B]: each head's share by
     the smallest of :func:`global_remainder`, :func:`local_remainder` and
     :func:`first_order_remainder` (each bounds the same head's term, docs/bounds.md §2.3.1–2.3.3),
@@ -77,13 +78,14 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
     if quadratic or (quadratic is None and layer.h * n * n <= n * d):
         need = None if negligible is None else out > negligible
         if need is None or bool(need.all()):
-            quad = quadratic_remainder(layer, X, eps, cache, rows)
+            quad = quadratic_remainder(layer, X, eps, cache, rows, ledger=ledger)
             out = torch.minimum(out, quad + ROUND_ABS * glob.sum(-1))
         elif bool(need.any()):  # those inputs alone, so that each input's value is its own
             idx = need.nonzero().squeeze(-1)
-            # one tensor per (X, inputs) in a norm_cache block, so that the forms kept for it (keyed by the
-            # tensor) serve a second bound that needs the same inputs (taylor, then best)
-            sub = cached_value(("inputs", tuple(idx.tolist())), (X,), lambda: X[idx])
-            quad = quadratic_remainder(layer, sub, radius(eps, X)[idx])
+            # one tensor per (X, inputs) on the ledger's cache, so that the forms kept for it (keyed by
+            # the tensor) serve a second bound that needs the same inputs (taylor, then best)
+            ledger = book(ledger)
+            sub = ledger.value(("inputs", tuple(idx.tolist())), (X,), lambda: X[idx])
+            quad = quadratic_remainder(layer, sub, radius(eps, X)[idx], ledger=ledger)
             out[idx] = torch.minimum(out[idx], quad + ROUND_ABS * glob.sum(-1)[idx])
     return out

@@ -6,7 +6,6 @@ as the cubic form it is, every other term jointly over heads and rows (docs/boun
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from torch import Tensor
 from models import DotMHA
 
 from ..base import radius
-from ..certificates import cached_value, record
+from ..certificates import Ledger, book
 from ..estimate import Estimate
 from ..forms import (
     ROUND_REL,
@@ -59,7 +58,7 @@ CUMULANT4 = 1 + 3 / (2 * math.sqrt(2))
 
 
 def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None,
-                        rows: RowStats | None = None) -> Tensor:
+                        rows: RowStats | None = None, *, ledger: Ledger | None = None) -> Tensor:
     """``‖𝒜‖r² + min(√(cΛ), ‖𝓑‖)r² + the rest`` ≥ ‖R(Γ)‖_F over ‖Γ‖_F ≤ r, [B] (docs/bounds.md
     §2.3.2, §2.3.4): the pure-logit second-order term bounded jointly over heads and rows as the
     quadratic form it is (‖𝒜‖r², :func:`logit_form_norm`), the value term Σ_l dP_l[Γ]ΓC_l by
@@ -80,9 +79,10 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
 
     +inf where h·n² > QUAD_LIMIT. ``cache`` (a dict, empty at first) keeps what depends on the
     clean point alone (:func:`_clean_forms`) for calls at other radii on the same layer and X;
-    without it they are kept in the open ``bounds.certificates.norm_cache`` block, if any. ``rows``
-    as in :func:`local_remainder`."""
+    without it they are kept on ``ledger``'s cache, if any; the certificates of its probabilistic
+    value pairs go to ``ledger``. ``rows`` as in :func:`local_remainder`."""
     B, n, _ = X.shape
+    ledger = book(ledger)
     r = radius(eps, X)[:, None, None]
     if layer.h * n * n > QUAD_LIMIT:
         return torch.full((B,), torch.inf, dtype=X.dtype, device=X.device)
@@ -101,9 +101,9 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
         if "form" not in cache:
             cache.update(_clean_forms(layer, X, G, P, sigma))
         clean = cache
-    else:  # the certify runs ask every ε on one trace, inside a norm_cache block
+    else:  # the certify runs ask every ε on one trace, on one ledger's cache
         names, tensors = layer_key(layer)
-        clean = cached_value(("quadratic_parts", names), (*tensors, X),
+        clean = ledger.value(("quadratic_parts", names), (*tensors, X),
                              lambda: _clean_forms(layer, X, G, P, sigma))
     spreads = _Spreads(G, P, clean)
     before = len(clean["pairs"])  # the pairs certified by earlier calls (:func:`_record_pairs`)
@@ -185,7 +185,7 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: dict | None = None
         return torch.minimum(upper, total(assemble(Estimate.CERTIFIED, True, Estimate.CERTIFIED)))
 
     out = choose()
-    _record_pairs(clean, before)
+    _record_pairs(clean, before, ledger)
     return out
 
 
@@ -307,7 +307,6 @@ def _cubic_crude(G: Tensor, clean: dict[str, Tensor], spreads: _Spreads) -> Tens
 # at most x(ĉ − 1/ĉ)² ≤ 0.0091·x of it, ĉ = √1.1 and x = ‖𝓑₂‖r/‖𝓑‖ (0.04–0.11 on MiniLM), where a
 # new pair costs an eigenproblem (docs/bounds.md §2.3.4, "The value forms as one")
 PAIR_REUSE = 1.1
-_PAIR_KEYS = itertools.count()  # a ledger key for each probabilistic pair (bounds.certificates.Entry)
 
 
 def _value_pairs(layer: DotMHA, clean: dict, r: Tensor, cs: Tensor, shared: Tensor, lazy: bool) -> None:
@@ -347,19 +346,20 @@ def _value_pairs(layer: DotMHA, clean: dict, r: Tensor, cs: Tensor, shared: Tens
         a, c = torch.zeros_like(b2), torch.ones_like(b2)
     start = time.perf_counter()
     nu, cert = value_pair_norm(layer, *clean["value_parts"], a, c, clean["value_start"])
-    entry = None if cert is None else (cert, time.perf_counter() - start, ("value_pair", next(_PAIR_KEYS)))
+    # the ledger key of a probabilistic pair: a fresh object, equal to nothing else while it is held
+    entry = None if cert is None else (cert, time.perf_counter() - start, ("value_pair", object()))
     pairs.append((a, c, nu, entry))
 
 
-def _record_pairs(clean: dict, before: int) -> None:
-    """Records in the open ledger (bounds.certificates.ledger) the certificate of every probabilistic
+def _record_pairs(clean: dict, before: int, ledger: Ledger) -> None:
+    """Records in ``ledger`` the certificate of every probabilistic
     pair in ``clean`` (:func:`_value_pairs`): each bounds every value taken from this clean point
     since it was certified (:func:`_pair_values` takes the smallest over all of them), the first
     ``before`` of them certified by an earlier call (so reused: their seconds are not this call's)."""
     for k, (*_, entry) in enumerate(clean.get("pairs", ())):
         if entry is not None:
             cert, seconds, key = entry
-            record(cert, seconds, reused=k < before, key=key)
+            ledger.record(cert, seconds, reused=k < before, key=key)
 
 
 def _covered(clean: dict) -> Tensor:

@@ -14,6 +14,7 @@ from torch import Tensor
 from models import DotMHA
 from models.structured import dot_jacobian
 
+from ...certificates import Ledger
 from ...lofast import delta2_xi, xi
 from ...norms import gram_norm
 from ...remainder import remainder
@@ -89,13 +90,15 @@ def logit_change(S: DeviationSet, layer: DotMHA, parts: dict[str, Tensor], eps: 
 
 def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | None = None,
               split: str = "taylor", quadratic: bool | None = None,
-              cache: dict | None = None, eps: float | None = None) -> DeviationSet:
+              cache: dict | None = None, eps: float | None = None,
+              ledger: Ledger | None = None) -> DeviationSet:
     """Attention at its clean input X [B, n, d]: Δ ↦ J[Δ] + R(Δ) with J the exact Jacobian
     (:func:`jacobian_apply`) and ‖R‖_F ≤ the Taylor remainder of docs/bounds.md §2.3 at the set's
     radius (or, with ``split`` lofast, LoFAST's Δ₁ and δ₂); E's radii and the route grow by
     :func:`jacobian_bound`. ``quadratic`` as in ``bounds.remainder.remainder`` (the second pass asks
     for the quadratic form, docs/bounds.md §2.3.2); ``cache`` keeps its parts that depend on X alone
-    (``bounds.remainder.quadratic.quadratic_remainder``)."""
+    (``bounds.remainder.quadratic.quadratic_remainder``); ``ledger`` records the certificates of the
+    remainder's norms."""
     r = S.route  # the radius LayerProject left (bounds.network.zonotope.DeviationSet.radius)
     parts = attention_parts(layer, X)
     N = X.shape[-2] * X.shape[-1]
@@ -126,7 +129,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             on_set = logit_change(S, layer, parts, eps) / r.clamp_min(torch.finfo(r.dtype).tiny)[:, None]
             core = torch.minimum(core, on_set)
         rest = remainder(layer, X, r, core=core, quadratic=quadratic, cache=cache,
-                         enough=NEGLIGIBLE * bound * r)
+                         enough=NEGLIGIBLE * bound * r, ledger=ledger)
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
                   tok=_mix_tokens(layer, parts, dense, S.tok, split))
     if log is not None:
