@@ -7,6 +7,7 @@ broken by an independent attack; a card round-trips and a card without the optio
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -196,7 +197,7 @@ def test_the_logit_change_on_the_set_holds_every_sampled_deviation(norm, qk, eps
         tighter = False
         for k, layer in enumerate(tn.layers):
             S = stages[f"norm{k}"]
-            parts = attention_parts(layer, clean[k]) | {"xi": xi(layer, clean[k])}
+            parts = dataclasses.replace(attention_parts(layer, clean[k]), xi=xi(layer, clean[k]))
             bound = logit_change(S, layer, parts, eps)  # [B, h]
             assert torch.isfinite(bound).all()
             Q, K = layer.queries_keys(clean[k])

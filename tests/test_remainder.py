@@ -24,7 +24,9 @@ from bounds.remainder import (
     remainder,
 )
 from bounds.remainder import quadratic as Q
+from bounds.remainder.clean_forms import FormCache, Spreads, clean_forms, cubic_crude
 from bounds.remainder.row_bounds import curve_g1, curve_g3, curve_h2, row_stats
+from bounds.remainder.value_side import CubicRest, shared_value, value_c
 from models.build import random_dot
 
 # (n, d, h, q/k weight norm, ‖X‖_F, r, bias norm): uniform-ish, sharp, saturated (norm 30), biased,
@@ -326,43 +328,43 @@ def test_the_cubic_assembly_alone_is_above_the_attack(case):
     rr = torch.full((2, 1, 1), r, dtype=torch.float64)
     rows = row_stats(layer, X, rr)
     G, P = logit_gram(layer, X, rows.P)
-    cv = Q._value_c(layer, rows)
+    cv = value_c(layer, rows)
     # c from above (no eigenproblem) and from below (an estimate) around the certified one (rule 4)
-    assert (Q._value_c(layer, rows, Estimate.ABOVE) >= cv).all()
-    assert (Q._value_c(layer, rows, Estimate.BELOW) <= cv * (1 + 1e-9)).all()
-    clean = Q._clean_forms(layer, X, G, P, rows.sigma)
+    assert (value_c(layer, rows, Estimate.ABOVE) >= cv).all()
+    assert (value_c(layer, rows, Estimate.BELOW) <= cv * (1 + 1e-9)).all()
+    clean = clean_forms(layer, X, G, P, rows.sigma)
     wide = 4 * h * n * n <= n * d
-    assert torch.isfinite(clean["value3_below"]).all() == wide
+    assert torch.isfinite(clean.value3_below).all() == wide
     none = torch.full((2,), torch.inf, dtype=torch.float64)
-    bilinear, value3, pairs = none, clean["value3_below"], [none]
+    bilinear, value3, pairs = none, clean.value3_below, [none]
     if wide:  # the value forms certified whether or not they can win, so that each is tested
         bilinear = value_form_norm(layer, X, G, P)
-        assert (bilinear >= clean["bilinear_below"]).all()
+        assert (bilinear >= clean.bilinear_below).all()
         value3 = value_cubic_norm(layer, X, G, P)
-        assert (value3 >= clean["value3_below"]).all()
+        assert (value3 >= clean.value3_below).all()
         # the two as one (docs/bounds.md §2.3.4), at the weight the remainder takes and at two
         # others: ν bounds √a‖𝓑‖ and √c‖𝓑₂‖ (less the checks' τ), and is at most their root-sum-square
         one = torch.ones(2, dtype=torch.float64)
-        for c in (r * clean["bilinear_below"] / clean["value3_below"], 0.1 * one, 10.0 * one):
-            nu = value_pair_norm(layer, *clean["value_parts"], one, c)[0]
+        for c in (r * clean.bilinear_below / clean.value3_below, 0.1 * one, 10.0 * one):
+            nu = value_pair_norm(layer, *clean.value_parts, one, c)[0]
             assert (nu * (1 + 1e-5) >= torch.maximum(bilinear, c.sqrt() * value3)).all()
             assert (nu <= (bilinear.square() + c * value3.square()).sqrt() * (1 + 1e-5)).all()
             pairs.append(nu * (r**4 + r**6 / c).sqrt())
     # ‖𝒜‖ deferred: certified, and from ‖S‖_F and a Ritz value around it (rule 1)
-    logit = clean["form"]
+    logit = clean.form
     assert (logit.below <= logit.value() * (1 + 1e-9)).all() and (logit.value() <= logit.upper).all()
     logit = 0.5 * logit.value().clamp_min(0).sqrt()
-    second = (logit + torch.minimum(cv.sqrt() * clean["spread"], bilinear)) * r**2
+    second = (logit + torch.minimum(cv.sqrt() * clean.spread, bilinear)) * r**2
     tol = 1e-12 * (1 + X.flatten(1).norm(dim=1))
-    cubic, spreads = Q._cubic_rest(layer, rows, rr, clean), Q._Spreads(G, P, clean)
-    form = Q.cubic_form(layer, X, G, P, clean)  # ‖𝒞‖², deferred: certified, and from ‖S‖_F
+    cubic, spreads = CubicRest(layer, rows, rr, clean), Spreads(G, P, clean.Lambda, clean.spread_vector)
+    form = clean.cubic_form(layer, X, G, P)  # ‖𝒞‖², deferred: certified, and from ‖S‖_F
     assert (form.below <= form.value() * (1 + 1e-9)).all() and (form.value() <= form.upper).all()
     # and without its matrix (the first assembly's), from above: not below the certified value less
     # what the check raised it by (τ 1e-6) and its rounding slack
-    crude = Q._cubic_crude(G, clean, Q._Spreads(G, P, clean))
+    crude = cubic_crude(G, clean, spreads)
     assert (crude * (1 + 1e-5) + form.slack >= form.value()).all(), (crude, form.value())
     for spread, third in ((spreads.certified, form.value()), (spreads.above, form.upper)):
-        shared = Q._shared_value(layer, rows, spread, rr, cv)
+        shared = shared_value(layer, rows, spread, rr, cv)
         for pair in pairs:
             for how in (Estimate.CERTIFIED, Estimate.ABOVE):  # the value side's q part, both ways
                 apart, paired = cubic(spread, shared, third.clamp_min(0).sqrt(), value3, pair, how)
@@ -393,12 +395,12 @@ def test_a_probabilistic_pair_is_sound_and_in_every_ledger_it_bounds(case, monke
     seed = int(1000 * w + 10 * n + d)
     layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
     X = _case(n, d, h, w, xn, seed)
-    checked = quadratic_remainder(layer, X, r, {})
+    checked = quadratic_remainder(layer, X, r, FormCache())
     monkeypatch.setattr(bounds.forms, "PAIR_PROBABILISTIC_ABOVE", 0)
-    cache = {}
+    cache = FormCache()
     book = Ledger()
     ours = quadratic_remainder(layer, X, r, cache, ledger=book)
-    pairs = len(cache["pairs"])
+    pairs = len(cache.forms.pairs)
     assert pairs >= 1  # these cases certify a pair: the test tests one
     assert [(e.certificate.kind, e.certificate.p, e.reused) for e in book.entries] == \
         [("probabilistic", DEFAULT_P, False)] * pairs
@@ -422,11 +424,11 @@ def test_what_is_left_uncertified_costs_at_most_its_slack(case, monkeypatch):
     seed = int(1000 * w + 10 * n + d)
     layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
     X = _case(n, d, h, w, xn, seed)
-    chosen = R.quadratic_remainder(layer, X, r, cache={})
+    chosen = R.quadratic_remainder(layer, X, r, cache=FormCache())
     allowed = (1 + Q.SPREAD_SLACK) * (1 + Q.TERM_SLACK) ** 2 * (1 + 1e-9)
     monkeypatch.setattr(Q, "SPREAD_SLACK", 0.0)
     monkeypatch.setattr(Q, "TERM_SLACK", 0.0)
-    every = R.quadratic_remainder(layer, X, r, cache={})
+    every = R.quadratic_remainder(layer, X, r, cache=FormCache())
     assert torch.isfinite(every).all()
     assert (chosen <= every * allowed).all(), (chosen, every)
     assert (every <= chosen * (1 + 1e-5)).all(), (chosen, every)
@@ -525,7 +527,7 @@ def test_the_spreads_by_monotonicity_above_and_their_estimates_below(case):
     X = _case(n, d, h, w, xn, seed)
     G, P = logit_gram(layer, X)
     Lambda, vector = weighted_spread(G, P, vector=True)
-    spreads = Q._Spreads(G, P, {"Lambda": Lambda, "spread_vector": vector})
+    spreads = Spreads(G, P, Lambda, vector)
     gen = torch.Generator().manual_seed(seed)
     for shape in ((2, h, n), (2, h, n, n)):
         for k in range(4):

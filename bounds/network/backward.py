@@ -3,6 +3,8 @@ tokens, by one pass back through the logged stages to the pixels."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from torch import Tensor
 
@@ -17,24 +19,34 @@ from .stages.project import ProjectRecord
 STAGES = (AttentionRecord, FFNRecord, NormRecord, ProjectRecord, ScaleRecord)
 
 
+@dataclass
+class Losses:
+    """What a backward bound loses where, each [B, C]: its first order, its kinks (net of the
+    relaxations' offsets) and each stage's remainder by its source's name (the diagnostics where
+    this bound is the better)."""
+
+    first_order: Tensor | None = None
+    kinks: Tensor | None = None
+    remainders: dict[str, Tensor] = field(default_factory=dict)
+
+
 def backward(log: list, Lam: Tensor, embed: Tensor, eps: float,
-             split: dict[str, Tensor] | None = None,
+             losses: Losses | None = None,
              alphas: dict[int, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """Lower bounds of ⟨Λ_j, Δ_N⟩ for C functionals Λ [B, C, n, d] on the last tokens, by one pass
     back through the stages of ``log`` (docs/bounds.md §5.1, "the backward pass"): every smooth stage
     by its exact Jacobian (transposed) with its remainder charged at its own coefficients, every
     kink by its relaxation's slopes on the ranges of the forward set (each record's ``step``:
     :mod:`bounds.network.record`). Returns (bounds [B, C], the sum
-    of the magnitudes of their terms, for the rounding slack); ``split`` (a dict) receives what the
-    bound loses where: ``first_order``, ``kinks`` (net of the relaxations' offsets) and each stage's
-    remainder by its source's name, each [B, C] (the diagnostics where this bound is the better).
+    of the magnitudes of their terms, for the rounding slack); ``losses`` (a :class:`Losses`, empty at
+    first) receives what the bound loses where.
     ``alphas``: the ReLUs' lower slopes of the records at these indices of ``log``, in place of
     CROWN's (:mod:`bounds.network.slopes`); any values in [0, 1] give a sound bound."""
     B, C = Lam.shape[:2]
     const = Lam.new_zeros(B, C)
     mag = Lam.new_zeros(B, C)
-    if split is not None:
-        split["kinks"] = Lam.new_zeros(B, C)
+    if losses is not None:
+        losses.kinks = Lam.new_zeros(B, C)
     skips: list[Tensor] = []  # the functionals on a residual's input, from its join to its fork
     for at in range(len(log) - 1, -1, -1):
         rec = log[at]
@@ -55,12 +67,12 @@ def backward(log: list, Lam: Tensor, embed: Tensor, eps: float,
             const, mag = const + step.gain, mag + step.offsets
         else:
             const, mag = const + step.gain - step.charge, mag + step.offsets + step.charge
-        if split is not None:
-            split["kinks"] = split["kinks"] - step.gain
+        if losses is not None:
+            losses.kinks = losses.kinks - step.gain
             if step.charge is not None:
-                split[rec.name] = step.charge
+                losses.remainders[rec.name] = step.charge
     first = eps * torch.einsum("bcnd,ndp->bcp", Lam, embed).norm(dim=-1)
-    if split is not None:
-        split["first_order"] = first
+    if losses is not None:
+        losses.first_order = first
     return const - first, mag + first
 

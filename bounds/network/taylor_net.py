@@ -54,7 +54,7 @@ from models.vit import TokenBatchNorm, ViT
 
 from ..certificates import Certificate, Ledger
 from ..norms import gram_norm
-from .backward import backward
+from .backward import Losses, backward
 from .constants import NetConstants, net_constants
 from .propagated import check_stages
 from .record import Fork, Join
@@ -66,6 +66,8 @@ from .stages.attention import (
     NEGLIGIBLE,
     NORM_J,
     SPLITS,
+    AttentionCache,
+    AttentionParts,
     attention,
     attention_parts,
     delta1_transpose,
@@ -81,7 +83,8 @@ from .stages.project import FRAME_KAPPA, SAFE, error_frame, project
 from .zonotope import DeviationSet
 
 __all__ = ["BEST", "BEST_OF", "DENSE_J", "FRAME_KAPPA", "HOPELESS", "NEGLIGIBLE", "NORM_J", "REFINE_LIMIT",
-           "SAFE", "SPLITS", "Diagnostics", "Mapped", "NetCertificate", "TaylorNet",
+           "SAFE", "SPLITS", "AttentionCache", "AttentionParts", "Diagnostics", "Mapped", "NetCertificate",
+           "TaylorNet",
            "attention", "attention_parts", "backward", "delta1_transpose", "error_frame", "ffn", "hopeless",
            "jacobian_apply", "jacobian_bound", "project", "relu_bounds", "sparse_apply", "transpose_apply"]
 
@@ -259,7 +262,7 @@ class TaylorNet:
         self.embed_norm, self.patch, self.span = const.embed_norm, const.patch, const.span
         # per block and batch slice, the remainder's parts that depend on the clean tokens alone
         # (two eigenproblems of four): computed at the first ε that needs them, reused at the others
-        self.clean_parts: dict[tuple, dict] = {}
+        self.clean_parts: dict[tuple, AttentionCache] = {}
         # the certificates of the remainders' norms (a probabilistic value pair on a wide layer)
         self.ledger = Ledger()
         self.done: dict[tuple[float, str], NetCertificate] = {}  # the certificates made, per (ε, split)
@@ -415,7 +418,7 @@ class TaylorNet:
             # the quadratic form of the remainder costs h·n²-wide eigenproblems: the second pass only
             S = attention(S, self.layers[k], self.inputs[k][images], k, log, split,
                           quadratic=refine is not None,
-                          cache=self.clean_parts.setdefault((k, *_key(images)), {}), eps=eps,
+                          cache=self.clean_parts.setdefault((k, *_key(images)), AttentionCache()), eps=eps,
                           ledger=self.ledger)
             out.append((f"attention{k}", S, None))
             last = k == len(self.net.blocks) - 1
@@ -438,7 +441,7 @@ class TaylorNet:
         out.append((f"norm{k}", S1, s))
         branch = attention(S1, self.layers[k], self.inputs[k][images], k, log, split,
                            quadratic=refine is not None,
-                           cache=self.clean_parts.setdefault((k, *_key(images)), {}), eps=eps,
+                           cache=self.clean_parts.setdefault((k, *_key(images)), AttentionCache()), eps=eps,
                            ledger=self.ledger)
         mark(Join())
         S = S.plus(branch)
@@ -530,11 +533,11 @@ class TaylorNet:
         slack = ROUND * (own.abs() + logits_j.abs() + first + kinks + shift.abs() + balls.sum(-1))
         # the backward pass over the same ranges: CROWN's slopes per sign, remainders at their own
         # coefficients; each margin takes the better of the two sound bounds
-        split: dict[str, Tensor] = {}
+        losses = Losses()
         Lam = rows[:, :, None, :].expand(-1, -1, n, -1)
         if N != n:  # the class token's functional, zero at every other token
             Lam = torch.cat([Lam, Lam.new_zeros(*Lam.shape[:2], N - n, Lam.shape[-1])], 2)
-        back, mag = backward(log, Lam, self.embed, eps, split)
+        back, mag = backward(log, Lam, self.embed, eps, losses)
         if optimize:  # the slopes tuned: each margin the better of the two (the diagnostics CROWN's)
             tuned, tuned_mag = optimized_backward(log, Lam, self.embed, eps, ROUND)
             take = tuned - ROUND * tuned_mag > back - ROUND * mag
@@ -554,9 +557,9 @@ class TaylorNet:
         take = lambda b, f: pick(torch.where(better, b, f))
         zero = torch.zeros_like(lower)
         forward = {s: balls[..., i] for i, s in enumerate(names)}
-        sources = dict.fromkeys([*names, *(k for k in split if k not in ("first_order", "kinks"))])
-        diag = Diagnostics(pick(margins), take(split["first_order"], first),
-                           take(split["kinks"], kinks - shift),
-                           {s: take(split.get(s, zero), forward.get(s, zero)) for s in sources},
+        sources = dict.fromkeys([*names, *losses.remainders])
+        diag = Diagnostics(pick(margins), take(losses.first_order, first),
+                           take(losses.kinks, kinks - shift),
+                           {s: take(losses.remainders.get(s, zero), forward.get(s, zero)) for s in sources},
                            unstable, straddling, pick(better))
         return torch.full_like(logits, math.inf).scatter(-1, others, lower), ok, certified, diag

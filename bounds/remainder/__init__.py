@@ -31,7 +31,7 @@ from ..forms import (
     nan_inf,
 )
 from ..lofast import xi
-from .quadratic import quadratic_remainder
+from .quadratic import FormCache, quadratic_remainder
 from .row_bounds import (
     ROUND_ABS,
     first_order_remainder,
@@ -41,6 +41,7 @@ from .row_bounds import (
 )
 
 __all__ = [
+    "FormCache",
     "first_order_remainder",
     "global_remainder",
     "local_remainder",
@@ -51,7 +52,7 @@ __all__ = [
 
 
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
-              quadratic: bool | None = None, cache: dict | None = None,
+              quadratic: bool | None = None, cache: FormCache | None = None,
               negligible: Tensor | None = None, enough: Tensor | None = None, *,
               ledger: Ledger | None = None) -> Tensor:
     """A certified bound of ‖F(X+Γ) − F(X) − J_F(X)[Γ]‖_F over ‖Γ‖_F ≤ r, [B]: each head's share by

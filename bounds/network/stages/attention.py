@@ -6,7 +6,7 @@ the backward pass."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -17,7 +17,7 @@ from models.structured import dot_jacobian
 from ...certificates import Ledger
 from ...lofast import delta2_xi, xi
 from ...norms import gram_norm
-from ...remainder import remainder
+from ...remainder import FormCache, remainder
 from ..record import Step
 from ..zonotope import DeviationSet, box_norms
 
@@ -52,14 +52,14 @@ BEST = "best"
 BEST_OF = ("taylor", "lofast_half")
 
 
-def logit_change(S: DeviationSet, layer: DotMHA, parts: dict[str, Tensor], eps: float) -> Tensor:
+def logit_change(S: DeviationSet, layer: DotMHA, parts: AttentionParts, eps: float) -> Tensor:
     """An upper bound of ‖Γ W^Q_l K_lᵀ + Q_l (Γ W^K_l)ᵀ‖_F over the deviations Γ of the set ``S`` at the
     clean point ``parts`` (:func:`attention_parts`, with ``xi``: ξ_l), per head [B, h] (docs/bounds.md
     §5.1, "Attention's logits on the set"): the linear logit map L_l applied to each part, ‖L(c)‖ +
     ε‖L(G)‖₂ + max over the box of ‖L(A)ζ‖ + the groups' ‖L(Q_j)‖_F under their budget + ξ_l Σρ for E.
     The remainder's ξ_l·r bounds the same over the whole ball of radius r; the set is often far smaller
     in the directions the logits read."""
-    Q, K = parts["Q"], parts["K"]  # [B, h, n, e], biases included
+    Q, K = parts.Q, parts.K  # [B, h, n, e], biases included
 
     def L(T: Tensor) -> Tensor:  # T [B, n, d, *cols] → [B, h, n, n, *cols], one contraction at a time
         TQ = torch.einsum("bnd...,hde->bhne...", T, layer.W_q)
@@ -80,7 +80,7 @@ def logit_change(S: DeviationSet, layer: DotMHA, parts: dict[str, Tensor], eps: 
         grouped = torch.stack([S.grouped(groups[:, i]) for i in range(h)], 1)
     else:
         grouped = torch.zeros_like(shift)
-    ball = parts["xi"] * S.ball()[:, None]
+    ball = parts.xi * S.ball()[:, None]
     if S.W is not None and S.W.shape[-1]:  # E as columns: ‖L(W)‖₂ per head where it is smaller
         LW = L(S.W).reshape(B, h, n * n, -1)
         ball = torch.minimum(ball, gram_norm(LW @ LW.mT if n * n <= LW.shape[-1] else LW.mT @ LW))
@@ -90,14 +90,14 @@ def logit_change(S: DeviationSet, layer: DotMHA, parts: dict[str, Tensor], eps: 
 
 def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | None = None,
               split: str = "taylor", quadratic: bool | None = None,
-              cache: dict | None = None, eps: float | None = None,
+              cache: AttentionCache | None = None, eps: float | None = None,
               ledger: Ledger | None = None) -> DeviationSet:
     """Attention at its clean input X [B, n, d]: Δ ↦ J[Δ] + R(Δ) with J the exact Jacobian
     (:func:`jacobian_apply`) and ‖R‖_F ≤ the Taylor remainder of docs/bounds.md §2.3 at the set's
     radius (or, with ``split`` lofast, LoFAST's Δ₁ and δ₂); E's radii and the route grow by
     :func:`jacobian_bound`. ``quadratic`` as in ``bounds.remainder.remainder`` (the second pass asks
     for the quadratic form, docs/bounds.md §2.3.2); ``cache`` keeps its parts that depend on X alone
-    (``bounds.remainder.quadratic.quadratic_remainder``); ``ledger`` records the certificates of the
+    (:class:`AttentionCache`); ``ledger`` records the certificates of the
     remainder's norms."""
     r = S.route  # the radius LayerProject left (bounds.network.zonotope.DeviationSet.radius)
     parts = attention_parts(layer, X)
@@ -114,22 +114,23 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
         else:
             out = S.mixed(lambda T: jacobian_apply(layer, parts, T),
                           lambda g, t: sparse_apply(layer, parts, g, t))
-        parts["xi"] = xi(layer, X)  # ξ_l: the remainder's core and the Jacobian bound's, formed once
+        parts.xi = xi(layer, X)  # ξ_l: the remainder's core and the Jacobian bound's, formed once
     # for the norm alone between DENSE_J and NORM_J (the pass still applies the operator)
     dense = J if J is not None or split != "taylor" or N > NORM_J else dot_jacobian(layer, X)
     if split == "taylor" and cache is not None:  # of the clean input alone: once per image and block
-        if "jacobian_bound" not in cache:  # (its Gram's eigenvalue is ≈ 1 s at n·d = 2048)
-            cache["jacobian_bound"] = jacobian_bound(layer, X, parts, dense)
-        bound = cache["jacobian_bound"]
+        if cache.jacobian_bound is None:  # (its Gram's eigenvalue is ≈ 1 s at n·d = 2048)
+            cache.jacobian_bound = jacobian_bound(layer, X, parts, dense)
+        bound = cache.jacobian_bound
     else:
         bound = jacobian_bound(layer, X, parts, dense, logits=split == "taylor")
     if split == "taylor":
-        core = parts["xi"]
+        core = parts.xi
         if eps is not None:  # ξ_l·r bounds the linear logit change over the ball; the set's own is smaller
             on_set = logit_change(S, layer, parts, eps) / r.clamp_min(torch.finfo(r.dtype).tiny)[:, None]
             core = torch.minimum(core, on_set)
-        rest = remainder(layer, X, r, core=core, quadratic=quadratic, cache=cache,
-                         enough=NEGLIGIBLE * bound * r, ledger=ledger)
+        rest = remainder(layer, X, r, core=core, quadratic=quadratic,
+                         cache=None if cache is None else cache.forms, enough=NEGLIGIBLE * bound * r,
+                         ledger=ledger)
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
                   tok=_mix_tokens(layer, parts, dense, S.tok, split))
     if log is not None:
@@ -137,7 +138,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     return out.add_ball(f"attention{k}", rest)
 
 
-def _mix_tokens(layer: DotMHA, parts: dict[str, Tensor], J: Tensor | None, tok: Tensor | None,
+def _mix_tokens(layer: DotMHA, parts: AttentionParts, J: Tensor | None, tok: Tensor | None,
                 split: str) -> Tensor | None:
     """E's per-token bounds after attention's linear part, [B, n]: ‖(ME)_t‖ ≤ Σ_s ‖M_ts‖ ‖E_s‖ with
     M_ts the d×d block of the linear part from token s to token t, ‖M_ts‖₂ ≤ ‖M_ts‖_F for the dense
@@ -149,21 +150,43 @@ def _mix_tokens(layer: DotMHA, parts: dict[str, Tensor], J: Tensor | None, tok: 
     if split == "taylor":
         blocks = J.reshape(B, n, -1, n, J.shape[-1] // n).square().sum((2, 4)).sqrt()
     else:
-        blocks = torch.einsum("bhts,h->bts", parts["P"], layer.C_norm())
+        blocks = torch.einsum("bhts,h->bts", parts.P, layer.C_norm())
         blocks = blocks + layer.H_norm * torch.eye(n, dtype=tok.dtype, device=tok.device)
     return torch.einsum("bts,bs->bt", blocks, tok) * (1 + 1e-12)  # the sums' own rounding
 
 
-def attention_parts(layer: DotMHA, X: Tensor) -> dict[str, Tensor]:
-    """What J_F(X) is made of, per head: P, the queries and keys (biases included), X W^V, and the
-    weights stacked for one product ([W^Q | W^K | W^V] as [d, 3·h·d_h], W^O as [h·d_h, d])."""
+@dataclass
+class AttentionParts:
+    """What J_F(X) is made of, per head: P [B, h, n, n], the queries and keys (biases included) and
+    X W^V [B, h, n, d_h] each, and the weights stacked for one product ([W^Q | W^K | W^V] as
+    [d, 3·h·d_h], W^O as [h·d_h, d]); ``xi`` the ξ_l [B, h] where :func:`attention` formed it."""
+
+    P: Tensor
+    Q: Tensor
+    K: Tensor
+    V: Tensor
+    W: Tensor
+    W_o: Tensor
+    xi: Tensor | None = None
+
+
+def attention_parts(layer: DotMHA, X: Tensor) -> AttentionParts:
+    """The :class:`AttentionParts` of ``layer`` at X."""
     Q, K = layer.queries_keys(X)
     stacked, W_o = layer.stacked_weights()
-    return {"P": layer.attention(X), "Q": Q, "K": K, "V": torch.einsum("bnd,hde->bhne", X, layer.W_v),
-            "W": stacked, "W_o": W_o}
+    return AttentionParts(layer.attention(X), Q, K, torch.einsum("bnd,hde->bhne", X, layer.W_v), stacked, W_o)
 
 
-def jacobian_apply(layer: DotMHA, parts: dict[str, Tensor], T: Tensor, logits: bool = True) -> Tensor:
+@dataclass
+class AttentionCache:
+    """What :func:`attention` keeps of one block's clean input for every ε: its Jacobian's bound and
+    the remainder's clean forms (bounds.remainder.FormCache). Pass the same (empty at first)."""
+
+    jacobian_bound: Tensor | None = None
+    forms: FormCache = field(default_factory=FormCache)
+
+
+def jacobian_apply(layer: DotMHA, parts: AttentionParts, T: Tensor, logits: bool = True) -> Tensor:
     """J_F(X)[Γ] for K directions Γ at once, stored as columns: T [B, n, d, K] → [B, n, d, K]
     (docs/bounds.md §2.3): ``HΓ + Σ_l (P_l Γ W^V_l + dP_l[Γ] X W^V_l) W^O_l``, dP_l[Γ] row i
     = (diag p_i − p_i p_iᵀ) dS_i, dS_l = (Γ W^Q_l K_lᵀ + Q_l (Γ W^K_l)ᵀ)/√d_h. A value bias cancels
@@ -174,8 +197,8 @@ def jacobian_apply(layer: DotMHA, parts: dict[str, Tensor], T: Tensor, logits: b
     at P_l(X)): ``HΓ + Σ_l P_l Γ C_l``."""
     B, n, _, K = T.shape
     h, e = layer.h, layer.d_h
-    P, Qx, Kx, V = parts["P"], parts["Q"], parts["K"], parts["V"]  # [B, h, n, n], [B, h, n, e] ×3
-    W = parts["W"] if logits else parts["W"][:, 2 * h * e:]  # [W^Q | W^K | W^V], or W^V alone
+    P, Qx, Kx, V = parts.P, parts.Q, parts.K, parts.V  # [B, h, n, n], [B, h, n, e] ×3
+    W = parts.W if logits else parts.W[:, 2 * h * e:]  # [W^Q | W^K | W^V], or W^V alone
     moved = (W.mT @ T).reshape(B, n, -1, h, e, K)  # per token [3he, d] @ [d, K]
     # P_l (Γ W^V): P [n, n] on every direction's [n, e]
     dV = moved[:, :, -1].permute(0, 2, 1, 3, 4)  # [B, h, n, e, K]
@@ -183,11 +206,11 @@ def jacobian_apply(layer: DotMHA, parts: dict[str, Tensor], T: Tensor, logits: b
     if logits:
         dQ, dK = (moved[:, :, i].permute(0, 2, 1, 3, 4) for i in range(2))
         out = out + _logit_part(P, Qx, Kx, V, dQ, dK)
-    out = parts["W_o"].mT @ out.permute(0, 2, 1, 3, 4).reshape(B, n, h * e, K)
+    out = parts.W_o.mT @ out.permute(0, 2, 1, 3, 4).reshape(B, n, h * e, K)
     return out + layer.H_norm * T if layer.H_norm else out
 
 
-def sparse_apply(layer: DotMHA, parts: dict[str, Tensor], gamma: Tensor, tokens: Tensor,
+def sparse_apply(layer: DotMHA, parts: AttentionParts, gamma: Tensor, tokens: Tensor,
                  logits: bool = True) -> Tensor:
     """J_F(X)[Γ] for K directions that each move one token: Γ_k = e_t γ_kᵀ with t = tokens[:, k] and
     γ = gamma [B, d, K]; returns [B, n, d, K] as :func:`jacobian_apply` does (docs/bounds.md §5.1,
@@ -200,7 +223,7 @@ def sparse_apply(layer: DotMHA, parts: dict[str, Tensor], gamma: Tensor, tokens:
     O(h(n d d_h + n² d_h) + n d²) a direction: the pixels' directions, a ReLU's symbol and a
     LayerProject error are in one token until attention mixes them. Without ``logits``, Δ₁: the first
     term's γᵀC_l alone."""
-    P, V = parts["P"], parts["V"]  # [B, h, n, n], [B, h, n, e]
+    P, V = parts.P, parts.V  # [B, h, n, n], [B, h, n, e]
     B, h, n, _ = P.shape
     K = tokens.shape[1]
     Pt = P.gather(-1, tokens[:, None, None, :].expand(B, h, n, K))  # [B, h, i, k]: p_it
@@ -213,8 +236,8 @@ def sparse_apply(layer: DotMHA, parts: dict[str, Tensor], gamma: Tensor, tokens:
         out.addcmul_(Pt[:, head, :, None, :], CT[:, head, None])
     if logits:
         root = math.sqrt(layer.d_h)
-        q = (parts["Q"] @ layer.W_k.mT / root) @ gamma[:, None]  # [B, h, i, k]: q_i·γ
-        u = (parts["K"] @ layer.W_q.mT / root) @ gamma[:, None]  # [B, h, j, k]: u_j·γ
+        q = (parts.Q @ layer.W_k.mT / root) @ gamma[:, None]  # [B, h, i, k]: q_i·γ
+        u = (parts.K @ layer.W_q.mT / root) @ gamma[:, None]  # [B, h, j, k]: u_j·γ
         Y = V @ layer.W_o  # [B, h, n, d]
         Ybar = P @ Y  # v̄ W^O = P_l (V W^O)
         rows = lambda M: M.gather(2, tokens[:, None, :, None].expand(B, h, K, M.shape[-1]))  # rows t
@@ -242,17 +265,17 @@ def _logit_part(P: Tensor, Qx: Tensor, Kx: Tensor, V: Tensor, dQ: Tensor, dK: Te
     return V.mT[:, :, None] @ dP  # Σ_j (X W^V_l)_je dP_ijk
 
 
-def jacobian_bound(layer: DotMHA, X: Tensor, parts: dict[str, Tensor], J: Tensor | None = None,
+def jacobian_bound(layer: DotMHA, X: Tensor, parts: AttentionParts, J: Tensor | None = None,
                    logits: bool = True) -> Tensor:
     """A deterministic upper bound of ‖J_F(X)‖ from exact factors (and, given the dense J, the smaller
     of that and (‖J‖₁‖J‖_∞)^½), [B]:
     ``‖H‖ + Σ_l ‖P_l‖‖C_l‖ + Σ_l ½ ξ_l ‖X C_l‖/√d_h`` (‖P_l Γ C_l‖_F ≤ ‖P_l‖‖Γ‖_F‖C_l‖; softmax's Jacobian
-    is ½-bounded row by row, §2.2, so ‖dP_l[Γ]‖_F ≤ ½‖dS_l‖_F ≤ ½ξ_l‖Γ‖_F/√d_h). ξ_l is ``parts["xi"]``
+    is ½-bounded row by row, §2.2, so ‖dP_l[Γ]‖_F ≤ ½‖dS_l‖_F ≤ ½ξ_l‖Γ‖_F/√d_h). ξ_l is ``parts.xi``
     where :func:`attention` formed it."""
-    P = gram_norm(parts["P"].mT @ parts["P"])  # [B, h]
+    P = gram_norm(parts.P.mT @ parts.P)  # [B, h]
     bound = layer.H_norm + (P * layer.C_norm()).sum(-1)  # ≥ ‖Δ₁‖ (LoFAST eq. 12), all of it without logits
     if logits:
-        core = parts["xi"] if "xi" in parts else xi(layer, X)
+        core = parts.xi if parts.xi is not None else xi(layer, X)
         bound = bound + (0.5 * core * layer.XC_norm(X)).sum(-1) / math.sqrt(layer.d_h)
     if J is not None:  # the sum above is loose on saturated heads; (‖J‖₁‖J‖_∞)^½ ≥ ‖J‖₂ is not, and
         # ‖J‖₂ itself is its Gram's top eigenvalue (§2.4, exact)
@@ -264,7 +287,7 @@ def jacobian_bound(layer: DotMHA, X: Tensor, parts: dict[str, Tensor], J: Tensor
 
 
 def transpose_apply(layer: DotMHA, X: Tensor, J: Tensor | None, Lam: Tensor,
-                    parts: dict[str, Tensor] | None = None) -> Tensor:
+                    parts: AttentionParts | None = None) -> Tensor:
     """J_F(X)ᵀΛ for Λ [B, C, n, d]: with the dense J where it was formed, else in closed form
     (docs/bounds.md §5.1): with Y_l = ΛW^O_lᵀ, Z_l = Y_l V_lᵀ (V_l = X W^V_l) and G_l row i
     = (diag p_i − p_i p_iᵀ) Z_l[i],
@@ -272,24 +295,24 @@ def transpose_apply(layer: DotMHA, X: Tensor, J: Tensor | None, Lam: Tensor,
     if J is not None:
         return (Lam.flatten(2) @ J).reshape(Lam.shape)
     parts = attention_parts(layer, X) if parts is None else parts
-    P, Qx, Kx, V = (parts[k][:, None] for k in ("P", "Q", "K", "V"))  # [B, 1, h, n, ·]
+    P, Qx, Kx, V = (t[:, None] for t in (parts.P, parts.Q, parts.K, parts.V))  # [B, 1, h, n, ·]
     B, C, n, _ = Lam.shape
     h, e = layer.h, layer.d_h
-    Y = (Lam @ parts["W_o"].mT).reshape(B, C, n, h, e).transpose(2, 3)  # [B, C, h, n, e]: Λ W^O_lᵀ
+    Y = (Lam @ parts.W_o.mT).reshape(B, C, n, h, e).transpose(2, 3)  # [B, C, h, n, e]: Λ W^O_lᵀ
     Z = Y @ V.mT  # [B, C, h, n, n]
     G = P * (Z - (P * Z).sum(-1, keepdim=True))
     root = math.sqrt(e)
     # the coefficients of Γ W^Q, Γ W^K and Γ W^V, through every head's weights in one product
     # ([W^Q | W^K | W^V] stacked as [d, 3·h·d_h], attention_parts)
     coef = torch.stack([G @ Kx / root, G.mT @ Qx / root, P.mT @ Y], 2)  # [B, C, 3, h, n, e]
-    out = coef.permute(0, 1, 4, 2, 3, 5).reshape(B, C, n, 3 * h * e) @ parts["W"].mT
+    out = coef.permute(0, 1, 4, 2, 3, 5).reshape(B, C, n, 3 * h * e) @ parts.W.mT
     return out + layer.H_norm * Lam if layer.H_norm else out
 
 
-def delta1_transpose(layer: DotMHA, parts: dict[str, Tensor], Lam: Tensor) -> Tensor:
+def delta1_transpose(layer: DotMHA, parts: AttentionParts, Lam: Tensor) -> Tensor:
     """Δ₁ᵀΛ = HΛ + Σ_l P_lᵀ Λ C_lᵀ for Λ [B, C, n, d] (LoFAST's linear part, attention frozen)."""
     Y = torch.einsum("bcnf,hef->bchne", Lam, layer.W_o)  # Λ W^O_lᵀ
-    Y = torch.einsum("bhkn,bchke->bchne", parts["P"], Y)  # P_lᵀ ·
+    Y = torch.einsum("bhkn,bchke->bchne", parts.P, Y)  # P_lᵀ ·
     out = torch.einsum("bchne,hde->bcnd", Y, layer.W_v)  # · W^V_lᵀ
     return out + layer.H_norm * Lam if layer.H_norm else out
 
@@ -305,7 +328,7 @@ class AttentionRecord:
     X: Tensor
     J: Tensor | None
     rho: Tensor
-    parts: dict
+    parts: AttentionParts
     split: str
 
     def step(self, Lam: Tensor) -> Step:
