@@ -33,15 +33,12 @@ import numpy as np
 import pandas as pd
 
 from bounds.certificates import CERTIFIED_KINDS
-from bounds.certificates import KINDS as CERTIFICATE_KINDS
 from bounds.registry import CASCADES, PLUGIN_SHA256, REGISTRY, TAYLOR_NETS
 from models import InputError
 
+from .schema import KINDS, NAMED, ROLES
+
 SOUND_RTOL = 1e-6  # a certified value below pgd·(1 − 1e-6) is a violation, never a rounding question
-ROLES = ("bound", "pgd", "timing", "block", "certify", "accuracy")
-NAMED = ("bound", "certify")  # the roles whose ``bound`` is a name of bounds/registry.py
-# bounds.certificates' kinds (relaxation: CROWN and α-CROWN), and ``attained`` for a PGD row
-KINDS = (*CERTIFICATE_KINDS, "attained")
 # one per sample of a network cell, repeated on each of its certify rows and on its pgd_margin row
 PER_SAMPLE = ["label", "correct", "margin", "pgd_margin", "pgd_broken"]
 CERTIFY_NEEDS = [*PER_SAMPLE, "certified_prop1", "certified_pairwise"]

@@ -29,29 +29,18 @@ from models import InputError
 from models.io import write_atomic
 
 from . import gate, whole
+from .schema import (
+    BOOLEAN,
+    KEY,
+    NUMERIC,
+    OPTIONAL_BOOLEAN,
+    OPTIONAL_NUMERIC,
+    REQUIRED,
+    SCHEMA_VERSION,
+)
 from .whole import MANIFEST
 
-# 2: rows carry ``role`` (bound, pgd, timing, block), ``certificate`` (how a value is known) and
-# ``finding`` (a published statement found unsound), and ``schema_version``; solver names say
-# Lanczos; run.json lists every cell; roles certify and accuracy, whose rows (and pgd_margin's) carry
-# the optional columns below (not yet released: extended without a bump); a plugin bound's rows carry
-# ``plugin_sha256`` (bench/sweep/rows.py PLUGIN_COLUMNS), absent from every other row, so that a table
-# without plugins reads as before
-SCHEMA_VERSION = 2
 TABLE = "results.csv"
-KEY = ["sweep", "cell_id", "role", "bound", "sample", "head", "block"]
-NUMERIC = ["value", "pgd", "ratio", "seconds", "sample", "head", "block", "certificate_p"]
-BOOLEAN = ["certified", "finding", "sound", "violation"]
-REQUIRED = [*KEY, "schema_version", "certificate", *BOOLEAN, *NUMERIC]
-# the network rows' columns (bench/sweep/rows.py CERTIFY_COLUMNS) and the pretrained study's
-# (PRETRAINED_COLUMNS; model_version is text), checked where a table has them; other
-# rows leave them empty, so their booleans are nullable
-OPTIONAL_NUMERIC = ["label", "margin", "pgd_margin", "attack_steps", "tokens", "radius", "peak_mib",
-                    "vit_depth", "vit_heads", "vit_d", "vit_c", "vit_qk", "vit_margin_eps",
-                    "vit_test_accuracy", "tn_first_order", "tn_kinks", "tn_attention", "tn_project",
-                    "tn_unstable", "tn_straddling"]
-OPTIONAL_BOOLEAN = ["correct", "certified_prop1", "certified_pairwise", "pgd_broken", "sent_to_crown",
-                    "tn_backward"]
 LOCK = ".lock"
 # what this suite writes for a missing number; pandas' longer default list would read a stray
 # "n/a" or "NULL" in a value column as a number and let it pass

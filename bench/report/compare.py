@@ -31,12 +31,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from bounds.certificates import KINDS
 from bounds.registry import unavailable
 from models import InputError
 
 from ..core.gate import derive, flag
-from ..core.store import KEY, atomic_write, load
+from ..core.schema import KEY, PLUGIN
+from ..core.schema import KINDS as STRENGTH  # strongest first
+from ..core.store import atomic_write, load
 
 MARKERS = {"x": "soundness violation", "+": "worse", "-": "better", "~": "estimate moved",
            "c": "certificate weaker", "!": "missing in NEW",
@@ -44,8 +45,6 @@ MARKERS = {"x": "soundness violation", "+": "worse", "-": "better", "~": "estima
            "p": "plugin file changed (another sha256): not compared"}
 # a network certify row's verdicts, one per test (docs/bounds.md §5): judged image by image
 VERDICTS = ("certified_pairwise", "certified_prop1")
-PLUGIN = "plugin_sha256"  # bench/sweep/rows.py PLUGIN_COLUMNS
-STRENGTH = (*KINDS, "attained")  # strongest first: bounds.certificates' kinds, then a PGD row's
 
 
 def absent_here() -> set[str]:

@@ -16,6 +16,8 @@ import pandas as pd
 
 import bounds
 
+from ..core.schema import KINDS
+
 PGD_LABEL = "PGD (lower bd.)"
 
 
@@ -231,8 +233,6 @@ def present(*traces: Trace | None) -> list[Trace]:
     return [t for t in traces if t is not None]
 
 
-# certificate kinds, strongest first (docs/bounds.md §2.4), then PGD's "attained" (a lower bound)
-KINDS = (*bounds.certificates.KINDS, "attained")
 
 
 def p_text(p: float) -> str:

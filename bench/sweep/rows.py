@@ -41,47 +41,15 @@ from bounds.certificates import Certificate
 from bounds.registry import PLUGIN_SHA256
 
 from ..core import gate
-from ..core.gate import ROLES, below_pgd, ratio, violation
+from ..core.gate import below_pgd, ratio, violation
+from ..core.schema import (
+    EXTRA_COLUMNS,
+    IMPORTED_COLUMNS,
+    PRETRAINED_COLUMNS,
+    ROLES,
+)
 from ..nets.accuracy import CertifyRun
 from .evaluate import Evaluation
-
-COLUMNS = ["role", "bound", "sample", "head", "block", "certified", "certificate", "certificate_p",
-           "certificate_seeds", "finding", "objective", "value", "pgd", "ratio", "sound", "violation",
-           "seconds", "pgd_seconds"]
-# taylor_net's diagnostics on its certify rows (docs/bounds.md §5.1), summed over the blocks; the
-# per-block split is in ``bench certify --json``
-DIAGNOSTICS = {"tn_first_order": "first-order loss ε‖Gᵀc‖ at the class closest to failing",
-               "tn_kinks": "loss to the relaxed kinks (ReLU neurons, straddling tokens) there",
-               "tn_attention": "attention's Taylor remainders there, every block",
-               "tn_project": "LayerProject's second-order remainders there, every block",
-               "tn_unstable": "ReLU neurons whose range contains 0, every block",
-               "tn_straddling": "tokens whose ball straddles LayerProject's sphere, every block",
-               "tn_backward": "the backward pass's bound was the better one at that class (the split "
-                              "above is then the backward pass's, else the forward set's)"}
-
-# the extra columns of network rows (certify, pgd_margin, accuracy); absent from other rows
-CERTIFY_COLUMNS = {"label": "the image's class", "correct": "classified correctly",
-                   "margin": "F_y − max_{j≠y} F_j at the clean image",
-                   "certified_prop1": "certified by LoFAST Proposition 1",
-                   "certified_pairwise": "certified by the pairwise-head test (ours)",
-                   "pgd_margin": "the smallest margin PGD found in the ball",
-                   "pgd_broken": "PGD found a point of the ball not classified as the label",
-                   "sent_to_crown": "a cascade row's image went on to CROWN (the first bound left it)",
-                   "attack_steps": "PGD steps of an accuracy row",
-                   "peak_mib": "peak memory of a timed computation of the cost task, MiB above its start"
-                   } | DIAGNOSTICS
-# the extra columns of the pretrained study's rows (docs/bounds.md §1.6); absent from other rows
-PRETRAINED_COLUMNS = {"model_version": "version of the model package (models/pretrained.py)",
-                      "tokens": "n, the sentence's tokens with [CLS] and [SEP]",
-                      "radius": "the absolute ε: the cell's relative eps × the median token norm"}
-# the extra columns of the imported layers' rows (task ``imported``, bench/sweep/tasks.py)
-IMPORTED_COLUMNS = {"radius": PRETRAINED_COLUMNS["radius"],
-                    "imported_node": "the attention's node in the imported graph (its manifest's 'node')"}
-# a plugin bound's rows (bound and certify): the sha256 of the plugin file that computed them
-# (docs/guide/plugins.md), so that compare never joins rows of a changed file with the old ones;
-# absent from every other row (a built-in bound's rows read as the committed baseline's)
-PLUGIN_COLUMNS = {"plugin_sha256": "sha256 of the plugin file that defined the bound"}
-EXTRA_COLUMNS = CERTIFY_COLUMNS | PRETRAINED_COLUMNS | IMPORTED_COLUMNS | PLUGIN_COLUMNS
 
 
 def _entries(values: Tensor) -> Iterator[tuple[int, int, float]]:
@@ -190,14 +158,6 @@ def network_rows(res: CertifyRun) -> list[dict]:
     rows += [row("pgd", "pgd_margin", i, per[i]["margin"] - per[i]["pgd_margin"], certificate="attained",
                  objective="margin", seconds=pgd_s, extra=per[i]) for i in range(n)]
     return rows + accuracy_rows(res.correct, res.pgd_broken[eps], None)
-
-
-# the trained network a model task ran on, from its card: the report's grid axes come from here
-MODEL_COLUMNS = {"vit_depth": "blocks", "vit_heads": "heads per block", "vit_d": "token width",
-                 "vit_c": "cap on per-head ‖W^V‖, ‖W^O‖ (NaN: none)",
-                 "vit_qk": "cap on per-head ‖W^Q‖, ‖W^K‖ (NaN: none)",
-                 "vit_margin_eps": "Lipschitz-margin training radius (0: cross-entropy)",
-                 "vit_test_accuracy": "clean accuracy over the whole test set (the card's)"}
 
 
 def with_model(rows: list[dict], card: dict) -> list[dict]:

@@ -1,5 +1,5 @@
 """The trained models' rows as the report reads them: the models' architecture (``vit_*`` columns,
-bench/sweep/rows.py ``MODEL_COLUMNS``), and per (model, ε, bound) how many test images a bound certified
+bench/core/schema.py ``MODEL_COLUMNS``), and per (model, ε, bound) how many test images a bound certified
 through the whole network (docs/bounds.md §5), with its 95 % Wilson score interval. The figures and
 tables drawn from these are in :mod:`bench.report.studies.certify_study` (LoFAST Fig. 2),
 :mod:`bench.report.studies.certify_tables` (its Tables 1 and 2) and
