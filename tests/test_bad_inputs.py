@@ -105,8 +105,8 @@ def test_point_refuses_a_value_that_overflows_after_the_work(files, tmp_path, ca
     """The net under the limits: an inf bound is never printed next to a finite PGD value."""
     real = bounds.evaluate_certified
 
-    def overflowing(bound, layer, X, eps):
-        v = real(bound, layer, X, eps)
+    def overflowing(bound, layer, X, eps, **options):
+        v = real(bound, layer, X, eps, **options)
         return type(v)(v.value * math.inf, v.certificate, v.reused_seconds)
 
     monkeypatch.setattr(bounds, "evaluate_certified", overflowing)
@@ -114,7 +114,7 @@ def test_point_refuses_a_value_that_overflows_after_the_work(files, tmp_path, ca
 
 
 def test_point_turns_a_linalg_failure_into_one_line(files, tmp_path, capsys, monkeypatch):
-    def failing(bound, layer, X, eps):
+    def failing(bound, layer, X, eps, **options):
         raise torch.linalg.LinAlgError("linalg.svd: The algorithm failed to converge")
 
     monkeypatch.setattr(bounds, "evaluate_certified", failing)

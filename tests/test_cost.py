@@ -8,10 +8,10 @@ import math
 import pandas as pd
 import torch
 
+from bench.core.schema import COLUMNS
 from bench.report.studies.cost_study import figure, table
 from bench.sweep.cases import Cell
 from bench.sweep.cost import COST_BOUNDS, PARTS, m_flops, matmul_rate, measure, zeta_flops
-from bench.core.schema import COLUMNS
 from bench.sweep.tasks import TASKS
 from models.operators import ZETA_GRAM_LIMIT
 

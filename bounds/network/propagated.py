@@ -31,7 +31,7 @@ from models import InputError
 from models.vit import ViT
 
 from ..base import Bound, propagate
-from ..certificates import Certificate, Ledger, NormCache
+from ..certificates import Certificate, Ledger, NormCache, book
 from ..norms import exact_norm
 from ..registry import TAYLOR_NETS, best_ingredients, every, get
 from ..taylor import TaylorOptions, sigma_J
@@ -177,7 +177,7 @@ class Certifier:
         seconds = time.perf_counter() - start + ledger.reused_seconds
         return radius * self.pool, ledger.certificate, seconds
 
-    def first_order_fails(self, r0: Tensor, ledger: Ledger) -> Tensor:
+    def first_order_fails(self, r0: Tensor, ledger: Ledger | None = None) -> Tensor:
         """[B] bool: the images that the pairwise test (which certifies all that Proposition 1 does)
         refuses even at δ_features = pool·L_N, with L_0 = ``r0`` and L_{k+1} = Lip(FFN_k)·min(σ̄_J,k·L_k,
         f(L_k) for every other ingredient f of ``best``). Taylor's radius at block k is σ̄_J,k·r_k plus a
@@ -186,6 +186,7 @@ class Certifier:
         their δ_features. One chain for both, so that the two skip the same images and share the
         forms computed for the others (the ledger's cache keys them by those images). σ̄_J and the
         ingredients' norms are those the bounds certify anyway, recorded in ``ledger``."""
+        ledger = book(ledger)
         low = r0
         for layer, X, lip in zip(self.layers, self.inputs, self.ffn, strict=True):
             step = sigma_J(layer, X, ledger=ledger) * low
