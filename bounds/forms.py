@@ -100,7 +100,7 @@ def top_eig(S: Tensor, vector: bool = False, start: Tensor | None = None) -> Ten
     return value.square(), x
 
 
-def _weighted(G: Tensor, P: Tensor, w: Tensor | None) -> tuple[Tensor, Tensor]:
+def weighted_gram(G: Tensor, P: Tensor, w: Tensor | None) -> tuple[Tensor, Tensor]:
     """(D, finite): D = diag(√(w p)) G diag(√(w p)) [B, D, D], zero where it is not finite."""
     B = P.shape[0]
     wp = P if w is None else P * (w if w.dim() == 4 else w[..., None])
@@ -126,7 +126,7 @@ def weighted_spread(G: Tensor, P: Tensor, w: Tensor | None = None,
     approximate top eigenvector [B, D] of D, a start for :func:`spread_estimate`."""
     # weights that overflowed (e^s at a saturating scale) bound nothing: +inf, never an eigensolver
     # failure; the other bounds of the remainder serve there
-    D, finite = _weighted(G, P, w)
+    D, finite = weighted_gram(G, P, w)
     top, x = top_eig(D, vector=True) if vector else (top_eig(D), None)
     # rounding: far below 1e-10 of ‖D‖_F ≥ λ_max
     top = top * (1 + ROUND_REL) + 1e-10 * D.flatten(1).norm(dim=-1)

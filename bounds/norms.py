@@ -76,7 +76,7 @@ def _unit_rows(v: Tensor) -> Tensor:
     return v / v.norm(dim=-1, keepdim=True).clamp_min(1e-300)
 
 
-def _reorthogonalise(w: Tensor, basis: Tensor) -> None:
+def reorthogonalise(w: Tensor, basis: Tensor) -> None:
     """w_b −= Q_bᵀ(Q_b w_b) in place for each batch element b of w [Bt, N], basis Q [Bt, j, N].
 
     Two matrix–vector products per element rather than two ``bmm`` over the batch: the same sums up
@@ -125,7 +125,7 @@ def lanczos_upper(A: Callable[[Tensor], Tensor], batch: tuple[int, ...], N: int,
             w = w - alpha[j][:, None] * q
             if j > 0:
                 w = w - beta[j - 1][:, None] * Q[:, j - 1]
-            _reorthogonalise(w, Q[:, : j + 1])
+            reorthogonalise(w, Q[:, : j + 1])
             steps = j + 1
             scale = torch.maximum(scale, alpha[j].abs())
             b = w.norm(dim=-1)
@@ -197,7 +197,7 @@ GUESS_RTOL = 1e-13
 ORTHO_TOL = 1e-10
 
 
-def _top_estimate(G: Tensor, rtol: float = GUESS_RTOL, vector: bool = False,
+def top_estimate(G: Tensor, rtol: float = GUESS_RTOL, vector: bool = False,
                   apply: Callable[[Tensor], Tensor] | None = None,
                   start: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """λ_max of each [Bt, D, D] symmetric G from below, to where rounding stops it: the top Ritz value
@@ -292,7 +292,7 @@ def verified_gram_norm(G: Tensor, tau: float = VERIFY_TAU, vector: bool = False,
     an eigendecomposition (docs/bounds.md §2.4, "deterministic"), and whether every element took
     the exact fallback.
 
-    A guess θ from below (:func:`_top_estimate`, its run stopped once it moves by ≤ τ/100) is raised
+    A guess θ from below (:func:`top_estimate`, its run stopped once it moves by ≤ τ/100) is raised
     to μ = θ(1 + τ), τ = ``tau`` (VERIFY_TAU by default; the remainder's forms take 1e-6,
     bounds.forms.FORM_TAU); if the floating-point
     Cholesky factorisation of Â = fl(μI − G) runs to completion, then Â + ΔA = R̂ᵀR̂ ⪰ 0 with
@@ -302,15 +302,15 @@ def verified_gram_norm(G: Tensor, tau: float = VERIFY_TAU, vector: bool = False,
     :func:`gram_norm`'s eigendecomposition instead. Cholesky costs D³/3 flops against the ≈ 4D³/3
     and the memory-bound tridiagonal reduction of ``eigvalsh``. ``vector``: a third item, the guess's
     Ritz vector [*batch, D] (an approximation, nothing certified rests on it). ``apply``: the guess's
-    products with G another way, ``start`` its first block (:func:`_top_estimate`), ``rtol`` where its
+    products with G another way, ``start`` its first block (:func:`top_estimate`), ``rtol`` where its
     run stops (default τ/100); the check is on G itself.
     """
     G = G.to(torch.float64)
     batch, D = G.shape[:-2], G.shape[-1]
     Gf = G.reshape(-1, D, D)
     rtol = max(GUESS_RTOL, tau / 100) if rtol is None else rtol
-    theta, x = (_top_estimate(Gf, rtol, vector=True, apply=apply, start=start) if vector
-                else (_top_estimate(Gf, rtol, apply=apply, start=start), None))
+    theta, x = (top_estimate(Gf, rtol, vector=True, apply=apply, start=start) if vector
+                else (top_estimate(Gf, rtol, apply=apply, start=start), None))
     top_diag = Gf.diagonal(dim1=-2, dim2=-1).abs().amax(-1)
     mu = theta.clamp_min(0) * (1 + tau) + tau * top_diag
     guessed = torch.isfinite(mu) & (mu > 0)

@@ -62,16 +62,16 @@ def taylor_remainder(layer: DotMHA, X: Tensor, eps, negligible: Tensor | None = 
     (``bounds.remainder.remainder``, docs/bounds.md §2.3–2.3.2); the global one's m_l takes the
     smaller of the certified ‖M_l‖ and ξ_l (both bound the linear logit change). ``negligible`` as in
     ``bounds.remainder.remainder`` (:class:`TaylorOptions`)."""
-    return remainder(layer, X, eps, _core(layer, X, ledger), negligible=negligible, ledger=ledger)
+    return remainder(layer, X, eps, remainder_core(layer, X, ledger), negligible=negligible, ledger=ledger)
 
 
 def taylor_remainder_global(layer: DotMHA, X: Tensor, eps, *, ledger: Ledger | None = None) -> Tensor:
     """The remainder of docs/bounds.md §2.3 alone (softmax's global constants), [B]: what ``taylor``
     paid before §2.3.1–2.3.2, kept to show what they buy."""
-    return global_remainder(layer, X, eps, _core(layer, X, ledger)).sum(-1)
+    return global_remainder(layer, X, eps, remainder_core(layer, X, ledger)).sum(-1)
 
 
-def _core(layer: DotMHA, X: Tensor, ledger: Ledger | None = None) -> Tensor:
+def remainder_core(layer: DotMHA, X: Tensor, ledger: Ledger | None = None) -> Tensor:
     return torch.minimum(m_norms(layer, X, ledger=ledger), xi(layer, X))
 
 

@@ -1,4 +1,4 @@
-"""Small transformers written with plain torch for tests/test_import.py, as third-party code would
+"""Small transformers written with plain torch for tests/models/test_import.py, as third-party code would
 write them (timm's fused qkv, BERT's separate projections, pre- and post-norm), and the variants the
 importer must refuse by name; ``dense`` computes an attention sub-layer from a module's own weights in
 float64, independently of the importer."""

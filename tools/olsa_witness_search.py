@@ -12,7 +12,7 @@ the layer's local Lipschitz constant there exceeds the theorem's constant for th
 The assumptions hold by construction: each weight is ``matrix_exp`` of a skew-symmetric matrix
 (orthogonal), w^S and X are normalised. The search is seeded and deterministic (float64, CPU, one
 thread); it prints the best ratio and the witness as Python literals (``repr`` of float64, so the
-values round-trip exactly) to paste into tests/test_findings.py.
+values round-trip exactly) to paste into tests/bounds/test_findings.py.
 
     python tools/olsa_witness_search.py [--restarts 12] [--steps 300] [--seed 0]
 """

@@ -164,7 +164,7 @@ def _run(args) -> int:
         table, violations = run_profile(profile, out, args.device, args.dtype, overrides, args.fresh,
                                         args.workers, args.scheduler)
     except Interrupted as e:  # Ctrl-C: the finished cells are kept, and the same run resumes them
-        print(f"interrupted: {e}; resume with: {_resume_command(args, e.out)}", file=sys.stderr)
+        print(f"interrupted: {e}; resume with: {resume_command(args, e.out)}", file=sys.stderr)
         return 130
     print(f"results: {table}")
     if violations:
@@ -182,7 +182,7 @@ def _report_dir(results: str) -> str:
     return str((path if path.is_dir() else path.parent) / "report")
 
 
-def _resume_command(args, out) -> str:
+def resume_command(args, out) -> str:
     """The ``run`` line that resumes an interrupted run: its options as parsed (so an abbreviated
     flag or ``--fresh``, which would discard the kept cells, does not come back), paths absolute."""
     from pathlib import Path

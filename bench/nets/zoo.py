@@ -44,7 +44,7 @@ class Entry(NamedTuple):
 # h=2 (7 models). The published recipe (logits uncapped, cross-entropy) at depth 2, h=2, c=0.5, for
 # contrast: it is as accurate and certifies nothing at ε ≥ 1e-3 (docs/bounds.md §5). Vanilla at
 # d=16 over depth {2,4} × heads {1,4} for the Cauchy rows; and a tiny model (2 epochs, a second or
-# two) that tests/test_vit.py retrains bit for bit.
+# two) that tests/models/test_vit.py retrains bit for bit.
 LOFAST = {"d": 32, "ffn": 64, "variant": "lofast", "ffn_constraint": 1.0}
 CERTIFIABLE = {**LOFAST, "qk_constraint": 1.0}
 MARGIN_EPS, CERTIFIABLE_EPOCHS = 0.003, 120
@@ -119,7 +119,7 @@ Lipschitz-margin logits at ε = E (`bench/nets/train.py: margin_loss`). Those en
 the certifiable digits zoo; `digits-d32-b2-h2-c0.5` is LoFAST's recipe (logits uncapped,
 cross-entropy), as accurate and certified at no ε ≥ 1e-3 (docs/bounds.md §5). `vanilla` models:
 pre-LayerNorm instead of LayerProject, nothing capped (for the Jacobian σ_max rows of the Cauchy
-view). `tiny-…` is a 2-epoch model that `tests/test_vit.py` retrains and compares bit for bit.
+view). `tiny-…` is a 2-epoch model that `tests/models/test_vit.py` retrains and compares bit for bit.
 
 Retrain everything (from the checkout's root; half an hour or more on one core, most of it Fashion-MNIST):
 `python -m bench train --zoo`. On the same machine and torch build the weights come out

@@ -41,7 +41,7 @@ MODEL_TASKS = ("certify", "certify_crown", "certify_alpha_crown", "crown_cascade
 # the layer tasks that also run on a trained model's first attention layer at real inputs (x = data)
 LAYER_TASKS = ("bounds", "lofast", "totals")
 PRETRAINED_LAYERS = 6  # all-MiniLM-L6-v2 (models/pretrained.py, which needs the extras to import)
-# its width and heads, for the rows of a pretrained cell (tests/test_pretrained_cells.py checks them
+# its width and heads, for the rows of a pretrained cell (tests/bench/test_pretrained_cells.py checks them
 # against the loaded model); n is the sentence's token count, stored in the ``tokens`` column
 PRETRAINED_SHAPE = {"d": 384, "h": 12}
 # a pretrained cell reads its layer and input from the model: these fields are not read, so a profile

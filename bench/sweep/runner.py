@@ -156,7 +156,7 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
                 remove_stale_temps(out)
                 _check_resume(out, want)
                 try:
-                    table = _run_cells(profile, out, run, want, device, dtype, cluster, device_arg)
+                    table = run_cells(profile, out, run, want, device, dtype, cluster, device_arg)
                 except KeyboardInterrupt:
                     shield()
                     remove_stale_temps(out)  # a write cut short; we hold the lock, so none is live
@@ -193,7 +193,7 @@ def _cluster(workers: int | None, scheduler: str | None):
     return cluster(workers, scheduler)
 
 
-def _run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: torch.device | None,
+def run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: torch.device | None,
                dtype: torch.dtype, cluster: Cluster | None = None, device_arg: str = "auto") -> Path:
     _, dirty = git_state()
     where = device_name(device) if device is not None else cluster.where

@@ -16,7 +16,7 @@ from ..certificates import Ledger
 FINDING = (
     "not a bound for ‖W^Q_l‖ > 1: the layer is quadratic in W^Q (A_l = W^Q_l W^Q_lᵀ/√d_h) but the "
     "formula is linear in ‖W^Q_l‖; with n = 1, d = d_h = 4, W^Q = 3I, W^V = W^O = I, H = 0 the layer "
-    "is F(x) = 4.5x while the formula gives 1.5 (docs/bounds.md §3.2; tests/test_findings.py)"
+    "is F(x) = 4.5x while the formula gives 1.5 (docs/bounds.md §3.2; tests/bounds/test_findings.py)"
 )
 
 

@@ -16,7 +16,7 @@ FINDING = (
     "fails at finite ε: a search over inputs and orthogonal weights finds σ_max(J)/Lip = 1.06 (n = 2, "
     "d = 4, h = 1, relu, α₁ = α₂ = 1, ‖X‖_F = 32, two nearly opposite tokens, attention ≈ ½–½), where "
     "the proof's softmax constant ¼ is below the true ½; the bound is 6% under the true change for ε "
-    "from 3e-4 to 3e-2 (docs/bounds.md §3.3; tests/test_findings.py)"
+    "from 3e-4 to 3e-2 (docs/bounds.md §3.3; tests/bounds/test_findings.py)"
 )
 
 

@@ -14,7 +14,7 @@ from ..certificates import Ledger
 FINDING = (
     "unsound for small inputs: its constant vanishes like (‖X‖_F + ε)², but at X = 0 the "
     "perturbation Γ = (ε/√N)·1·u₁ᵀ (u₁ the top left singular vector of H + C) keeps P uniform "
-    "and gives ‖F(Γ) − F(0)‖_F = ε‖H + C‖ (one head); tests/test_soundness.py holds the witness"
+    "and gives ‖F(Γ) − F(0)‖_F = ε‖H + C‖ (one head); tests/bounds/test_soundness.py holds the witness"
 )
 
 

@@ -55,7 +55,7 @@ class TracedViT(nn.Module):
     needs no shift here, as every projected token has norm ≤ R and the query and key weights of a
     certifiable zoo model are capped, so |logits| stays far from exp's overflow. Where they are not
     (``digits-d32-b2-h2-c0.5``, LoFAST's recipe) the relaxation overflows: its bounds are NaN or
-    auto_LiRPA cannot compute them, and they certify nothing (:func:`_lower`).
+    auto_LiRPA cannot compute them, and they certify nothing (:func:`crown_lower`).
     """
 
     def __init__(self, net: ViT):
@@ -179,7 +179,7 @@ class MarginVerification:
     seconds: float  # the whole batch, tracing included
 
 
-def _lower(bounded, xb, C: Tensor, method: str) -> Tensor:
+def crown_lower(bounded, xb, C: Tensor, method: str) -> Tensor:
     """auto_LiRPA's lower bounds of C·logits, or −inf where it cannot bound them. Two failures are
     auto_LiRPA's own, and mean "no bound", never a wrong one:
 
@@ -223,7 +223,7 @@ def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "cr
     """CROWN (``name`` = ``crown``) or α-CROWN (``alpha_crown``; auto_LiRPA's CROWN-Optimized,
     intersected with CROWN's bounds) on the margins of ``images`` [B, H, W] over ‖γ‖₂ ≤ ``eps``.
     A bound that is NaN (an overflow inside the relaxation) or that auto_LiRPA cannot compute
-    (:func:`_lower`) certifies nothing. A misclassified image is not sent to auto_LiRPA (its margin
+    (:func:`crown_lower`) certifies nothing. A misclassified image is not sent to auto_LiRPA (its margin
     is negative at the image itself, so no sound bound certifies it): its bounds are −∞, and the
     seconds are those of the others (CROWN takes ≈ 90 s an image on the Fashion-MNIST 3-block
     one-epoch model, which misclassifies 43 % of its test images)."""
@@ -246,9 +246,9 @@ def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "cr
             bounded = model.bounded(x.device, keep=METHODS[name] == "CROWN")
             xb = lirpa.BoundedTensor(x[at], PerturbationLpNorm(norm=2, eps=float(eps)))
             Ci = C[at]
-            lower = nan_as(_lower(bounded, xb, Ci, "CROWN"), -math.inf)
+            lower = nan_as(crown_lower(bounded, xb, Ci, "CROWN"), -math.inf)
             if METHODS[name] == "alpha-CROWN":
-                optimised = _lower(bounded, xb, Ci, "CROWN-Optimized")
+                optimised = crown_lower(bounded, xb, Ci, "CROWN-Optimized")
                 # said, so that CROWN's verdict is not read as α-CROWN's
                 if (nan_as(optimised, -math.inf) == -math.inf).all():
                     _note(f"note: α-CROWN could not bound {len(Ci)} image(s) at ε = {eps:g} (a relaxed "

@@ -181,11 +181,12 @@ class Certifier:
         """[B] bool: the images that the pairwise test (which certifies all that Proposition 1 does)
         refuses even at δ_features = pool·L_N, with L_0 = ``r0`` and L_{k+1} = Lip(FFN_k)·min(σ̄_J,k·L_k,
         f(L_k) for every other ingredient f of ``best``). Taylor's radius at block k is σ̄_J,k·r_k plus a
-        remainder ≥ 0, and each f is non-decreasing in the radius (tests/test_negligible.py), so by
-        induction both ``taylor``'s and ``best``'s radii stay ≥ L_k whatever the remainders, and so does
-        their δ_features. One chain for both, so that the two skip the same images and share the
-        forms computed for the others (the ledger's cache keys them by those images). σ̄_J and the
-        ingredients' norms are those the bounds certify anyway, recorded in ``ledger``."""
+        remainder ≥ 0, and each f is non-decreasing in the radius
+        (tests/bounds/network/test_negligible.py), so by induction both ``taylor``'s and ``best``'s
+        radii stay ≥ L_k whatever the remainders, and so does their δ_features. One chain for both,
+        so that the two skip the same images and share the forms computed for the others (the
+        ledger's cache keys them by those images). σ̄_J and the ingredients' norms are those the
+        bounds certify anyway, recorded in ``ledger``."""
         ledger = book(ledger)
         low = r0
         for layer, X, lip in zip(self.layers, self.inputs, self.ffn, strict=True):

@@ -266,7 +266,7 @@ class TaylorNet:
         # the certificates of the remainders' norms (a probabilistic value pair on a wide layer)
         self.ledger = Ledger()
         self.done: dict[tuple[float, str], NetCertificate] = {}  # the certificates made, per (ε, split)
-        self.entry: dict[float, tuple[Tensor, Tensor]] = {}  # per ε, :meth:`_entry_radii`
+        self.entry: dict[float, tuple[Tensor, Tensor]] = {}  # per ε, :meth:`entry_radii`
         n, d = X.shape[-2:]
         self.chunk = max(1, len(labels)) if self.logits.is_cuda else CPU_CHUNK if n * d <= CPU_CHUNK_ND else 1
 
@@ -310,7 +310,7 @@ class TaylorNet:
                 # first without the remainder's quadratic form (its eigenproblems are 3–5× the rest
                 # of a pass on the Fashion-MNIST models, and it changed no verdict of this pass on
                 # the 3-block one; docs/bounds.md §5.1, "Refined ranges")
-                low, ok, certified, diag = self._once(eps, images, split, refine=False)
+                low, ok, certified, diag = self.one_pass(eps, images, split, refine=False)
                 per[images.cpu()] = (time.perf_counter() - start) / len(images)
                 if size > 1 and int((sum(diag.unstable) + sum(diag.straddling)).max()) > CHUNK_SYMBOLS:
                     size = 1  # a large set: the rest one image at a time (CPU_CHUNK)
@@ -324,7 +324,7 @@ class TaylorNet:
                     if not len(part):
                         continue
                     start = time.perf_counter()
-                    again = self._once(eps, images[part], split, refine=True)
+                    again = self.one_pass(eps, images[part], split, refine=True)
                     low[part] = torch.maximum(low[part], again[0])
                     ok[part] = ok[part] | again[1]
                     diag = again[3].scattered(part, diag)
@@ -342,7 +342,7 @@ class TaylorNet:
                               DETERMINISTIC & self.ledger.certificate)
 
     def _nothing(self, images: slice):
-        """What :meth:`_once` returns for images that were not certified: no bound, no verdict, and
+        """What :meth:`one_pass` returns for images that were not certified: no bound, no verdict, and
         of the diagnostics the clean margin to the closest class alone (the losses NaN: not computed;
         no unit counted)."""
         logits, y = self.logits[images], self.labels[images]
@@ -374,7 +374,7 @@ class TaylorNet:
         return NetCertificate(lower, certified, diag, float(per.sum()), verified, per,
                               DETERMINISTIC & self.ledger.certificate)
 
-    def _once(self, eps: float, images: slice | Tensor, split: str, refine: bool):
+    def one_pass(self, eps: float, images: slice | Tensor, split: str, refine: bool):
         """One pass on ``images``; a split ending in :data:`OPTIMIZED` tunes the ReLUs' slopes of the
         second pass's last backward pass (:mod:`bounds.network.slopes`)."""
         log: list = []
@@ -404,7 +404,7 @@ class TaylorNet:
         if refine is not None and n * d <= BALL_ND:  # the second pass: E as columns too
             S = S.carry_balls()
         for k, block in enumerate(self.net.blocks):
-            entry = tuple(t.expand(B, *t.shape[1:]) for t in self._entry_radii(eps)) if k == 0 else None
+            entry = tuple(t.expand(B, *t.shape[1:]) for t in self.entry_radii(eps)) if k == 0 else None
             if block.standard:
                 S = self._standard_block(S, k, block, eps, images, log, refine, split, entry, out)
                 continue
@@ -456,7 +456,7 @@ class TaylorNet:
         out.append((f"ffn{k}", S, u))
         return S
 
-    def _entry_radii(self, eps: float) -> tuple[Tensor, Tensor]:
+    def entry_radii(self, eps: float) -> tuple[Tensor, Tensor]:
         """The first block's input set's token radii [1, n] and radius [1] at ``eps``: that set, the
         pixels' ball through the embedding, is the same for every image, so its Grams and their
         eigenvalues are computed once per ε, not per image. Where every pixel moves one token

@@ -66,7 +66,7 @@ def _size(i: int) -> float:
     return max(SMALLEST, LARGEST - 0.3 * i)
 
 
-def _label(group: list[str]) -> str:
+def group_label(group: list[str]) -> str:
     """One short line: the first bound's name and how many equal ones it stands for; where that is
     longer than :data:`LEGEND_CHARS`, the name without its "(this suite)" tag (the caption names
     every bound of the group in full, and the curve's style marks the suite's own)."""
@@ -77,7 +77,7 @@ def _label(group: list[str]) -> str:
     return name + more
 
 
-def _lead(group: list[str]) -> list[str]:
+def group_lead(group: list[str]) -> list[str]:
     """The group with the bound that names its curve first: the first in the registry's order, or
     where its name and "(+k equal)" make more than :data:`LEGEND_CHARS` the one with the shortest
     name (they are equal at every ε: any one stands for the rest)."""
@@ -93,7 +93,7 @@ def _curves(at: pd.DataFrame, keep=lambda e: True) -> list[tuple[list[str], pd.D
     curves = {b: tuple((e, int(r.k), int(r.n)) for e, r in at.xs(b, level="bound").iterrows())
               for b in _names(at)}
     out = []
-    for group in map(_lead, tr.merged(curves)):
+    for group in map(group_lead, tr.merged(curves)):
         rows = at.xs(group[0], level="bound").sort_index()
         out.append((group, rows[[keep(e) for e in rows.index]]))
     return out
@@ -101,7 +101,7 @@ def _curves(at: pd.DataFrame, keep=lambda e: True) -> list[tuple[list[str], pd.D
 
 def _trace(i: int, group: list[str], x: list[float], y: list[float], **bars) -> Trace:
     b = group[0]
-    return Trace(_label(group), x, y, style(b), tr.colour_of(b), marker=tr.marker_of(b), size=_size(i),
+    return Trace(group_label(group), x, y, style(b), tr.colour_of(b), marker=tr.marker_of(b), size=_size(i),
                  also=tuple(name_of(o) for o in group[1:]), **bars)
 
 

@@ -54,7 +54,7 @@ def gelu_slope(z: Tensor) -> Tensor:
     return 0.5 * (1 + torch.erf(z / math.sqrt(2))) + z * _phi(z)
 
 
-def _second_range(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
+def gelu_second_range(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
     """(least, largest) of GELU'' on [lo, hi], elementwise, widened by its rounding."""
     vals = [gelu_second(lo), gelu_second(hi)]
     for c in (-2.0, 0.0, 2.0):
@@ -110,7 +110,7 @@ def _tanh_second_piece(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
     return _times(one_minus, bracket)
 
 
-def _tanh_second_range(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
+def tanh_second_range(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
     """(least, largest) bounds of the tanh approximation's σ'' on [lo, hi], over :data:`TANH_PIECES`
     pieces, widened by a relative and an absolute rounding slack."""
     steps = torch.linspace(0, 1, TANH_PIECES + 1, dtype=lo.dtype, device=lo.device)
@@ -125,7 +125,7 @@ def gelu_relaxation(z0: Tensor, lo: Tensor, hi: Tensor, tanh: bool = False) -> t
     """(λ, β, μ) with ``GELU(z) − GELU(z₀) ∈ λ(z − z₀) + β + μ[−1, 1]`` for every z ∈ [lo, hi]
     (module docstring); ``tanh``: GELU's tanh approximation."""
     a, b = torch.minimum(lo, z0), torch.maximum(hi, z0)
-    m, M = _tanh_second_range(a, b) if tanh else _second_range(a, b)
+    m, M = tanh_second_range(a, b) if tanh else gelu_second_range(a, b)
     D2 = torch.maximum(z0 - lo, hi - z0).clamp_min(0) ** 2
     e_lo, e_hi = (0.5 * m * D2).clamp_max(0), (0.5 * M * D2).clamp_min(0)
     return (tanh_slope(z0) if tanh else gelu_slope(z0)), (e_lo + e_hi) / 2, (e_hi - e_lo) / 2

@@ -132,13 +132,13 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
                          cache=None if cache is None else cache.forms, enough=NEGLIGIBLE * bound * r,
                          ledger=ledger)
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
-                  tok=_mix_tokens(layer, parts, dense, S.tok, split))
+                  tok=mix_tokens(layer, parts, dense, S.tok, split))
     if log is not None:
         log.append(AttentionRecord(f"attention{k}", layer, X, J, rest, parts, split))
     return out.add_ball(f"attention{k}", rest)
 
 
-def _mix_tokens(layer: DotMHA, parts: AttentionParts, J: Tensor | None, tok: Tensor | None,
+def mix_tokens(layer: DotMHA, parts: AttentionParts, J: Tensor | None, tok: Tensor | None,
                 split: str) -> Tensor | None:
     """E's per-token bounds after attention's linear part, [B, n]: ‖(ME)_t‖ ≤ Σ_s ‖M_ts‖ ‖E_s‖ with
     M_ts the d×d block of the linear part from token s to token t, ‖M_ts‖₂ ≤ ‖M_ts‖_F for the dense

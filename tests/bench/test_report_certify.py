@@ -7,11 +7,11 @@ cascade ran."""
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from helpers import ROOT
 
 from bench.core.store import load
 from bench.report.draw import draw, theme
@@ -22,7 +22,7 @@ from bench.report.studies import certify_tables as ct
 from bench.report.studies.trained_study import PGD_REF, SENT, counts, name_of, wilson
 from bench.report.tables import TABLES, to_latex, to_markdown
 
-BASELINE = Path(__file__).resolve().parents[1] / "results" / "baseline" / "results.csv"
+BASELINE = ROOT / "results" / "baseline" / "results.csv"
 N = 10
 EPS = [0.01, 0.1]
 ARCH = {"A": {"vit_depth": 1, "vit_heads": 2}, "B": {"vit_depth": 2, "vit_heads": 4}}
@@ -368,12 +368,12 @@ def test_a_merged_curve_too_long_for_one_line_takes_its_shortest_name():
     """Equal curves are drawn once under the first bound's name and "(+k equal)"; where that runs past
     one legend line the shortest name leads, and where even that does, without its "(this suite)"
     tag: the baseline's 2-block margin model, where taylor_net's three other splits tie."""
-    from bench.report.studies.certify_study import LEGEND_CHARS, _label, _lead
+    from bench.report.studies.certify_study import LEGEND_CHARS, group_label, group_lead
 
     group = ["taylor_net_lofast", "taylor_net_lofast_half", "taylor_net_best"]
     assert len(name_of(group[0]) + " (+2 equal)") > LEGEND_CHARS
-    led = _lead(group)
+    led = group_lead(group)
     assert led[0] == "taylor_net_best" and sorted(led) == sorted(group)
-    assert _label(led) == "taylor_net, best split (+2 equal)"
-    assert _label(["naive", "lofast_M"]) == f"{name_of('naive')} (+1 equal)"  # fits: unchanged
-    assert _lead(["naive", "lofast_M"]) == ["naive", "lofast_M"]
+    assert group_label(led) == "taylor_net, best split (+2 equal)"
+    assert group_label(["naive", "lofast_M"]) == f"{name_of('naive')} (+1 equal)"  # fits: unchanged
+    assert group_lead(["naive", "lofast_M"]) == ["naive", "lofast_M"]

@@ -1,6 +1,6 @@
 """Dot layers with biases (docs/bounds.md §1.5): exact values against independent numpy references,
 bit-identity of zero biases, the file format, the refusal of bounds §1.5 does not extend, and the
-soundness audit of tests/test_soundness.py repeated on biased layers.
+soundness audit of tests/bounds/test_soundness.py repeated on biased layers.
 
 The references are built from the definitions with the raw weights and biases, never from the code's
 U, V or P: ``Q_l = X W^Q_l + 1 b_qᵀ``, ``K_l = X W^K_l + 1 b_kᵀ``, ``P_l = softmax(Q_l K_lᵀ/√d_h)``,
@@ -411,7 +411,7 @@ def test_point_on_a_biased_layer_file(tmp_path, capsys):
         "error: bound 'specformer' does not apply to a layer with biases (docs/bounds.md §1.5)"]
 
 
-# --- the soundness audit on biased layers (as tests/test_soundness.py) ---------------------------
+# --- the soundness audit on biased layers (as tests/bounds/test_soundness.py) ---------------------------
 
 N_LAYERS, BATCH = 16, 4  # 64 cases
 
@@ -453,7 +453,7 @@ def pgd(k: int, objective: str) -> torch.Tensor:
 
 
 CERTIFIED = [b.name for b in bounds.BOUNDS if b.certified and b.objective is not None and "dot" in b.kinds
-             and b.biases and not b.finding and not b.opt_in]  # opt-in: tests/test_crown.py
+             and b.biases and not b.finding and not b.opt_in]  # opt-in: tests/bounds/test_crown.py
 
 
 def test_the_biased_audit_covers_every_objective_and_enough_cases():

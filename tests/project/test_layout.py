@@ -18,12 +18,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["models", "models.build", "models.errors", "models.io", "models.layers", "models.operators",
           "models.spectral", "models.pretrained", "models.sentences"]
 LIBRARY = ["models", "bounds", "attacks", "bench", "tools"]
-# tests/ and benchmarks/ are flat on purpose (pytest collects them there), so only their names count
+# tests/ mirrors the packages (tests/bounds/, tests/bench/, …) and benchmarks/ is flat; pytest imports
+# their modules by file name, so no two may share one
 PROJECT = [*LIBRARY, "tests", "benchmarks"]
 NOT_MODULES = {"__init__.py", "__main__.py", "conftest.py"}
 MAX_MODULES = 12
@@ -195,3 +196,18 @@ def test_rooms_import_only_down():
     wrong = sorted((m, d) for m, deps in graph.items() if room(m) for d in deps
                    if room(d) and room(d) not in allowed[room(m)])
     assert wrong == []
+
+
+def _private_imports(folders: list[str]) -> list[str]:
+    """``from X import _name`` in the modules of ``folders`` (a module's own private names are its own)."""
+    found = []
+    for path in project_files(folders):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                found += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_module_and_no_test_imports_another_modules_private_names():
+    assert _private_imports(["bench", "bounds", "attacks", "models", "tests"]) == []

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from test_taylor_net import check_stages, survives_attack
 
-from bounds.network.stages.activations import _second_range, gelu_bounds, gelu_relaxation, gelu_second
+from bounds.network.stages.activations import gelu_bounds, gelu_relaxation, gelu_second, gelu_second_range
 from bounds.network.taylor_net import TaylorNet
 from models import InputError
 from models.vit import ViT, ViTConfig
@@ -30,7 +30,7 @@ def ranges() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def test_the_second_derivatives_range_is_the_grids():
     _, lo, hi = ranges()
-    m, M = _second_range(lo, hi)
+    m, M = gelu_second_range(lo, hi)
     t = torch.linspace(0, 1, 4001, dtype=torch.float64)
     grid = gelu_second(lo[:, None] + t * (hi - lo)[:, None])
     assert (m <= grid.amin(-1)).all() and (M >= grid.amax(-1)).all()
@@ -90,7 +90,7 @@ def test_no_gelu_image_certified_by_taylor_net_or_crown_is_broken_by_an_independ
 
 
 def test_an_activation_without_a_stage_is_refused_by_name():
-    """(GELU's tanh approximation has its stage: tests/test_gelu_tanh_stage.py.)"""
+    """(GELU's tanh approximation has its stage: tests/bounds/network/test_gelu_tanh_stage.py.)"""
     cfg = ViTConfig(image=8, classes=4, d=8, depth=1, heads=2, patch=2, ffn=16, variant="vanilla",
                     constraint=None, ffn_constraint=None, activation="gelu")
     net = ViT(cfg, constrained=False).double()

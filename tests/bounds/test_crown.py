@@ -28,7 +28,7 @@ from bounds.certificates import Certificate
 
 needs_lirpa = pytest.mark.skipif(not crown.available(),
                                  reason="auto_LiRPA is not installed (the crown extra, docs/crown.md)")
-REL = 1e-6  # as tests/test_soundness.py: a value below pgd·(1 − 1e-6) is a violation
+REL = 1e-6  # as tests/bounds/test_soundness.py: a value below pgd·(1 − 1e-6) is a violation
 N_LAYERS, BATCH = 12, 2  # 24 CROWN cases
 ALPHA_CASES = (0, 3, 7)  # α-CROWN takes seconds a case even at these sizes
 

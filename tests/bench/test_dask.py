@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 from helpers import cli, main_inprocess
-from test_bench import TINY
 from test_hardening import ONE, one_error
+from test_runs import TINY
 
 from bench.core.store import READ, load
 from bench.sweep import distributed as bd

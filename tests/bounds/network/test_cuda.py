@@ -1,7 +1,7 @@
 """The whole-network certificates on a GPU (docs/bounds.md §5, §2.4): in float64 on CUDA every
 network bound, taylor_net among them, gives the CPU's verdicts and bounds, no image it certifies is
 broken by the attack run there, and `python -m bench certify --device cuda` says where it ran.
-Skipped without a CUDA device (tests/test_dtypes.py holds the single-layer bounds' CUDA test)."""
+Skipped without a CUDA device (tests/bounds/test_dtypes.py holds the single-layer bounds' CUDA test)."""
 
 from __future__ import annotations
 

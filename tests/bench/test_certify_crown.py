@@ -227,8 +227,8 @@ def test_a_failed_alpha_crown_falls_back_to_crowns_bound_and_says_so(failed, mon
     net, _ = load_model(TINY)
     X, y = first_test_images("digits", net, 4)
     crown_only = verify(net, X, y, 1e-3, "crown")
-    real = netcrown._lower
-    monkeypatch.setattr(netcrown, "_lower", lambda b, xb, C, method: torch.full_like(
+    real = netcrown.crown_lower
+    monkeypatch.setattr(netcrown, "crown_lower", lambda b, xb, C, method: torch.full_like(
         real(b, xb, C, "CROWN"), failed) if method == "CROWN-Optimized" else real(b, xb, C, method))
     capsys.readouterr()
     got = verify(net, X, y, 1e-3, "alpha_crown")
@@ -272,11 +272,11 @@ def test_only_auto_lirpas_nan_handler_failing_means_no_bound():
 
     C = spec(torch.tensor([1, 0]), 3)
     handler = _Raises("_check_nan", "/site-packages/auto_LiRPA/operators/convex_concave.py")
-    got = netcrown._lower(handler, None, C, "CROWN")
+    got = netcrown.crown_lower(handler, None, C, "CROWN")
     assert got.shape == (2, 2) and (got == -math.inf).all()
     for name, filename in [("_check_nan", "/work/models/mine.py"), ("forward", "/auto_LiRPA/x.py")]:
         with pytest.raises(RuntimeError, match="view size"):
-            netcrown._lower(_Raises(name, filename), None, C, "CROWN")
+            netcrown.crown_lower(_Raises(name, filename), None, C, "CROWN")
 
 
 @needs_lirpa

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bounds.remainder import remainder
-from bounds.taylor import TaylorOptions, _core, sigma_J, taylor
+from bounds.taylor import TaylorOptions, remainder_core, sigma_J, taylor
 from models.build import random_dot
 
 
@@ -33,7 +33,7 @@ def test_the_skip_costs_at_most_its_share(seed, share, eps):
     full = taylor(layer, X, eps)
     cut = taylor(layer, X, eps, options=TaylorOptions(negligible=share))
     first = sigma_J(layer, X) * eps
-    cheap = remainder(layer, X, eps, _core(layer, X), quadratic=False)
+    cheap = remainder(layer, X, eps, remainder_core(layer, X), quadratic=False)
     kept = cheap > share * first  # where the forms were computed, on those inputs alone
     # computed on a sub-batch: the forms' guesses may stop elsewhere (FORM_TAU), nothing more
     torch.testing.assert_close(cut[kept], full[kept], rtol=1e-5, atol=0)
@@ -64,7 +64,7 @@ def test_inputs_named_not_needed_skip_the_forms_and_the_rest_keep_them(seed):
     full = taylor(layer, X, 0.05)
     skip = torch.tensor([True, False, True, False])
     cut = taylor(layer, X, 0.05, options=TaylorOptions(not_needed=skip))
-    cheap = sigma_J(layer, X) * 0.05 + remainder(layer, X, 0.05, _core(layer, X), quadratic=False)
+    cheap = sigma_J(layer, X) * 0.05 + remainder(layer, X, 0.05, remainder_core(layer, X), quadratic=False)
     torch.testing.assert_close(cut[skip], cheap[skip], rtol=1e-14, atol=0)
     torch.testing.assert_close(cut[~skip], full[~skip], rtol=1e-5, atol=0)
     assert bool((cut >= full * (1 - 1e-12)).all())

@@ -17,7 +17,7 @@ from bench.nets.accuracy import load_model
 from bounds.certificates import Ledger
 from bounds.lofast import m_norms, zeta
 from bounds.network import Certifier
-from bounds.norms import DEFAULT_DELTA, _reorthogonalise, kw_steps, lanczos_upper
+from bounds.norms import DEFAULT_DELTA, kw_steps, lanczos_upper, reorthogonalise
 
 ZOO = ROOT / "zoo"
 D32 = ZOO / "digits-d32-b2-h2-c0.5.safetensors"  # every norm dense: exact
@@ -75,7 +75,7 @@ def test_reorthogonalisation_keeps_the_batched_sums(Bt, j):
     w = torch.randn(Bt, 300, generator=g, dtype=torch.float64)
     want = w - torch.bmm(torch.bmm(basis, w[:, :, None]).mT, basis)[:, 0]
     got = w.clone()
-    _reorthogonalise(got, basis)
+    reorthogonalise(got, basis)
     assert torch.allclose(got, want, rtol=0, atol=1e-12 * float(w.norm()))
     assert float((torch.bmm(basis, got[:, :, None])).abs().max()) < 1e-12 * float(w.norm())
 

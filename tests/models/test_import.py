@@ -326,7 +326,7 @@ def test_input_formats_and_several_inputs(exported, tmp_path, capsys):
 
 def test_onnx_is_imported_only_when_used(tmp_path):
     """onnx and onnxruntime are the optional ``import`` extra: importing the suite, its CLI or the
-    importer itself must not load them (tests/test_layout.py's check, in a fresh interpreter)."""
+    importer itself must not load them (tests/project/test_layout.py's check, in a fresh interpreter)."""
     from test_layout import loaded_packages
 
     loaded = loaded_packages(tmp_path, ["models", "models.imported", "bench.cli.main",

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_taylor_net import SHARP, attacked_margins_hold, margins_hold, random_vit
 
 from bench.nets.accuracy import first_test_images
 from bounds.network.slopes import optimized_backward
 from bounds.network.taylor_net import TaylorNet
 from models.vit_io import load_vit
-from tests.test_taylor_net import SHARP, attacked_margins_hold, margins_hold, random_vit
 
 
 def _case(which: str):
@@ -31,8 +31,8 @@ def test_tuned_slopes_are_sound_and_never_worse(which, eps):
     net, x, y = _case(which)
     tn = TaylorNet(net, x, y)
     with torch.no_grad():
-        plain = tn._once(eps, slice(None), "taylor", refine=True)[0]
-        tuned = tn._once(eps, slice(None), "taylor+alpha", refine=True)[0]
+        plain = tn.one_pass(eps, slice(None), "taylor", refine=True)[0]
+        tuned = tn.one_pass(eps, slice(None), "taylor+alpha", refine=True)[0]
     finite = torch.isfinite(plain)
     assert (tuned[finite] >= plain[finite] - 1e-12).all()  # CROWN's slopes are its first iterate
     assert (tuned[finite] > plain[finite]).any()  # and the steps move it (0.003–0.63 on these cases)

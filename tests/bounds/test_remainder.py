@@ -520,7 +520,7 @@ def test_the_spreads_by_monotonicity_above_and_their_estimates_below(case):
     """The weighted spreads the quadratic remainder asks without an eigenproblem of their own: max(w)·Λ
     bounds λ_max(D_w) from above, spread_estimate from below, both against a dense float64 eigvalsh
     of D_w, for weights per row and per key, spread over orders of magnitude, with zeros, and ∞."""
-    from bounds.forms import _weighted, logit_gram, spread_estimate, weighted_spread
+    from bounds.forms import logit_gram, spread_estimate, weighted_gram, weighted_spread
     n, d, h, w, xn, _, bias = case
     seed = int(1000 * w + 10 * n + d)
     layer = random_dot(d, h, seed=seed, q_norm=w, k_norm=w, bias_norm=bias)
@@ -535,7 +535,7 @@ def test_the_spreads_by_monotonicity_above_and_their_estimates_below(case):
             weights = weights * 10.0 ** (3 - 2 * k)
             if k == 3:
                 weights[0] = 0.0
-            D, _ = _weighted(G, P, weights)
+            D, _ = weighted_gram(G, P, weights)
             truth = torch.linalg.eigvalsh(0.5 * (D + D.mT))[..., -1]
             assert (spreads.above(weights) >= truth * (1 - 1e-12)).all()
             below = spread_estimate(G, P, weights, vector)

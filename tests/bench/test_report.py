@@ -13,6 +13,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from helpers import ROOT
 from import_models import write_import
 from matplotlib.transforms import Bbox
 from test_report_pretrained import stored_rows
@@ -33,8 +34,6 @@ from bench.report.tables import TABLES, summary
 from bench.sweep.profiles import load_profile
 from bench.sweep.runner import run_profile
 from models import InputError
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # one tiny cell (or a handful) per sweep the figures read, so the run takes seconds
 TINY = """

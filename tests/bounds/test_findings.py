@@ -2,7 +2,7 @@
 
 Both bounds are implemented as published and registered as certified; each test below builds a
 layer, an input and a perturbation that a reader can check, and shows the bound falling below a
-change the layer actually makes. The soundness audit (tests/test_soundness.py) samples at random;
+change the layer actually makes. The soundness audit (tests/bounds/test_soundness.py) samples at random;
 these are the specific counterexamples.
 """
 

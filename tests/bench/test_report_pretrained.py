@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import ROOT
 
 import bounds
 from bench.core.store import SCHEMA_VERSION, load
@@ -38,7 +39,7 @@ def _cell_rows(layer: int, eps: float, sentence: int) -> list[dict]:
 
 
 def stored_rows(cell_index: int = 0) -> pd.DataFrame:
-    """The rows of a small pretrained sweep; tests/test_report.py adds them to its tiny run, so that
+    """The rows of a small pretrained sweep; tests/bench/test_report.py adds them to its tiny run, so that
     every figure is checked for readability without the extras."""
     rows = [r for la in LAYERS for e in EPS for s in SENTENCES for r in _cell_rows(la, e, s)]
     return pd.DataFrame(rows).assign(cell_index=cell_index)
@@ -81,7 +82,7 @@ def test_the_report_holds_both(stored: Path, tmp_path: Path):
 
 
 def test_other_tables_skip_the_figure():
-    df = load(Path(__file__).resolve().parents[1] / "results" / "baseline")
+    df = load(ROOT / "results" / "baseline")
     df = df[df["task"] != "pretrained"]  # the baseline holds the quick profile's pretrained sweep
     assert not df.empty
     with pytest.raises(report_pretrained.Skip):

@@ -62,12 +62,12 @@ def pgd(kind: str, k: int, objective: str) -> torch.Tensor:
 # §3.3): the random cases here do not reach those regimes, so there the bounds must hold. SpecFormer's
 # finding is reached by every small input, which the cases include.
 OUTSIDE_FINDING_REGIME = {"kim", "olsa"}
-# the opt-in bounds (CROWN, α-CROWN) have their own audit: tests/test_crown.py
+# the opt-in bounds (CROWN, α-CROWN) have their own audit: tests/bounds/test_crown.py
 CERTIFIED = [(kind, b.name) for kind in KINDS for b in bounds.BOUNDS
              if b.certified and b.objective is not None and kind in b.kinds and not b.opt_in
              and (not b.finding or b.name in OUTSIDE_FINDING_REGIME)]
 # bounds whose published statement this suite found unsound: each has its witness test
-# (specformer below, kim and olsa in tests/test_findings.py)
+# (specformer below, kim and olsa in tests/bounds/test_findings.py)
 FOUND_UNSOUND = [b.name for b in bounds.BOUNDS if b.finding]
 
 

@@ -235,8 +235,8 @@ def test_certify_takes_a_plugin_bound(capsys):
 def test_the_resume_command_names_the_plugins(tmp_path):
     import shlex
 
-    from bench.cli.main import _resume_command, build_parser
+    from bench.cli.main import build_parser, resume_command
 
     args = build_parser().parse_args(["run", "--profile", str(tmp_path / "p.toml"), "--plugin", "mine.py"])
-    argv = shlex.split(_resume_command(args, tmp_path / "r"))
+    argv = shlex.split(resume_command(args, tmp_path / "r"))
     assert argv[argv.index("--plugin") + 1] == str(Path("mine.py").resolve())  # absolute: any directory

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import ROOT
 from matplotlib.collections import PolyCollection
 from test_report_pretrained import stored_rows
 
@@ -28,7 +29,6 @@ from bench.report.studies import tight_study as report_tight
 from bench.report.studies.trained_study import PGD_REF
 from bench.report.tables import TABLES
 
-ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "results" / "baseline" / "results.csv"
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_taylor_net import perturbations, random_vit, true_stages
 
 from bounds.network.taylor_net import TaylorNet
 from bounds.network.zonotope import merge_balls
-from tests.test_taylor_net import perturbations, random_vit, true_stages
 
 
 def ellipsoid_gauge(W: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

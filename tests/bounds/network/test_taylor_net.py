@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT
 
 from bench.nets.accuracy import first_test_images, run_certify
 from bounds.network.taylor_net import TaylorNet, relu_bounds
@@ -20,7 +20,7 @@ from models.data import FASHION_MNIST_DIR
 from models.vit import ViT, ViTConfig
 from models.vit_io import load_vit
 
-ZOO = Path(__file__).resolve().parents[1] / "zoo"
+ZOO = ROOT / "zoo"
 ONE_BLOCK = ZOO / "digits-d32-b1-h2-c0.5-q1-m0.003.safetensors"
 ACCURATE = ZOO / "digits-d32-b3-h2-c0.5-q2.safetensors"
 SHARP = ZOO / "digits-d32-b2-h2-c0.5-q1.safetensors"  # trained without margin: sharp attention
@@ -219,8 +219,8 @@ def test_the_best_split_verifies_each_margin_that_either_split_verifies(monkeypa
     assert gained.any()
     ran = []
     tn = TaylorNet(net, x, y)
-    real = tn._once
-    monkeypatch.setattr(tn, "_once", lambda eps, images, split, refine: (
+    real = tn.one_pass
+    monkeypatch.setattr(tn, "one_pass", lambda eps, images, split, refine: (
         ran.extend((split, i) for i in images.tolist()), real(eps, images, split, refine))[1])
     start = time.perf_counter()
     b = tn.certify(0.1, "best")
@@ -583,11 +583,11 @@ def test_the_diagnostics_of_chunks_join_where_a_source_is_missing_from_one(monke
 
 @pytest.mark.parametrize("split", ["taylor", "lofast"])
 def test_the_per_token_error_bounds_hold_through_attention(split):
-    """E's per-token bounds after attention's linear part (``_mix_tokens``) against the worst E
+    """E's per-token bounds after attention's linear part (``mix_tokens``) against the worst E
     that lives on one token: E_s of norm e_s along the top right singular vector of the block
     M_ts, which attains e_s‖M_ts‖₂ at token t; M built densely (the Jacobian by autograd, Δ₁ as
     I + Σ_l P_l ⊗ C_lᵀ), not by the code under test."""
-    from bounds.network.stages.attention import _mix_tokens, attention_parts
+    from bounds.network.stages.attention import attention_parts, mix_tokens
     from models import DotMHA
 
     gen = torch.Generator().manual_seed(7)
@@ -602,7 +602,7 @@ def test_the_per_token_error_bounds_hold_through_attention(split):
         M = torch.eye(n * d, dtype=torch.float64) + sum(torch.kron(P[k].contiguous(), C[k].T.contiguous())
                                                         for k in range(h))
     tok = torch.rand(1, n, generator=gen, dtype=torch.float64) + 0.1
-    bound = _mix_tokens(layer, attention_parts(layer, X), M[None], tok, split)[0]
+    bound = mix_tokens(layer, attention_parts(layer, X), M[None], tok, split)[0]
     blocks = M.reshape(n, d, n, d)
     for t in range(n):
         for s in range(n):
@@ -629,8 +629,8 @@ def test_a_misclassified_image_gets_no_pass():
     right = TaylorNet(net, x[2:], y[2:]).certify(0.05)
     tn = TaylorNet(net, x, y)
     ran = []
-    real = tn._once
-    tn._once = lambda eps, images, split, refine: (ran.extend(images.tolist()),
+    real = tn.one_pass
+    tn.one_pass = lambda eps, images, split, refine: (ran.extend(images.tolist()),
                                                    real(eps, images, split, refine))[1]
     for split in ("taylor", "best"):
         c = tn.certify(0.05, split)
@@ -709,8 +709,8 @@ def test_a_chunk_with_many_symbols_sends_the_rest_one_at_a_time(monkeypatch):
     tn = TaylorNet(net, x, y)
     assert tn.chunk == module.CPU_CHUNK
     sizes = []
-    real = tn._once
-    tn._once = lambda eps, images, split, refine: (sizes.append((refine, len(images))),
+    real = tn.one_pass
+    tn.one_pass = lambda eps, images, split, refine: (sizes.append((refine, len(images))),
                                                    real(eps, images, split, refine))[1]
     monkeypatch.setattr(module, "CHUNK_SYMBOLS", 0)
     c = tn.certify(0.05)
@@ -821,7 +821,7 @@ def test_the_first_blocks_radii_from_each_patchs_columns():
     x, y = first_test_images("digits", net, 2)
     tn = TaylorNet(net, x.double(), y)
     for eps in (0.02, 0.1):
-        r, whole = tn._entry_radii(eps)
+        r, whole = tn.entry_radii(eps)
         dense = eps * torch.linalg.matrix_norm(tn.embed, ord=2)  # [n]: ε‖G_t‖₂
         assert bool((r[0] >= dense).all()) and float((r[0] / dense).max()) < 1 + 1e-12
         full = eps * torch.linalg.matrix_norm(tn.embed.reshape(-1, tn.embed.shape[-1]), ord=2)
@@ -868,14 +868,14 @@ def test_skipping_hopeless_second_passes_costs_no_verdict_on_a_zoo_model(monkeyp
     x, y = first_test_images("digits", net, 24)
     skipped = TaylorNet(net, x.double(), y)
     passes = []  # per pass: whether it refined, and how many images it left uncertified
-    real = skipped._once
+    real = skipped.one_pass
 
     def once(e, images, split, refine):
         out = real(e, images, split, refine)
         passes.append((refine, len(images) if refine else int((~out[2]).sum())))
         return out
 
-    skipped._once = once
+    skipped.one_pass = once
     with_skip = skipped.certify(eps)
     monkeypatch.setattr(module, "HOPELESS", math.inf)
     every = TaylorNet(net, x.double(), y).certify(eps)

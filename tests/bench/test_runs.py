@@ -16,11 +16,14 @@ import pytest
 import torch
 from helpers import ROOT, cli, main_inprocess
 
+import bounds.crown as crown_
 from bench.core.store import load
-from bench.report.compare import compare
+from bench.report.compare import absent_here, compare
+from bench.sweep import tasks
 from bench.sweep.cases import Cell
 from bench.sweep.profiles import load_profile
 from bench.sweep.runner import run_profile
+from bounds.registry import unavailable
 from models import InputError
 
 TINY = """
@@ -307,3 +310,16 @@ def test_a_worker_thread_reuses_freed_memory_instead_of_faulting_it_in_again():
     assert done.returncode == 0, done.stderr
     pages = (8 << 20) * 8 // resource.getpagesize()  # one allocation's pages
     assert int(done.stdout) < 5 * pages, (int(done.stdout), pages)  # half the faults without it
+
+
+def test_one_question_decides_what_is_absent_here(monkeypatch):
+    """Without auto_LiRPA, compare's ``s`` rows and the tasks' CROWN rows come from the same answer."""
+    def missing():
+        raise InputError("auto_LiRPA is not installed")
+
+    monkeypatch.setattr(crown_, "lirpa_module", missing)
+    gone = unavailable()
+    assert {"crown", "alpha_crown", "cascade_crown"} <= gone
+    assert absent_here() == gone
+    names = [n for n in tasks.CROWN_TASKS["crown"] if n not in gone]
+    assert names == ["taylor", "lofast_xi", "best"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn.functional import gelu
 
-from bounds.network.stages.activations import _tanh_second_range, relaxation, tanh_second, tanh_slope
+from bounds.network.stages.activations import relaxation, tanh_second, tanh_second_range, tanh_slope
 from bounds.network.taylor_net import TaylorNet
 from models.vit import ViT, ViTConfig
 
@@ -32,7 +32,7 @@ def test_the_second_derivatives_range_holds_every_sampled_value(width):
     g = torch.Generator().manual_seed(int(width * 10))
     lo = torch.randn(300, generator=g, dtype=torch.float64) * 3
     hi = lo + width * torch.rand(300, generator=g, dtype=torch.float64)
-    m, M = _tanh_second_range(lo, hi)
+    m, M = tanh_second_range(lo, hi)
     t = torch.linspace(0, 1, 401, dtype=torch.float64)
     vals = tanh_second(lo[:, None] + (hi - lo)[:, None] * t)
     assert (vals >= m[:, None]).all() and (vals <= M[:, None]).all()
@@ -77,8 +77,9 @@ def test_crown_bounds_the_same_network():
     """CROWN beside it (bounds.network.netcrown): the traced network computes the tanh approximation
     from ops auto_LiRPA bounds, and its margins' lower bounds hold at sampled perturbations."""
     pytest.importorskip("auto_LiRPA")
-    from bounds.network.netcrown import TracedViT, verify
     from tests.test_taylor_net import perturbations
+
+    from bounds.network.netcrown import TracedViT, verify
     net = _random_gelu_tanh_vit(0)
     x = torch.rand(3, 8, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     with torch.no_grad():

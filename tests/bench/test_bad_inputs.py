@@ -123,7 +123,7 @@ def test_point_turns_a_linalg_failure_into_one_line(files, tmp_path, capsys, mon
 
 def test_limits_hold_for_the_files_the_suite_ships(tmp_path):
     """The new checks refuse nothing the suite writes: the zoo's models, a layer with biases, a
-    stack (the pretrained export: tests/test_pretrained.py round-trips it)."""
+    stack (the pretrained export: tests/models/test_pretrained.py round-trips it)."""
     for path in sorted((ROOT / "zoo").glob("*.safetensors")):
         models.vit_io.load_vit(path)
     for layer in (models.random_dot(8, 2, seed=0, bias_norm=0.5),
@@ -417,7 +417,7 @@ def test_a_second_ctrl_c_during_the_cleanup_prints_no_traceback(tmp_path, monkey
 
     (tmp_path / "p.toml").write_text(INTERRUPTIBLE)
     monkeypatch.setattr(runner, "remove_stale_temps", slow_cleanup)
-    monkeypatch.setattr(runner, "_run_cells", interrupted)
+    monkeypatch.setattr(runner, "run_cells", interrupted)
     monkeypatch.chdir(tmp_path)
     before = signal.getsignal(signal.SIGINT)
     code, _, err = main_inprocess(capsys, "run", "--profile", "p.toml", "--out", "out")

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import ROOT, main_inprocess
+from helpers import ROOT, main_inprocess, one_error
 
 import models
 import models.data
@@ -330,3 +330,12 @@ def test_an_interrupted_training_resumes_to_the_same_bits(tmp_path, monkeypatch)
     assert card["epoch_test_accuracy"][-1] == round(card["test_accuracy"], 4)
     with pytest.raises(InputError, match=r"another recipe .*seed"):
         tr.train(cfg, "digits", checkpoint=ckpt, **{**kw, "seed": 4})
+
+
+@pytest.mark.parametrize("extra,named", [(["--depth", "3"], "--depth"),
+                                         (["--seed", "1", "--heads", "4"], "--heads, --seed"),
+                                         (["--margin-eps", "0.01"], "--margin-eps")])
+def test_train_zoo_refuses_the_options_of_one_model(capsys, tmp_path, extra, named):
+    code, out, err = main_inprocess(capsys, "train", "--zoo", "--out", str(tmp_path / "zoo"), *extra)
+    one_error(code, err, f"{named} appl")
+    assert out == "" and not (tmp_path / "zoo").exists()
