@@ -10,13 +10,13 @@ import torch
 
 import bounds
 from attacks import attack
-from bench.sweep.cases import Cell
+from bench.sweep.cases import make_cell
 from models.operators import DENSE_LIMIT
 
 torch.set_num_threads(1)
 
-SIZES = {"n16-d64-h4": Cell(n=16, d=64, h=4), "n64-d128-h8": Cell(n=64, d=128, h=8)}
-KIND_CELLS = {"dot": Cell(), "l2": Cell(kind="l2"), "olsa": Cell(kind="olsa", residual=False)}
+SIZES = {"n16-d64-h4": make_cell(n=16, d=64, h=4), "n64-d128-h8": make_cell(n=64, d=128, h=8)}
+KIND_CELLS = {"dot": make_cell(), "l2": make_cell(kind="l2"), "olsa": make_cell(kind="olsa", residual=False)}
 
 
 def _cases():
@@ -29,7 +29,7 @@ def _cases():
         for b in bounds.applicable(layer):
             if b.kinds == frozenset({kind}):
                 yield pytest.param(KIND_CELLS[kind], b.name, id=f"{b.name}[{kind}]")
-    stack = Cell(depth=4, d=32)
+    stack = make_cell(depth=4, d=32)
     for name in ("lofast_M", "jacobian", "jacobian_exp"):
         yield pytest.param(stack, name, id=f"{name}[stack4-d32]")
 
@@ -56,9 +56,9 @@ def test_pgd(benchmark, size, objective):
 # (h·n² ≈ n·d: no form), the zoo's digits ViTs' blocks (n 16, d 32, h 2: h·n² = n·d, so the logit
 # forms are computed), a MiniLM-shaped one (n 10, d 384, h 12) and one at the suite's sentence length
 # (n 6), where the value forms are computed (4hn² ≤ nd)
-REMAINDER_CELLS = {"n16-d32-h4": Cell(n=16, d=32, h=4), "n17-d32-h2": Cell(n=17, d=32, h=2),
-                   "n16-d32-h2": Cell(n=16, d=32, h=2),
-                   "n10-d384-h12": Cell(n=10, d=384, h=12), "n6-d384-h12": Cell(n=6, d=384, h=12)}
+REMAINDER_CELLS = {"n16-d32-h4": make_cell(n=16, d=32, h=4), "n17-d32-h2": make_cell(n=17, d=32, h=2),
+                   "n16-d32-h2": make_cell(n=16, d=32, h=2),
+                   "n10-d384-h12": make_cell(n=10, d=384, h=12), "n6-d384-h12": make_cell(n=6, d=384, h=12)}
 
 
 @pytest.mark.parametrize("size", list(REMAINDER_CELLS))
@@ -104,9 +104,9 @@ def test_remainder_pretrained(benchmark, layer_index, which):
 # report values measured in float64 (the float32 search's at its end), kept in extra_info["attained"]
 # so that a comparison sees the strength beside the time. Cells of the quick profile: the eps sweep
 # (h 8, ‖X‖ 1, ε 0.01), taylor_eps at its smallest ε (‖X‖_F 5, ε 1e-4) and the heads sweep (h 16)
-DTYPE_CELLS = {"eps-h8": Cell(n=16, d=64, h=8, w_vo=0.5, eps=0.01),
-               "taylor_eps-1e-4": Cell(n=16, d=32, h=4, x="fro", x_norm=5.0, eps=1e-4),
-               "heads-h16": Cell(n=16, d=64, h=16, eps=0.05)}
+DTYPE_CELLS = {"eps-h8": make_cell(n=16, d=64, h=8, w_vo=0.5, eps=0.01),
+               "taylor_eps-1e-4": make_cell(n=16, d=32, h=4, x="fro", x_norm=5.0, eps=1e-4),
+               "heads-h16": make_cell(n=16, d=64, h=16, eps=0.05)}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])

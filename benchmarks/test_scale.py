@@ -10,16 +10,16 @@ import torch
 import bounds
 from attacks import attack
 from bench.nets.accuracy import chunk_size
-from bench.sweep.cases import Cell
+from bench.sweep.cases import LayerCell, make_cell
 from bounds import lofast as lf
 from bounds.network import Certifier
 from models.vit import ViT, ViTConfig
 
 torch.set_num_threads(1)
 
-VIT_B = Cell(n=197, d=768, h=12)
-QUICK = {"n16-d64-h4": Cell(n=16, d=64, h=4), "n32-d64-h4": Cell(n=32, d=64, h=4),
-         "n50-d192-h12": Cell(n=50, d=192, h=12)}
+VIT_B = make_cell(n=197, d=768, h=12)
+QUICK = {"n16-d64-h4": make_cell(n=16, d=64, h=4), "n32-d64-h4": make_cell(n=32, d=64, h=4),
+         "n50-d192-h12": make_cell(n=50, d=192, h=12)}
 QUICK_PGD = {"steps": 60, "restarts": 6}  # bench/profiles/quick.toml's [run]
 CERTIFIED = ["naive", "lofast_xi", "lofast_M", "lofast_M_half", "taylor", "best"]
 
@@ -27,7 +27,7 @@ CERTIFIED = ["naive", "lofast_xi", "lofast_M", "lofast_M_half", "taylor", "best"
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _f64(cell: Cell):
+def _f64(cell: LayerCell):
     """The cell's layer and inputs in float64 on the GPU where there is one."""
     layer, X = cell.build()
     X = X.double().to(DEVICE)

@@ -23,15 +23,15 @@ sys.path.insert(0, str(ROOT))
 
 from bench.cli.main import _int_at_least  # noqa: E402
 from bench.nets.accuracy import first_test_images, load_model  # noqa: E402
-from bench.sweep.cases import Cell  # noqa: E402
+from bench.sweep.cases import make_cell  # noqa: E402
 from bounds import remainder as R  # noqa: E402
 from bounds.taylor import sigma_J, taylor_remainder_global  # noqa: E402
 from models import InputError  # noqa: E402
 
 MODELS = [("digits-d32-b3-h2-c0.5-q1-m0.003", "digits"), ("digits-d32-b2-h2-c0.5-q2", "digits"),
           ("fashion-mnist-d128-b3-h4-p7-c0.5-q1-m0.01", "fashion-mnist")]
-CELLS = {"n16-d32-h2": Cell(n=16, d=32, h=2), "n10-d384-h12": Cell(n=10, d=384, h=12),
-         "n6-d384-h12": Cell(n=6, d=384, h=12)}
+CELLS = {"n16-d32-h2": make_cell(n=16, d=32, h=2), "n10-d384-h12": make_cell(n=10, d=384, h=12),
+         "n6-d384-h12": make_cell(n=6, d=384, h=12)}
 EPS = 0.05
 
 

@@ -1,11 +1,14 @@
 """Cells: one (layer, input, ε) of a sweep, rebuilt bit-identically from its parameters alone; or one
-(trained zoo model, its first test images, ε) for the whole-network tasks (docs/bounds.md §5)."""
+(trained zoo model, its first test images, ε) for the whole-network tasks (docs/bounds.md §5); or one
+layer of all-MiniLM-L6-v2 or of an import directory at its real input. Each kind of task has its own
+parameters (:class:`LayerCell`, :class:`ModelCell`, :class:`PretrainedCell`, :class:`ImportedCell`);
+:func:`make_cell` builds the one a task reads and refuses, by name, a parameter it would ignore."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -54,8 +57,35 @@ ZOO = ROOT / "zoo"
 IMPORTED_FIELDS = ("imported", "imported_layer", "imported_input", "imported_sha256", "imported_data")
 
 
-@dataclass(frozen=True)
-class Cell:
+
+@dataclass(frozen=True, kw_only=True)
+class CellBase:
+    """What every cell has: its radius ``eps``, its ``seed`` and its ``task``."""
+
+    eps: float = 0.05
+    seed: int = 0
+    task: str = "bounds"
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise InputError(f"task must be one of {TASKS}, got {self.task!r}")
+        check_eps(self.eps)
+        if self.seed < 0:  # as [run] seed (bench/sweep/profiles.py): a negative seed is a typo, not a cell
+            raise InputError(f"seed must be >= 0, got {self.seed}")
+
+    def params(self) -> dict:
+        """The cell's parameters as row columns: every column of :data:`COLUMN_DEFAULTS`, in its
+        order, those the cell does not have at their defaults."""
+        own = asdict(self)
+        return {k: own.get(k, v) for k, v in COLUMN_DEFAULTS.items()}
+
+    @property
+    def id(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerCell(CellBase):
     """A case (kind, n, d, h, H, weights, input, seed) at one ε, with what to compute on it.
 
     ``w_qk`` is the per-head spectral norm of W^Q and W^K, ``w_vo`` that of W^V and W^O (OLSA is
@@ -72,26 +102,6 @@ class Cell:
     PGD, with the machine's matmul rate: bench/sweep/cost.py), ``cauchy`` (per-block Jacobian norms of a
     stack), ``crown`` (CROWN beside Taylor, LoFAST (ξ) and best, docs/bounds.md §2.5) or
     ``alpha_crown`` (the same and α-CROWN).
-
-    The whole-network tasks read a trained ``model`` (a file stem under zoo/), its ``dataset`` and
-    its first ``samples`` test images, and ignore the layer fields: ``certify`` (every network bound
-    at ε with both certification tests, and PGD on the margin), ``certify_crown`` and
-    ``certify_alpha_crown`` (the same, with whole-network CROWN, α-CROWN and the cascade of
-    LoFAST Table 2), ``crown_cascade`` (CROWN and the cascades with only the bounds they start from:
-    on fewer images than a ``certify`` sweep of the same model, whose other bounds it does not
-    repeat) and ``cauchy_model`` (per-block Jacobian σ_max, clean and PGD-20 robust accuracy
-    at ε).
-
-    The pretrained study (``task = "pretrained"``, docs/bounds.md §1.6) reads attention sub-layer
-    ``layer_index`` (1..6) of all-MiniLM-L6-v2 at its real input for sentence ``sentence`` (an index
-    into models/sentences.py) and ignores the layer and input fields; there ``eps`` is relative: the
-    radius is ``eps`` × the median token norm ‖x_i‖ of that input.
-
-    An imported cell (``task = "imported"``, docs/guide/import.md) reads layer ``imported_layer`` of the
-    directory ``imported`` that ``python -m bench import`` wrote, at its input ``imported_input``;
-    ``imported_sha256`` (the manifest's hash of the model file) and ``imported_data`` (a digest of the
-    layer and input files) say which import it was. It ignores the layer and input fields, and its
-    ``eps`` is relative as a pretrained cell's: the radius is ``eps`` × the median token norm.
     """
 
     kind: str = "dot"
@@ -105,38 +115,26 @@ class Cell:
     x_norm: float = 1.0
     depth: int = 1
     R: float = 1.0
-    eps: float = 0.05
     perturb: str = "none"
     noise: float = 0.0
     samples: int = 1
-    seed: int = 0
-    task: str = "bounds"
-    model: str = ""
+    model: str = ""  # x = data only: the zoo model whose first layer it is
     dataset: str = "digits"
-    layer_index: int = 0  # 0: not a pretrained cell
-    sentence: int = 0
-    imported: str = ""  # an import directory: relative to the checkout root, or absolute
-    imported_layer: int = 0
-    imported_input: int = 0
-    imported_sha256: str = ""
-    imported_data: str = ""
 
     def __post_init__(self):
+        super().__post_init__()
+        if self.task in (*MODEL_TASKS, "pretrained", "imported"):
+            raise InputError(f"task {self.task!r} is not a layer task")
         if self.kind not in KINDS:
             raise InputError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if self.x not in INPUTS:
             raise InputError(f"x must be one of {INPUTS}, got {self.x!r}")
         if self.perturb not in PERTURB:
             raise InputError(f"perturb must be one of {PERTURB}, got {self.perturb!r}")
-        if self.task not in TASKS:
-            raise InputError(f"task must be one of {TASKS}, got {self.task!r}")
         check_heads(self.d, self.h)
-        check_eps(self.eps)
         for name in ("n", "depth", "samples"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.seed < 0:  # as [run] seed (bench/sweep/profiles.py): a negative seed is a typo, not a cell
-            raise InputError(f"seed must be >= 0, got {self.seed}")
         for name in ("w_qk", "w_vo", "x_norm", "R"):
             v = getattr(self, name)
             if not math.isfinite(v) or v <= 0:
@@ -147,82 +145,18 @@ class Cell:
             if getattr(self, name) > MAX_MAGNITUDE:
                 raise InputError(f"{name} = {getattr(self, name):g} is beyond {MAX_MAGNITUDE:g}: the "
                                  f"bounds would overflow float64")
-        self._check_model()
-        self._check_pretrained()
-        self._check_imported()
-
-    def _check_imported(self) -> None:
-        """Only an imported cell names an import, and it must name one that is there as it was: its
-        manifest, layer, input, model hash and files' digest (bench/sweep/imported.py)."""
-        named = [f for f in IMPORTED_FIELDS if getattr(self, f) != Cell.__dataclass_fields__[f].default]
-        if self.task != "imported":
-            if named:
-                raise InputError(f"{', '.join(named)} are read only by task 'imported' (task {self.task!r})")
-            return
-        self._refuse_layer_fields("an import directory")
-        if not self.imported:
-            raise InputError('task imported needs imported = ["DIR", ...]: the --out of '
-                             '`python -m bench import`')
-        import_dirs.check(self.imported, self.imported_layer, self.imported_input, self.imported_sha256,
-                       self.imported_data)
-
-    def _refuse_layer_fields(self, source: str) -> None:
-        """A task that reads its layer and input from ``source`` refuses, by name, every layer or
-        input field set away from its default (it would be ignored)."""
-        fixed = [f"{f.name} = {getattr(self, f.name)!r}" for f in fields(self)
-                 if f.name in PRETRAINED_UNREAD and getattr(self, f.name) != f.default]
-        if fixed:
-            raise InputError(f"task {self.task} reads its layer and input from {source} and does not read "
-                             f"{', '.join(fixed)}")
-
-    def _check_pretrained(self) -> None:
-        """Only a pretrained cell names a layer and a sentence, and it must name valid ones; checked
-        from the shipped sentences alone, so a profile is refused before the extras are needed."""
-        if self.task != "pretrained":
-            if self.layer_index or self.sentence:
-                raise InputError(f"layer_index and sentence are read only by task 'pretrained' "
-                                 f"(task {self.task!r})")
-            return
-        self._refuse_layer_fields("all-MiniLM-L6-v2")
-        if not 1 <= self.layer_index <= PRETRAINED_LAYERS:
-            raise InputError(f"task pretrained needs layer_index in 1..{PRETRAINED_LAYERS}, "
-                             f"got {self.layer_index}")
-        if not 0 <= self.sentence < len(SENTENCES):
-            raise InputError(f"sentence must be 0..{len(SENTENCES) - 1} (models/sentences.py), "
-                             f"got {self.sentence}")
-
-    def _check_model(self) -> None:
-        """A model cell names a zoo file with its card, trained on the cell's dataset, with at least
-        ``samples`` test images; any other cell names none (checked before a run writes anything)."""
-        if self.dataset not in DATASETS:
-            raise InputError(f"dataset must be one of {tuple(DATASETS)}, got {self.dataset!r}")
         data = self.x == "data"
         if data and self.task not in LAYER_TASKS:
             raise InputError(f"x = data (a trained layer at real inputs) is for the tasks {LAYER_TASKS}")
-        if (self.task in MODEL_TASKS or data) != bool(self.model):
+        if data != bool(self.model):
             raise InputError(f"the tasks {MODEL_TASKS} and x = data need a model, and nothing else "
                              f"takes one (task {self.task!r}, x {self.x!r}, model {self.model!r})")
-        if not self.model and self.dataset == "digits":
-            return
         if not self.model:
-            raise InputError(f"dataset is read only by the tasks {MODEL_TASKS}")
-        if any(ch in self.model for ch in ",=[]/\\:") or self.model.startswith("."):
-            raise InputError(f"model must be a file stem under zoo/, got {self.model!r}")
-        card = self.model_path.with_suffix(".json")
-        if not (self.model_path.is_file() and card.is_file()):
-            raise InputError(f"model {self.model!r}: no {self.model_path.name} with its card in {ZOO}")
-        try:
-            info = json.loads(card.read_text())
-        except (OSError, ValueError) as e:
-            raise InputError(f"model {self.model!r}: unreadable card ({e})") from None
-        if info.get("dataset") != self.dataset:
-            raise InputError(f"model {self.model!r} was trained on {info.get('dataset')!r}, not "
-                             f"{self.dataset!r}")
-        if self.samples > int(info.get("n_test", 0)):
-            raise InputError(f"model {self.model!r}: {self.dataset} has {info.get('n_test')} test "
-                             f"images, fewer than samples = {self.samples}")
-        if data:
-            self._check_layer(info.get("architecture", {}))
+            if self.dataset != "digits":
+                raise InputError(f"dataset is read only by the tasks {MODEL_TASKS}")
+            return
+        info = _check_model(self.model, self.dataset, self.samples)
+        self._check_layer(info.get("architecture", {}))
 
     def _check_layer(self, arch: dict) -> None:
         """A trained-layer cell states the layer it gets, so that its id and rows say what ran."""
@@ -241,91 +175,15 @@ class Cell:
     @property
     def id(self) -> str:
         """``dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]``, plus the
-        non-default extras (perturbation, samples, task, model, dataset). A pretrained cell's id
-        names only what it reads: ``minilm[layer=1,sentence=0,eps=0.01,seed=0]``."""
-        if self.task == "imported":
-            return (f"imported[dir={self.imported},layer={self.imported_layer},input={self.imported_input},"
-                    f"sha256={self.imported_sha256},data={self.imported_data},eps={num(self.eps)},"
-                    f"seed={self.seed}]")
-        if self.task == "pretrained":
-            return (f"minilm[layer={self.layer_index},sentence={self.sentence},eps={num(self.eps)},"
-                    f"seed={self.seed}]")
-        parts = [f"n={self.n}", f"d={self.d}", f"h={self.h}", f"H={'I' if self.residual else '0'}",
-                 f"wqk={num(self.w_qk)}", f"wvo={num(self.w_vo)}", f"x={self.x}:{num(self.x_norm)}",
-                 f"depth={self.depth}"]
-        if self.depth > 1:
-            parts.append(f"R={num(self.R)}")
-        parts += [f"eps={num(self.eps)}", f"seed={self.seed}"]
-        if self.perturb != "none":
-            parts.append(f"perturb={self.perturb}:{num(self.noise)}")
-        if self.samples != 1:
-            parts.append(f"samples={self.samples}")
-        if self.task != "bounds":
-            parts.append(f"task={self.task}")
-        if self.model:
-            parts.append(f"model={self.model}")
-        if self.dataset != "digits":
-            parts.append(f"dataset={self.dataset}")
-        return f"{self.kind}[{','.join(parts)}]"
-
-    @classmethod
-    def from_id(cls, cell_id: str) -> Cell:
-        """The cell an id names: ``Cell.from_id(c.id) == c`` for every cell."""
-        try:
-            kind, rest = cell_id.split("[", 1)
-            items = dict(p.split("=", 1) for p in rest.rstrip("]").split(","))
-            kw = {"eps": float(items.pop("eps")), "seed": int(items.pop("seed"))}
-            if kind == "minilm":
-                kw.update(task="pretrained", layer_index=int(items.pop("layer")),
-                          sentence=int(items.pop("sentence")))
-            elif kind == "imported":
-                kw.update(task="imported", imported=items.pop("dir"), imported_layer=int(items.pop("layer")),
-                          imported_input=int(items.pop("input")), imported_sha256=items.pop("sha256"),
-                          imported_data=items.pop("data"))
-            else:
-                kw.update(_layer_fields(kind, items))
-        except (ValueError, KeyError):
-            raise InputError(f"not a cell id: {cell_id!r}") from None
-        if items:
-            raise InputError(f"not a cell id: {cell_id!r} (unknown keys {sorted(items)})")
-        return cls(**kw)
-
-    def params(self) -> dict:
-        """The cell's fields as row columns; a pretrained cell's unread layer fields are left empty,
-        but for the model's kind, d and h (its n varies by sentence: the ``tokens`` column); an
-        imported cell's are its manifest's (kind dot, n, d, h, residual)."""
-        p = asdict(self)
-        if self.task == "imported":
-            e = import_dirs.entry(self.imported, self.imported_layer)
-            p.update(dict.fromkeys(("w_qk", "w_vo", "x", "x_norm", "R", "dataset")), kind="dot",
-                     n=int(e["n"]), d=int(e["d"]), h=int(e["heads"]), residual=bool(e["residual"]))
-        if self.task == "pretrained":
-            p.update(dict.fromkeys(("n", "w_qk", "w_vo", "x", "x_norm", "R", "dataset")),
-                     **PRETRAINED_SHAPE)
-        return p
+        non-default extras (perturbation, samples, task, model, dataset)."""
+        return _layer_id(self)
 
     def network(self):
-        """(ViT, card, the first ``samples`` test images [B, H, W], their labels) of a model cell."""
-        from ..nets.accuracy import first_test_images, load_model  # torch-heavy; only model cells need it
-
-        net, card = load_model(self.model_path)
-        return (net, card, *first_test_images(self.dataset, net, self.samples))
+        """(ViT, card, the first ``samples`` test images [B, H, W], their labels) of its model."""
+        return _network(self.model_path, self.dataset, self.samples)
 
     def build(self):
-        """(layer or stack, X [samples, n, d]) in float64 on the CPU, the same bits on every call;
-        for a pretrained cell the model's layer and its input [1, n, d] (needs the extras), for an
-        imported cell the imported layer and its input [1, n, d]."""
-        if self.task == "imported":
-            self._check_imported()  # the files are still the ones the cell names
-            layer_file, input_file = import_dirs.files(self.imported, self.imported_layer,
-                                                       self.imported_input)
-            X = load_input(input_file)
-            return load_layer(layer_file), (X if X.dim() == 3 else X[None])
-        if self.task == "pretrained":
-            from models import pretrained  # imports transformers: only pretrained cells need it
-
-            layer, X = pretrained.case(self.layer_index, self.sentence)
-            return layer, X[None]
+        """(layer or stack, X [samples, n, d]) in float64 on the CPU, the same bits on every call."""
         if self.x == "data":
             return self._trained()
         c = self.x_norm  # sets OLSA's default alpha2; its bound re-takes c = ‖X‖_F + ε per input
@@ -347,7 +205,6 @@ class Cell:
             X = X + _noise(X.shape, self.noise, self.seed + 20_000)
         return layer, X
 
-
     def _trained(self):
         net, _, images, _ = self.network()
         with torch.no_grad():
@@ -361,6 +218,273 @@ class Cell:
             layer = replace(layer, **{self.perturb: W})
         return layer, X
 
+
+@dataclass(frozen=True, kw_only=True)
+class ModelCell(CellBase):
+    """A trained ``model`` (a file stem under zoo/), its ``dataset`` and its first ``samples`` test
+    images at ε: ``certify`` (every network bound at ε with both certification tests, and PGD on the
+    margin), ``certify_crown`` and ``certify_alpha_crown`` (the same, with whole-network CROWN,
+    α-CROWN and the cascade of LoFAST Table 2), ``crown_cascade`` (CROWN and the cascades with only
+    the bounds they start from: on fewer images than a ``certify`` sweep of the same model, whose
+    other bounds it does not repeat) and ``cauchy_model`` (per-block Jacobian σ_max, clean and PGD-20
+    robust accuracy at ε)."""
+
+    task: str = "certify"
+    model: str = ""
+    dataset: str = "digits"
+    samples: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.task not in MODEL_TASKS:
+            raise InputError(f"task {self.task!r} is not a whole-network task {MODEL_TASKS}")
+        if self.samples < 1:
+            raise InputError(f"samples must be >= 1, got {self.samples}")
+        if not self.model:
+            raise InputError(f"the tasks {MODEL_TASKS} and x = data need a model, and nothing else "
+                             f"takes one (task {self.task!r}, x 'gauss', model '')")
+        _check_model(self.model, self.dataset, self.samples)
+
+    @property
+    def model_path(self) -> Path:
+        return ZOO / f"{self.model}.safetensors"
+
+    @property
+    def id(self) -> str:
+        """As a layer cell's at the default layer (the ids of the tables written before the cells
+        had a class per task), with samples, task, model and dataset."""
+        return _layer_id(self)
+
+    def network(self):
+        """(ViT, card, the first ``samples`` test images [B, H, W], their labels)."""
+        return _network(self.model_path, self.dataset, self.samples)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PretrainedCell(CellBase):
+    """The pretrained study (docs/bounds.md §1.6): attention sub-layer ``layer_index`` (1..6) of
+    all-MiniLM-L6-v2 at its real input for sentence ``sentence`` (an index into models/sentences.py);
+    ``eps`` is relative: the radius is ``eps`` × the median token norm ‖x_i‖ of that input."""
+
+    task: str = "pretrained"
+    layer_index: int = 0
+    sentence: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 1 <= self.layer_index <= PRETRAINED_LAYERS:
+            raise InputError(f"task pretrained needs layer_index in 1..{PRETRAINED_LAYERS}, "
+                             f"got {self.layer_index}")
+        if not 0 <= self.sentence < len(SENTENCES):
+            raise InputError(f"sentence must be 0..{len(SENTENCES) - 1} (models/sentences.py), "
+                             f"got {self.sentence}")
+
+    @property
+    def id(self) -> str:
+        """``minilm[layer=1,sentence=0,eps=0.01,seed=0]``: what it reads."""
+        return (f"minilm[layer={self.layer_index},sentence={self.sentence},eps={num(self.eps)},"
+                f"seed={self.seed}]")
+
+    def params(self) -> dict:
+        """Its unread layer columns empty, but for the model's kind, d and h (its n varies by
+        sentence: the ``tokens`` column)."""
+        p = super().params()
+        p.update(dict.fromkeys(("n", "w_qk", "w_vo", "x", "x_norm", "R", "dataset")), **PRETRAINED_SHAPE)
+        return p
+
+    def build(self):
+        """(the model's layer, its input [1, n, d]); needs the extras."""
+        from models import pretrained  # imports transformers: only pretrained cells need it
+
+        layer, X = pretrained.case(self.layer_index, self.sentence)
+        return layer, X[None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportedCell(CellBase):
+    """Layer ``imported_layer`` of the directory ``imported`` that ``python -m bench import`` wrote
+    (docs/guide/import.md), at its input ``imported_input``; ``imported_sha256`` (the manifest's hash
+    of the model file) and ``imported_data`` (a digest of the layer and input files) say which import
+    it was. Its ``eps`` is relative as a pretrained cell's: the radius is ``eps`` × the median token
+    norm."""
+
+    task: str = "imported"
+    imported: str = ""  # an import directory: relative to the checkout root, or absolute
+    imported_layer: int = 0
+    imported_input: int = 0
+    imported_sha256: str = ""
+    imported_data: str = ""
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._check()
+
+    def _check(self) -> None:
+        """It names an import that is there as it was: its manifest, layer, input, model hash and
+        files' digest (bench/sweep/imported.py)."""
+        if not self.imported:
+            raise InputError('task imported needs imported = ["DIR", ...]: the --out of '
+                             '`python -m bench import`')
+        import_dirs.check(self.imported, self.imported_layer, self.imported_input, self.imported_sha256,
+                          self.imported_data)
+
+    @property
+    def id(self) -> str:
+        return (f"imported[dir={self.imported},layer={self.imported_layer},input={self.imported_input},"
+                f"sha256={self.imported_sha256},data={self.imported_data},eps={num(self.eps)},"
+                f"seed={self.seed}]")
+
+    def params(self) -> dict:
+        """Its layer columns its manifest's (kind dot, n, d, h, residual)."""
+        p = super().params()
+        e = import_dirs.entry(self.imported, self.imported_layer)
+        p.update(dict.fromkeys(("w_qk", "w_vo", "x", "x_norm", "R", "dataset")), kind="dot",
+                 n=int(e["n"]), d=int(e["d"]), h=int(e["heads"]), residual=bool(e["residual"]))
+        return p
+
+    def build(self):
+        """(the imported layer, its input [1, n, d])."""
+        self._check()  # the files are still the ones the cell names
+        layer_file, input_file = import_dirs.files(self.imported, self.imported_layer, self.imported_input)
+        X = load_input(input_file)
+        return load_layer(layer_file), (X if X.dim() == 3 else X[None])
+
+
+Cell = LayerCell | ModelCell | PretrainedCell | ImportedCell
+CELL_CLASSES = (LayerCell, ModelCell, PretrainedCell, ImportedCell)
+
+
+def _fields_of(cls) -> dict:
+    return {f.name: f for f in fields(cls)}
+
+
+# every parameter of any cell with its type and its default, in the order of a row's columns
+_ORDER = ("kind", "n", "d", "h", "residual", "w_qk", "w_vo", "x", "x_norm", "depth", "R", "eps", "perturb",
+          "noise", "samples", "seed", "task", "model", "dataset", "layer_index", "sentence", *IMPORTED_FIELDS)
+_ALL = {name: f for cls in reversed(CELL_CLASSES) for name, f in _fields_of(cls).items()}
+FIELDS: dict[str, str] = {name: _ALL[name].type for name in _ORDER}  # name -> its type's name
+COLUMN_DEFAULTS: dict = {name: (_ALL[name].default if _ALL[name].default is not MISSING else None)
+                         for name in _ORDER}
+COLUMN_DEFAULTS["task"] = "bounds"
+
+
+def cell_class(task: str):
+    """The cell class that reads ``task``."""
+    if task == "pretrained":
+        return PretrainedCell
+    if task == "imported":
+        return ImportedCell
+    if task in MODEL_TASKS:
+        return ModelCell
+    return LayerCell
+
+
+def make_cell(**params) -> Cell:
+    """The cell of ``params`` (any of :data:`FIELDS`): the class of its task, every parameter that
+    class does not read refused by name (it would be ignored, and the rows would not say what ran)."""
+    unknown = set(params) - set(FIELDS)
+    if unknown:
+        raise InputError(f"unknown cell parameters {sorted(unknown)}; known: {sorted(FIELDS)}")
+    task = params.get("task", "bounds")
+    if task not in TASKS:
+        raise InputError(f"task must be one of {TASKS}, got {task!r}")
+    cls = cell_class(task)
+    own = _fields_of(cls)
+    extra = {k: v for k, v in params.items() if k not in own}
+    if extra:
+        names = sorted(extra)
+        if set(names) & {"layer_index", "sentence"}:
+            raise InputError(f"layer_index and sentence are read only by task 'pretrained' (task {task!r})")
+        if set(names) & set(IMPORTED_FIELDS):
+            named = [f for f in IMPORTED_FIELDS if f in extra]
+            raise InputError(f"{', '.join(named)} are read only by task 'imported' (task {task!r})")
+        if cls is PretrainedCell or cls is ImportedCell:
+            source = "all-MiniLM-L6-v2" if cls is PretrainedCell else "an import directory"
+            fixed = [f"{k} = {v!r}" for k, v in params.items() if k in extra]
+            raise InputError(f"task {task} reads its layer and input from {source} and does not read "
+                             f"{', '.join(fixed)}")
+        fixed = [f"{k} = {v!r}" for k, v in params.items() if k in extra]
+        raise InputError(f"task {task} reads its network from its model and does not read {', '.join(fixed)}")
+    return cls(**params)
+
+
+def cell_from_id(cell_id: str) -> Cell:
+    """The cell an id names: ``cell_from_id(c.id) == c`` for every cell."""
+    try:
+        kind, rest = cell_id.split("[", 1)
+        items = dict(p.split("=", 1) for p in rest.rstrip("]").split(","))
+        kw = {"eps": float(items.pop("eps")), "seed": int(items.pop("seed"))}
+        if kind == "minilm":
+            kw.update(task="pretrained", layer_index=int(items.pop("layer")),
+                      sentence=int(items.pop("sentence")))
+        elif kind == "imported":
+            kw.update(task="imported", imported=items.pop("dir"), imported_layer=int(items.pop("layer")),
+                      imported_input=int(items.pop("input")), imported_sha256=items.pop("sha256"),
+                      imported_data=items.pop("data"))
+        else:
+            kw.update(_layer_fields(kind, items))
+            if kw.get("task") in MODEL_TASKS:  # the default layer its id states (ModelCell.id)
+                layer = {k: v for k, v in kw.items() if k in _fields_of(LayerCell) and k not in
+                         _fields_of(ModelCell)}
+                if any(v != COLUMN_DEFAULTS[k] for k, v in layer.items()):
+                    raise ValueError
+                kw = {k: v for k, v in kw.items() if k not in layer}
+    except (ValueError, KeyError):
+        raise InputError(f"not a cell id: {cell_id!r}") from None
+    if items:
+        raise InputError(f"not a cell id: {cell_id!r} (unknown keys {sorted(items)})")
+    return make_cell(**kw)
+
+
+def _layer_id(cell: LayerCell | ModelCell) -> str:
+    p = COLUMN_DEFAULTS | asdict(cell)
+    parts = [f"n={p['n']}", f"d={p['d']}", f"h={p['h']}", f"H={'I' if p['residual'] else '0'}",
+             f"wqk={num(p['w_qk'])}", f"wvo={num(p['w_vo'])}", f"x={p['x']}:{num(p['x_norm'])}",
+             f"depth={p['depth']}"]
+    if p["depth"] > 1:
+        parts.append(f"R={num(p['R'])}")
+    parts += [f"eps={num(cell.eps)}", f"seed={cell.seed}"]
+    if p["perturb"] != "none":
+        parts.append(f"perturb={p['perturb']}:{num(p['noise'])}")
+    if p["samples"] != 1:
+        parts.append(f"samples={p['samples']}")
+    if cell.task != "bounds":
+        parts.append(f"task={cell.task}")
+    if p["model"]:
+        parts.append(f"model={p['model']}")
+    if p["dataset"] != "digits":
+        parts.append(f"dataset={p['dataset']}")
+    return f"{p['kind']}[{','.join(parts)}]"
+
+
+def _check_model(model: str, dataset: str, samples: int) -> dict:
+    """A model names a zoo file with its card, trained on ``dataset``, with at least ``samples`` test
+    images (checked before a run writes anything); its card."""
+    if dataset not in DATASETS:
+        raise InputError(f"dataset must be one of {tuple(DATASETS)}, got {dataset!r}")
+    if any(ch in model for ch in ",=[]/\\:") or model.startswith("."):
+        raise InputError(f"model must be a file stem under zoo/, got {model!r}")
+    path = ZOO / f"{model}.safetensors"
+    card = path.with_suffix(".json")
+    if not (path.is_file() and card.is_file()):
+        raise InputError(f"model {model!r}: no {path.name} with its card in {ZOO}")
+    try:
+        info = json.loads(card.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"model {model!r}: unreadable card ({e})") from None
+    if info.get("dataset") != dataset:
+        raise InputError(f"model {model!r} was trained on {info.get('dataset')!r}, not {dataset!r}")
+    if samples > int(info.get("n_test", 0)):
+        raise InputError(f"model {model!r}: {dataset} has {info.get('n_test')} test "
+                         f"images, fewer than samples = {samples}")
+    return info
+
+
+def _network(path: Path, dataset: str, samples: int):
+    from ..nets.accuracy import first_test_images, load_model  # torch-heavy; only model cells need it
+
+    net, card = load_model(path)
+    return (net, card, *first_test_images(dataset, net, samples))
 
 
 def _layer_fields(kind: str, items: dict[str, str]) -> dict:
@@ -392,7 +516,7 @@ def _noise(shape: tuple[int, ...], norm: float, seed: int) -> Tensor:
     return with_spectral_norm(torch.randn(*shape, generator=g, dtype=torch.float64), norm)
 
 
-def _scale(layer, cell: Cell):
+def _scale(layer, cell: LayerCell):
     """Sets the per-head weight norms of the cell and adds its weight perturbation."""
     if isinstance(layer, Stack):
         return replace(layer, blocks=tuple(_scale(b, cell) for b in layer.blocks))

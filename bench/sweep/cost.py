@@ -26,7 +26,7 @@ from bounds.norms import kw_steps
 from models.operators import M_GRAM_LIMIT, VERIFY_MIN, ZETA_GRAM_LIMIT
 
 from ..core.env import glibc
-from .cases import Cell
+from .cases import LayerCell
 from .rows import row
 
 COST_BOUNDS = ["naive", "specformer", "lofast_xi", "lofast_M", "lofast_M_half", "taylor", "best"]
@@ -130,7 +130,7 @@ def measure(fn: Callable, device: torch.device):
     return out, seconds, used / 2**20
 
 
-def cost_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def cost_task(cell: LayerCell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """Rows (role ``timing``) ``cost_<bound>``, ``cost_<part>`` and ``cost_pgd`` with seconds per
     sample and ``peak_mib``; ``matmul`` (value: GFLOP/s) and ``matmul_bound`` (value: the estimated
     seconds per sample of ζ + ‖M_l‖). Certified values compute in float64 whatever ``dtype``."""

@@ -1,7 +1,7 @@
 """Cells as Dask tasks: ``run --workers N`` (a LocalCluster here) or ``run --scheduler ADDRESS`` (a
 running Dask cluster, e.g. started by dask-jobqueue on SLURM).
 
-A worker gets a cell's id and the run options, rebuilds the cell (``Cell.from_id`` is bit for bit),
+A worker gets a cell's id and the run options, rebuilds the cell (``cell_from_id`` is bit for bit),
 resolves ``--device`` itself and returns the task's rows: it needs no file system of the client's.
 The client writes every finished cell as today, so the lock, resume and the manifest are the
 runner's alone. Dask is an optional dependency, imported only here and only when asked for.
@@ -33,7 +33,7 @@ from ..core.env import (
     resolve_dtype,
 )
 from ..core.plugins import PluginFile, using
-from .cases import MODEL_TASKS, Cell
+from .cases import MODEL_TASKS, Cell, cell_from_id
 from .tasks import CertifyMemo, memo_group, run_cell
 
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ def compute(cell_id: str, run: dict, device_arg: str, threads: int, after: objec
     (the run's plugin files, as text) are registered for this cell alone."""
     torch.set_num_threads(threads)  # the client's count, so that a cell runs as it would serially
     device = resolve_device(device_arg)  # the worker's own: auto is its GPU if it has one
-    cell = Cell.from_id(cell_id)
+    cell = cell_from_id(cell_id)
     state = _worker_state()
     with using(plugins):
         rows = run_cell(cell, run, device, resolve_dtype(run["dtype"]), state.memo)

@@ -1,4 +1,4 @@
-"""Sweeps as data: a profile (TOML) lists named sweeps, each a grid over Cell's parameters.
+"""Sweeps as data: a profile (TOML) lists named sweeps, each a grid over the cells' parameters.
 
     [run]                       # run options: pgd_steps, pgd_restarts, dtype, seed
     pgd_steps = 100
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from models import InputError
@@ -33,7 +33,7 @@ from ..core import plugins as plugin_files
 from ..core.arglists import split_list
 from ..core.env import DTYPES
 from . import imported as import_dirs
-from .cases import IMPORTED_FIELDS, Cell
+from .cases import FIELDS, IMPORTED_FIELDS, Cell, make_cell
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -41,7 +41,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"  # bench/profiles
-CELL_FIELDS = {f.name: f.type for f in fields(Cell)}
+CELL_FIELDS = FIELDS  # every cell parameter with its type's name
 RUN_DEFAULTS = {"pgd_steps": 100, "pgd_restarts": 8, "dtype": "float64", "seed": 0}
 # CLI override flag -> Cell field
 OVERRIDES = {"eps": "eps", "heads": "h", "n": "n", "d": "d", "depth": "depth", "x_norm": "x_norm",
@@ -117,7 +117,7 @@ def expand(name: str, spec: dict, where: str = "") -> list[Cell]:
     for combo in itertools.product(*(axes[k] for k in keys)):
         for layer in layers:
             try:
-                cells.append(Cell(**dict(zip(keys, combo, strict=True)), **layer))
+                cells.append(make_cell(**dict(zip(keys, combo, strict=True)), **layer))
             except InputError as e:
                 raise InputError(f"{where}: {e}") from None
     return cells

@@ -21,7 +21,7 @@ from models.spectral import spectral
 from ..core.env import timed
 from ..nets.accuracy import block_sigmas, run_certify
 from . import imported as import_dirs
-from .cases import Cell
+from .cases import Cell, ImportedCell, LayerCell, ModelCell, PretrainedCell
 from .cost import cost_task
 from .evaluate import evaluate
 from .rows import accuracy_rows, imported_rows, measured, network_rows, pretrained_rows, unroll, with_model
@@ -46,7 +46,7 @@ Task = Callable[[Cell, dict, torch.device, torch.dtype], list[dict]]
 REMAINDER = ("taylor_remainder", "taylor_remainder_global")
 
 
-def bounds_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype,
+def bounds_task(cell: LayerCell, run: dict, device: torch.device, dtype: torch.dtype,
                 names: list[str] | None = None) -> list[dict]:
     """Every applicable bound (or ``names``) and the PGD value of each objective they refer to."""
     layer, X = cell.build()
@@ -56,17 +56,17 @@ def bounds_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype,
     return unroll(ev)
 
 
-def lofast_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def lofast_task(cell: LayerCell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """LoFAST's totals and naive only (the ablation of LoFAST Fig. 3)."""
     return bounds_task(cell, run, device, dtype, names=LOFAST_ONLY)
 
 
-def totals_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def totals_task(cell: LayerCell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """The certified end-to-end bounds of a dot layer: where each wins along ε (docs/bounds.md §2.3)."""
     return bounds_task(cell, run, device, dtype, names=TOTALS)
 
 
-def crown_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def crown_task(cell: LayerCell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """CROWN (and α-CROWN for task ``alpha_crown``) beside Taylor, LoFAST (ξ) and best; without
     auto_LiRPA the CROWN rows are left out (the runner says so once)."""
     names = CROWN_TASKS[cell.task]
@@ -75,7 +75,7 @@ def crown_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) 
     return bounds_task(cell, run, device, dtype, names=names)
 
 
-def _on(cell: Cell, device: torch.device, dtype: torch.dtype):
+def _on(cell: LayerCell, device: torch.device, dtype: torch.dtype):
     layer, X = cell.build()
     X = X.to(device=device, dtype=dtype)
     return layer.to(X), X
@@ -87,7 +87,7 @@ def _time(rows: list, name: str, fn, device: torch.device, role: str = "timing",
     rows += measured(role, name, values, seconds, block, certificate)
 
 
-def scaling_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def scaling_task(cell: LayerCell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """Seconds of each way to get ζ, ‖M_l‖ and σ_max(J): the restarted-Lanczos estimate, the
     probabilistic certificate (docs/bounds.md §2.4, in float64) and, where they fit, the dense SVD."""
     layer, X = _on(cell, device, dtype)
@@ -116,7 +116,7 @@ def scaling_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype
     return rows
 
 
-def cauchy_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def cauchy_task(cell: LayerCell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """Per block k of a stack: σ_max(J_{f_k}(X_k)) (matrix-free, and exact where it fits) and the
     surrogate √(‖J‖₁‖J‖∞), the Cauchy view's per-layer quantities (docs/bounds.md §3.4)."""
     stack, X = _on(cell, device, dtype)
@@ -163,7 +163,7 @@ def memo_group(cell: Cell) -> tuple | None:
     return cell.model, cell.dataset, cell.samples
 
 
-def certify_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype,
+def certify_task(cell: ModelCell, run: dict, device: torch.device, dtype: torch.dtype,
                  memo: CertifyMemo | None = None) -> list[dict]:
     """A zoo model's first test images at the cell's ε: every network bound with both certification
     tests, and PGD on the margin (docs/bounds.md §5); tasks ``certify_crown`` and
@@ -188,7 +188,7 @@ def certify_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype
     return with_model(network_rows(res), card)
 
 
-def cauchy_model_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def cauchy_model_task(cell: ModelCell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """The Cauchy paper's Table 1 and violin for a zoo model (vanilla or lofast) over its first test
     images: per block k the σ_max of the block's Jacobian at the block's input (exact where
     n·d ≤ DENSE_LIMIT, docs/bounds.md §3.4), clean accuracy and PGD-20 robust accuracy at ε."""
@@ -225,7 +225,7 @@ def _at_relative_radius(cell: Cell, run: dict, device: torch.device, dtype: torc
     return ev, X, radius, quantities
 
 
-def pretrained_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def pretrained_task(cell: PretrainedCell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """One attention sub-layer of all-MiniLM-L6-v2 at a real sentence (docs/bounds.md §1.6): every
     bound that applies to a layer with biases and PGD at radius ε = ``cell.eps`` × the median token
     norm ‖x_i‖ (so one relative ε means the same across layers, whose input norms differ), with
@@ -237,7 +237,7 @@ def pretrained_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dt
     return pretrained_rows(ev, cell.layer_index, quantities, columns)
 
 
-def imported_task(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def imported_task(cell: ImportedCell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
     """One attention layer of a user's model, as ``python -m bench import`` wrote it, at one of its
     captured inputs (docs/guide/import.md): as :func:`pretrained_task`, every bound that applies to a
     layer with biases and PGD at radius ε = ``cell.eps`` × the median token norm ‖x_i‖ (the model's

@@ -19,7 +19,7 @@ import models.data
 from attacks.margin import attack_margin, margin
 from bench.core.store import load
 from bench.nets.accuracy import first_test_images, load_model, run_certify
-from bench.sweep.cases import Cell
+from bench.sweep.cases import cell_from_id, make_cell
 from bench.sweep.profiles import load_profile
 from bench.sweep.rows import row
 from bench.sweep.runner import run_profile
@@ -420,14 +420,15 @@ def test_row_refuses_unknown_extra_columns():
 # --- cells that name a model -----------------------------------------------------------------------
 
 def test_model_cells_round_trip_and_other_ids_are_unchanged():
-    for cell in (Cell(task="certify", model="digits-d32-b2-h2-c0.5", samples=20, eps=0.02),
-                 Cell(task="certify_crown", model="digits-d32-b2-h2-c0.5", samples=20, eps=0.02),
-                 Cell(task="cauchy_model", model="digits-d16-b2-h1-vanilla", samples=100, eps=0.1, seed=2)):
-        assert Cell.from_id(cell.id) == cell and f"model={cell.model}" in cell.id
-    assert Cell().id == "dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]"
-    cells = [c for _, c in load_profile("paper").cells() if c.model]
+    for cell in (make_cell(task="certify", model="digits-d32-b2-h2-c0.5", samples=20, eps=0.02),
+                 make_cell(task="certify_crown", model="digits-d32-b2-h2-c0.5", samples=20, eps=0.02),
+                 make_cell(task="cauchy_model", model="digits-d16-b2-h1-vanilla", samples=100, eps=0.1,
+                           seed=2)):
+        assert cell_from_id(cell.id) == cell and f"model={cell.model}" in cell.id
+    assert make_cell().id == "dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]"
+    cells = [c for _, c in load_profile("paper").cells() if getattr(c, "model", "")]
     assert {c.task for c in cells} == {"certify", "certify_crown", "cauchy_model", "bounds", "lofast"}
-    assert all(Cell.from_id(c.id) == c for c in cells)
+    assert all(cell_from_id(c.id) == c for c in cells)
 
 
 @pytest.mark.parametrize("kw, words", [
@@ -439,6 +440,8 @@ def test_model_cells_round_trip_and_other_ids_are_unchanged():
     ({"task": "certify", "model": "digits-d32-b2-h2-c0.5", "samples": 451}, "fewer than"),
     ({"task": "certify", "model": "digits-d32-b2-h2-c0.5", "dataset": "fashion-mnist"}, "trained on"),
     ({"task": "certify", "model": "digits-d32-b2-h2-c0.5", "dataset": "mnist"}, "dataset must be"),
+    # a whole-network cell reads no layer: a layer parameter would be ignored, so it is refused
+    ({"task": "certify", "model": "digits-d32-b2-h2-c0.5", "n": 32}, "does not read n = 32"),
     ({"dataset": "fashion-mnist"}, "read only by"),
     ({"x": "data"}, "need a model"),
     ({"x": "data", "task": "scaling", "model": "digits-d32-b2-h2-c0.5"}, "is for the tasks"),
@@ -447,7 +450,7 @@ def test_model_cells_round_trip_and_other_ids_are_unchanged():
 ])
 def test_model_cells_reject_bad_parameters(kw, words):
     with pytest.raises(InputError, match=words):
-        Cell(**kw)
+        make_cell(**kw)
 
 
 def test_a_certified_sample_pgd_breaks_is_a_counted_violation(tmp_path, monkeypatch, capsys):
@@ -488,8 +491,8 @@ def test_a_committed_model_is_certified_at_eps_0_02_by_lofast_with_no_violation(
 
 
 def test_a_data_cell_is_the_models_first_layer_at_its_projected_test_tokens():
-    cell = Cell(model="digits-d32-b2-h2-c0.5", x="data", n=16, d=32, h=2, samples=3, x_norm=2.0)
-    assert Cell.from_id(cell.id) == cell
+    cell = make_cell(model="digits-d32-b2-h2-c0.5", x="data", n=16, d=32, h=2, samples=3, x_norm=2.0)
+    assert cell_from_id(cell.id) == cell
     layer, X = cell.build()
     w = load_file(str(D32))
     # independently: 2×2 patches row-major, E, positions, then rows scaled to norm ≤ 1
@@ -500,7 +503,7 @@ def test_a_data_cell_is_the_models_first_layer_at_its_projected_test_tokens():
     np.testing.assert_allclose(np_(X), 2.0 * T, rtol=1e-12, atol=1e-14)
     for name, key in (("W_q", "W_q"), ("W_k", "W_k"), ("W_v", "W_v"), ("W_o", "W_o")):
         np.testing.assert_array_equal(np_(getattr(layer, name)), w[f"blocks.0.attn.{key}"])
-    perturbed, _ = Cell(model="digits-d32-b2-h2-c0.5", x="data", n=16, d=32, h=2, perturb="W_k",
+    perturbed, _ = make_cell(model="digits-d32-b2-h2-c0.5", x="data", n=16, d=32, h=2, perturb="W_k",
                         noise=0.5).build()
     delta = np_(perturbed.W_k) - w["blocks.0.attn.W_k"]
     assert [np.linalg.norm(delta[i], 2) for i in range(2)] == pytest.approx([0.5, 0.5], rel=1e-9)

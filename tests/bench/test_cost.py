@@ -10,14 +10,14 @@ import torch
 
 from bench.core.schema import COLUMNS
 from bench.report.studies.cost_study import figure, table
-from bench.sweep.cases import Cell
+from bench.sweep.cases import make_cell
 from bench.sweep.cost import COST_BOUNDS, PARTS, m_flops, matmul_rate, measure, zeta_flops
 from bench.sweep.tasks import TASKS
 from models.operators import ZETA_GRAM_LIMIT
 
 
 def test_cost_rows_and_report():
-    cell = Cell(n=4, d=8, h=2, task="cost")
+    cell = make_cell(n=4, d=8, h=2, task="cost")
     run = {"pgd_steps": 3, "pgd_restarts": 2, "seed": 0}
     rows = TASKS["cost"](cell, run, torch.device("cpu"), torch.float64)
     df = pd.DataFrame(rows)

@@ -24,7 +24,7 @@ from import_models import Block, Fused, Net, Separate, dense, write_import
 
 from bench.core.store import load
 from bench.report.compare import compare
-from bench.sweep.cases import Cell
+from bench.sweep.cases import cell_from_id
 from bench.sweep.profiles import load_profile
 from bench.sweep.runner import run_profile
 from models import InputError, random_input, save_input
@@ -80,7 +80,7 @@ def test_every_layer_input_and_eps_is_a_cell(real):
     sha = json.loads((real["dir"] / "manifest.json").read_text())["sha256"]
     for _, c in cells:
         assert c.task == "imported" and c.imported_sha256 == sha and len(c.imported_data) == 16
-        assert Cell.from_id(c.id) == c
+        assert cell_from_id(c.id) == c
         assert c.id.startswith(f"imported[dir={real['dir']},layer={c.imported_layer},"
                                f"input={c.imported_input},sha256={sha},")
     assert {(c.imported_layer, c.imported_input, c.eps) for _, c in cells} == \
@@ -133,7 +133,7 @@ def test_changed_files_are_refused_by_a_cell(tmp_path):
     cell = load_profile(profile(tmp_path, tmp_path / "imp")).cells()[0][1]
     save_input(tmp_path / "imp" / "layer0_input0.safetensors", random_input(4, 8, seed=99)[0])
     with pytest.raises(InputError, match="files changed"):
-        Cell.from_id(cell.id)  # as a Dask worker rebuilds it, or a resumed run's cell
+        cell_from_id(cell.id)  # as a Dask worker rebuilds it, or a resumed run's cell
     with pytest.raises(InputError, match="files changed"):
         cell.build()
 

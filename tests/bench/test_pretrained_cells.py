@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import main_inprocess
 
-from bench.sweep.cases import Cell
+from bench.sweep.cases import cell_from_id, make_cell
 from bench.sweep.tasks import attention_entropy
 from models import InputError
 
@@ -32,23 +32,23 @@ eps = 0.01
 
 
 def test_pretrained_cell_ids_round_trip():
-    cell = Cell(task="pretrained", layer_index=6, sentence=29, eps=1e-3)
+    cell = make_cell(task="pretrained", layer_index=6, sentence=29, eps=1e-3)
     assert cell.id == "minilm[layer=6,sentence=29,eps=0.001,seed=0]"
-    assert Cell.from_id(cell.id) == cell
-    assert "layer=" not in Cell().id
+    assert cell_from_id(cell.id) == cell
+    assert "layer=" not in make_cell().id
 
 
 def test_a_pretrained_cell_names_no_layer_shape_it_does_not_have():
     """MiniLM has no n = 16, d = 64, h = 4: neither the id nor the rows' columns may say so."""
-    cell = Cell(task="pretrained", layer_index=1, sentence=0, eps=1e-2)
+    cell = make_cell(task="pretrained", layer_index=1, sentence=0, eps=1e-2)
     keys = {item.split("=")[0] for item in cell.id.split("[")[1].rstrip("]").split(",")}
     assert keys == {"layer", "sentence", "eps", "seed"}
     p = cell.params()
     assert (p["d"], p["h"], p["n"], p["x_norm"], p["dataset"]) == (384, 12, None, None, None)
     with pytest.raises(InputError, match="does not read n = 32"):
-        Cell(task="pretrained", layer_index=1, n=32)
+        make_cell(task="pretrained", layer_index=1, n=32)
     with pytest.raises(InputError, match="unknown keys"):
-        Cell.from_id("minilm[layer=1,sentence=0,eps=0.01,seed=0,n=16]")
+        cell_from_id("minilm[layer=1,sentence=0,eps=0.01,seed=0,n=16]")
 
 
 @pytest.mark.parametrize(("bad", "words"), [
@@ -61,7 +61,7 @@ def test_a_pretrained_cell_names_no_layer_shape_it_does_not_have():
 ])
 def test_pretrained_cell_refuses_bad_parameters(bad, words):
     with pytest.raises(InputError, match=words):
-        Cell(**bad)
+        make_cell(**bad)
 
 
 def test_without_the_extras_a_run_says_what_to_install(tmp_path, capsys, monkeypatch):

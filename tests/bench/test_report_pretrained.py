@@ -16,7 +16,7 @@ from bench.report.figures import FIGURES
 from bench.report.render import build
 from bench.report.studies import pretrained_study as report_pretrained
 from bench.report.tables import TABLES
-from bench.sweep.cases import Cell
+from bench.sweep.cases import make_cell
 from bench.sweep.rows import row
 
 LAYERS, EPS, SENTENCES = (1, 2, 3), (1e-3, 1e-1), (0, 4)
@@ -32,7 +32,7 @@ def _cell_rows(layer: int, eps: float, sentence: int) -> list[dict]:
     rows.append(row("bound", "zeta", 0, 2.0 * layer, certified=True, certificate="exact"))
     rows += [row("block", "x_fro", 0, 10.0 * layer + sentence, block=layer - 1, certificate="exact"),
              row("block", "attention_entropy", 0, 1.0 / layer, block=layer - 1, certificate="exact")]
-    cell = Cell(task="pretrained", layer_index=layer, sentence=sentence, eps=eps)
+    cell = make_cell(task="pretrained", layer_index=layer, sentence=sentence, eps=eps)
     extra = {"model_version": "0.1.0", "tokens": 5 + sentence, "radius": eps * 10}
     return [{"sweep": "pretrained", "cell_id": cell.id, **cell.params(), **r, **extra,
              "schema_version": SCHEMA_VERSION, "profile": "tiny"} for r in rows]

@@ -20,7 +20,7 @@ import bounds.crown as crown_
 from bench.core.store import load
 from bench.report.compare import absent_here, compare
 from bench.sweep import tasks
-from bench.sweep.cases import Cell
+from bench.sweep.cases import ModelCell, cell_from_id, make_cell
 from bench.sweep.profiles import load_profile
 from bench.sweep.runner import run_profile
 from bounds.registry import unavailable
@@ -58,8 +58,11 @@ def test_cells_rebuild_identically_from_ids(profile):
     if extras:
         picked.append(next(c for c in cells if c[1].task == "pretrained"))
     for _, cell in picked:
-        again = Cell.from_id(cell.id)
+        again = cell_from_id(cell.id)
         assert again == cell
+        if isinstance(cell, ModelCell):  # a network and its first test images, not a layer
+            assert torch.equal(cell.network()[2], again.network()[2])
+            continue
         (l1, x1), (l2, x2) = cell.build(), again.build()
         assert torch.equal(x1, x2)
         blocks1 = getattr(l1, "blocks", (l1,))
@@ -69,13 +72,13 @@ def test_cells_rebuild_identically_from_ids(profile):
 
 
 def test_cell_parameters_reach_the_layer():
-    layer, X = Cell(w_qk=0.5, w_vo=0.25, x_norm=3.0, samples=2).build()
+    layer, X = make_cell(w_qk=0.5, w_vo=0.25, x_norm=3.0, samples=2).build()
     assert torch.allclose(torch.linalg.matrix_norm(layer.W_q, ord=2), torch.tensor(0.5, dtype=torch.float64))
     assert torch.allclose(torch.linalg.matrix_norm(layer.W_o, ord=2), torch.tensor(0.25, dtype=torch.float64))
     assert torch.allclose(torch.linalg.matrix_norm(X, ord=2), torch.tensor(3.0, dtype=torch.float64))
-    assert not Cell(residual=False).build()[0].residual
-    base, _ = Cell().build()
-    noisy, _ = Cell(perturb="W_k", noise=0.5).build()
+    assert not make_cell(residual=False).build()[0].residual
+    base, _ = make_cell().build()
+    noisy, _ = make_cell(perturb="W_k", noise=0.5).build()
     assert torch.equal(base.W_q, noisy.W_q) and not torch.equal(base.W_k, noisy.W_k)
 
 
@@ -85,7 +88,7 @@ def test_cell_parameters_reach_the_layer():
 ])
 def test_cell_rejects_bad_parameters(bad, words):
     with pytest.raises(InputError, match=words):
-        Cell(**bad)
+        make_cell(**bad)
 
 
 @pytest.mark.parametrize("args,words", [
