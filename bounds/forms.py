@@ -39,10 +39,7 @@ ROUND_REL = 1e-9
 FORM_TAU = 1e-6
 # the side up to which a form's λ_max is an eigendecomposition (LAPACK's, batched) rather than the
 # guess and its Cholesky check: the guess's block Krylov loop is a few dozen small torch calls and
-# eigenproblems of its own, which small sides do not repay. Measured (one thread, the remainder's
-# forms on the digits ViTs' and the d 384 cells' shapes, best of 5): [32, 32, 32] 1.1 against
-# 8.4 ms, [4, 128, 128] 2.3 against 10.8, [4, 256, 256] 13 against 16, [6, 384, 384] 56 against
-# 65; at [2, 512, 512] the check is faster (21 against 41 ms)
+# eigenproblems of its own, which small sides do not repay (docs/scale.md, "The thresholds in the code")
 FORM_EIGH_MAX = 384
 
 
@@ -441,9 +438,7 @@ def value_cubic_norm(layer: DotMHA, X: Tensor, G: Tensor, P: Tensor, below: bool
 # λ_max probabilistically (Lanczos through the Gram's factors, docs/bounds.md §2.4) instead of forming
 # it and checking a guess by Cholesky: the Jacobian's limit, so that wherever the pair is
 # probabilistic σ̄_J, whose side n·d is no smaller, is too, and ``taylor``'s certificate is no weaker
-# than it was. Measured (one thread, MiniLM's layers 2 and 4 on their first n tokens, best of 3),
-# formed and checked against Lanczos: side 768 33–41 against 46–55 ms, 1152 67–131 against 58–78,
-# 1536 142–190 against 59–69, 1920 217–307 against 68–84, 2304 392–430 against 91–94
+# than it was; forming it costs more than Lanczos above that side anyway (docs/scale.md)
 PAIR_PROBABILISTIC_ABOVE = JACOBIAN_LIMIT
 
 
@@ -490,10 +485,8 @@ def _value_side(layer: DotMHA, M: Tensor, Mabs: Tensor, start: Tensor | None = N
     h, dh = layer.h, layer.d_h
     WW, R = _value_factors(layer) if factors is None else factors
     m, r = h * dh, R.shape[0]
-    # S's blocks R K̂_ii' Rᵀ for i ≥ i' only, the others their transposes (S is symmetric): 15 of
-    # MiniLM's 25 at 5 tokens, 189 → 114 ms on its first layer (one thread, best of 3), where the
-    # products on the whole of K̂ took 274 ms on the benchmark's n 6, d 384 cell against 327 for a
-    # loop over pairs of rows
+    # S's blocks R K̂_ii' Rᵀ for i ≥ i' only, the others their transposes (S is symmetric): about
+    # half the products (docs/scale.md)
     rows, cols = torch.tril_indices(n, n, device=M.device)
     Kp = (M[:, rows, :, cols, :].transpose(0, 1)[:, :, :, None, :, None] * WW).reshape(B, -1, m, m)
     Sp = (R @ Kp @ R.mT).transpose(0, 1)  # [pairs, B, r, r]

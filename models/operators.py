@@ -25,20 +25,15 @@ if TYPE_CHECKING:
     from .layers import DotMHA
 
 DENSE_LIMIT = 2048  # n·d above which the (nd)×(nd) Jacobian is refused and bench skips dense solvers
-# the side of the structured Gram (models.structured) above which the certified ζ and ‖M_l‖ take
-# the probabilistic certificate instead of the exact one (measured: bench/scaling, docs/scale.md)
 # the side of the structured Gram (models.structured) or the dense Jacobian's Gram above which the
-# certified ζ, ‖M_l‖ and σ̄_J take the probabilistic certificate instead of the dense one: the largest
-# measured size where the dense path cost at most ~2× the probabilistic (one thread, B = 1, seconds
-# dense vs probabilistic; docs/scale.md). Dense is kept up to there because it is tighter (within
-# 1e-9 of the truth instead of ~1e-3 above) and has p = 0. Its Gram is checked by Cholesky from
-# VERIFY_MIN on (bounds.norms.verified_gram_norm), which is what moved these limits up
-ZETA_GRAM_LIMIT = 1536  # nd = 1024: 0.033 vs 0.054; 1536: 0.10 vs 0.072; 2048: 0.22 vs 0.076
-M_GRAM_LIMIT = 1024  # min(n², n·r) = 576: 0.045 vs 0.16 (h = 4); 1024: 0.25 vs 0.21; 1536: 0.53 vs 0.34
-JACOBIAN_LIMIT = 1536  # nd = 1024: 0.084 vs 0.145; 1536: 0.26 vs 0.16; 2048: 0.60 vs 0.19
+# certified ζ, ‖M_l‖ and σ̄_J take the probabilistic certificate instead of the dense one, which is
+# tighter (within 1e-9 of the truth, p = 0) and kept while it costs at most about twice as much
+# (the measurements: docs/scale.md, "The thresholds in the code")
+ZETA_GRAM_LIMIT = 1536
+M_GRAM_LIMIT = 1024
+JACOBIAN_LIMIT = 1536
 # the side of a Gram from which (on the CPU) a Cholesky check of a Lanczos guess replaces its
-# eigendecomposition (bounds.norms.verified_gram_norm): 4.4× faster at 1024 (21 vs 92 ms), and
-# the guess (a block Krylov space) adds a few ms; on a GPU the eigendecomposition stays (not measured there)
+# eigendecomposition (bounds.norms.verified_gram_norm): the check is the cheaper there (docs/scale.md)
 VERIFY_MIN = 256
 
 

@@ -75,8 +75,7 @@ class Cluster:
         # pure=False: two sweeps may hold the same cell id, and each needs its own future. A cell
         # that can reuse its predecessor's certified norms (tasks.memo_group) waits for it, and Dask
         # runs a task where its input is: the same worker, whose memo holds the norms. Unchained,
-        # the cells of one model alternated between workers, and each recomputed them (b5 Fashion:
-        # 30 s of 87 for ten images at ε = 0.01)
+        # the cells of one model alternate between workers, and each recomputes them (docs/scale.md)
         futures, last = {}, {}
         rank = priorities([cell for _, _, cell in todo])
         # submitted in that order too: an idle worker starts the first task it is given, whatever

@@ -25,9 +25,8 @@ from .propagated import ROUNDING, check_stages
 from .stages.activations import TANH_A, TANH_C
 
 METHODS = {"crown": "CROWN", "alpha_crown": "alpha-CROWN"}
-# Images bounded at once. auto_LiRPA's tensors grow with the batch: CROWN was fastest at 1–2 images
-# (0.84 s/image at 2 against 1.28 at 12 on the 1-block digits model: large tensors are fresh mmaps,
-# zeroed by the kernel each time) and α-CROWN, which keeps its slopes per image, ran out of 23 GB at 10
+# Images bounded at once. auto_LiRPA's tensors grow with the batch: CROWN is fastest at 1–2 images
+# and α-CROWN, which keeps its slopes per image, runs out of memory at 10 (docs/scale.md)
 BATCH = {"crown": 2, "alpha_crown": 1}
 
 

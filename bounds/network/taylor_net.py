@@ -173,22 +173,16 @@ class NetCertificate:
 # CPU_CHUNK_ND), one at a time elsewhere: a chunk pads every image's symbols to the largest count in
 # it, which costs little on the digits models (a few symbols an image; a pass there is hundreds of
 # small torch calls, whose overhead a chunk shares) and much on the Fashion-MNIST ones (hundreds of
-# unstable neurons an image, their counts far apart). Measured (docs/bounds.md §5.1, "Chunks"):
+# unstable neurons an image, their counts far apart): docs/bounds.md §5.1, "Chunks"
 CPU_CHUNK = 8
 CPU_CHUNK_ND = 512
 # ... and while the sets stay small: once a chunk's first pass made more symbols than this in one
-# image (LoFAST's uncapped recipe model, ≈ 2,050 at ε 0.02, where a chunk was 1.1–1.5× slower; the
-# margin models' 30–480 at ε ≤ 0.05, where it was 1.0–1.4× faster), the rest go one at a time
+# image, the padding costs more than the chunk saves and the rest go one at a time (docs/scale.md)
 CHUNK_SYMBOLS = 1024
 # The second pass (refined ranges, the quadratic remainder) certifies images whose first pass falls far
-# short: on the models trained without a margin, where the forward set's ranges widen block by block, it
-# won images short by up to 31 margins (Fashion-MNIST 3-block, ε 0.02, first 20 images) and 15.5 (digits
-# 3-block q2, ε 0.02, first 40), and on the accurate Fashion-MNIST model (-f2-q2, ε 0.01, first 10) images
-# short by 248–334 margins: there the limit of 100 left 0.3 certified, where 0.9 are (docs/results.md,
-# "Accurate ViTs"). An image short by more than HOPELESS margins at some class is left to its first pass
-# (docs/bounds.md §5.1, "Refined ranges"): it can cost a verdict, never soundness. LoFAST's recipe model
-# (about 1,000 unstable neurons a block) is short by 10³–10⁶ margins on every image, where the second
-# pass would cost 47 s on 50 images for nothing
+# short: on the models trained without a margin it wins images short by hundreds of margins, and none
+# short by 10³–10⁶ (docs/scale.md). An image short by more than HOPELESS margins at some class is left
+# to its first pass (docs/bounds.md §5.1, "Refined ranges"): it can cost a verdict, never soundness
 HOPELESS = 10000.0
 # the largest n·d for which the second pass carries E as columns as well (DeviationSet.W): each
 # remainder merged into them costs an n·d-wide Cholesky factorisation, and each radius an eigenvalue

@@ -259,8 +259,8 @@ class DeviationSet:
         B, n, d, k, g = self.Q.shape
         comps = [self.G, self.A, self.Q.reshape(B, n, d, k * g)] + ([] if self.W is None else [self.W])
         cut = [0] * len(comps)  # per part, how many of its last columns move one token
-        # [B, n, K]: the tokens each column moves (|x| > 0 iff x ≠ 0, and NaN ≠ 0 counts as moved:
-        # 3.5× faster than ``ne(0).any`` on the digits models' sets)
+        # [B, n, K]: the tokens each column moves (|x| > 0 iff x ≠ 0, and NaN ≠ 0 counts as moved;
+        # faster than ``ne(0).any``)
         moved = [~(M.abs().amax(2) == 0) for M in comps] if sparse is not None else []
         for i, m in enumerate(moved):
             if m.shape[-1]:

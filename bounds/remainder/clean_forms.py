@@ -35,9 +35,8 @@ from ..forms import (
 from .row_bounds import Spread
 
 # ‖𝓑‖ and ‖𝓑₂‖ are n·min(d, h·d_h)-square eigenproblems: computed only on a layer wide for its tokens
-# (4·h·n² ≤ n·d, as MiniLM's at sentence length, where they take the value side to 0.2–0.5 of the
-# Cauchy–Schwarz bounds) and up to this size; on the zoo's ViTs they cost 3–4× the rest of the
-# remainder and were above Cauchy–Schwarz on every block measured (docs/bounds.md §2.3.4)
+# (4·h·n² ≤ n·d, as MiniLM's at sentence length), where they beat Cauchy–Schwarz, and up to this size
+# (docs/bounds.md §2.3.4; what they cost and buy: docs/scale.md)
 VALUE_FORM_LIMIT = 2560
 # a certified pair serves another radius whose own weight c on ‖𝓑₂‖ is within this factor of the
 # pair's: were the estimates exact, the pair's bound's square would exceed that of ‖𝓑‖r² + ‖𝓑₂‖r³ by

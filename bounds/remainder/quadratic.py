@@ -84,9 +84,8 @@ def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: FormCache | None =
 SPREAD_SLACK = 0.01
 # the certified assembly with its small terms (the value term's c and the value side's third order's
 # q part, each a heads' top) from above is kept where it is at most this much above the same with
-# them from below, itself at most the one with them certified (the remainder grows with each): on
-# MiniLM they took 90–130 ms of a 0.6 s remainder and moved it by at most 0.07 % (docs/bounds.md
-# §2.3.4, "Eigenproblems left out", rule 4; ‖𝒜‖ follows the same slack there)
+# them from below, itself at most the one with them certified (the remainder grows with each)
+# (docs/bounds.md §2.3.4, "Eigenproblems left out", rule 4; ‖𝒜‖ follows the same slack there)
 TERM_SLACK = 1e-3
 
 

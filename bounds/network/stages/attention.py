@@ -22,21 +22,16 @@ from ..record import Step
 from ..zonotope import DeviationSet, box_norms
 
 # the share of the first order (‖J‖·r) below which attention's global remainder is taken as it is,
-# without the local and first-order ones (docs/bounds.md §5, "What a network certificate skips"): on
-# the margin-trained digits models it is 2e-6 of it at ε 0.02, the local one 6× smaller still
+# without the local and first-order ones (docs/bounds.md §5, "What a network certificate skips")
 NEGLIGIBLE = 1e-5
 # the largest n·d for which attention's Jacobian is formed densely: applied as one matrix product,
 # its norm bounded from its entries too and E kept per token through its d×d blocks. Beyond it the
-# Jacobian is applied as an operator (:func:`jacobian_apply`): at n·d = 512 (the digits models) that is
-# 1.2–1.3× faster an image with the same verdicts on 750 image-ε pairs; at 128 (the tests' random
-# ViTs) the dense form is 1.35× faster and its bounds tighter
+# Jacobian is applied as an operator (:func:`jacobian_apply`), the faster there (docs/scale.md)
 DENSE_J = 256
 # the largest n·d for which attention's Jacobian is also formed for its norm alone (applied as an
 # operator above DENSE_J): ‖J‖₂ from its Gram's exact float64 eigenvalue, which E's radii and the route
-# cross, and its d×d blocks for E's per-token bounds. On the digits models (n·d = 512) the bound from
-# factors was 2.2× ‖J‖₂ a block, and E grew by that at every attention; on the accurate Fashion-MNIST
-# models (n·d = 2048) 2.1–2.2× (3.2–3.6 against 1.55–1.67), where E then decided block 3's ranges
-# (docs/results.md, "Where that input radius comes from"): formed up to 2048, its norm kept per image
+# cross, and its d×d blocks for E's per-token bounds: the bound from factors is about twice ‖J‖₂, and
+# E grows by it at every attention (docs/scale.md): formed up to 2048, its norm kept per image
 NORM_J = 2048
 
 # how attention is split into a linear part and a remainder (docs/bounds.md §5.1, "what the attention
@@ -45,9 +40,8 @@ NORM_J = 2048
 # ``lofast_half`` the same with softmax ½-Lipschitz (§2.2)
 SPLITS = ("taylor", "lofast", "lofast_half")
 # ``best``: each margin takes the better of these splits' sound bounds (docs/bounds.md §5.1, "The
-# best split"); the second runs only on the images the first leaves uncertified. Measured on the
-# Fashion-MNIST models at ε ≥ 0.05 the halved δ₂ certifies images the Taylor split does not, and at
-# ε ≤ 0.02 the reverse; δ₂ itself is never below its half, so it is not tried
+# best split"); the second runs only on the images the first leaves uncertified. Each certifies
+# images the other does not (docs/scale.md); δ₂ itself is never below its half, so it is not tried
 BEST = "best"
 BEST_OF = ("taylor", "lofast_half")
 
@@ -118,7 +112,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     # for the norm alone between DENSE_J and NORM_J (the pass still applies the operator)
     dense = J if J is not None or split != "taylor" or N > NORM_J else dot_jacobian(layer, X)
     if split == "taylor" and cache is not None:  # of the clean input alone: once per image and block
-        if cache.jacobian_bound is None:  # (its Gram's eigenvalue is ≈ 1 s at n·d = 2048)
+        if cache.jacobian_bound is None:  # its Gram's eigenvalue: the costliest part at large n·d
             cache.jacobian_bound = jacobian_bound(layer, X, parts, dense)
         bound = cache.jacobian_bound
     else:
@@ -228,8 +222,8 @@ def sparse_apply(layer: DotMHA, parts: AttentionParts, gamma: Tensor, tokens: Te
     K = tokens.shape[1]
     Pt = P.gather(-1, tokens[:, None, None, :].expand(B, h, n, K))  # [B, h, i, k]: p_it
     # the result is built in its own layout [B, i, f, k] by one multiply-add per head and term: a
-    # contraction over the h heads as one einsum was a batch of tiny products and a copy into this
-    # layout, 3× slower on the digits models' sets (K ≈ 200 columns)
+    # contraction over the h heads as one einsum is a batch of tiny products and a copy into this
+    # layout, the slower on the sets' few hundred columns
     CT = layer.C().mT @ gamma[:, None]  # [B, h, f, k]: γᵀC_l
     out = Pt[:, 0, :, None, :] * CT[:, 0, None]
     for head in range(1, h):
