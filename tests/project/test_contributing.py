@@ -1,12 +1,14 @@
 """docs/contributing.md's recipes, followed step by step: a bound added to the registry runs through
 ``point``, a sweep added to a profile runs, a figure added to FIGURES is drawn by ``report``, and the
-gate judges the new rows; the plugin route adds a bound without an edit; every path the page names
-exists."""
+gate judges the new rows; a toy stage built by the stage recipe holds its deviations forward and
+backward; the plugin route adds a bound without an edit; every path the page names exists."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+from dataclasses import dataclass
 
 import pandas as pd
 import pytest
@@ -21,6 +23,8 @@ from bench.report import figures
 from bench.report.panels import Panel, Plot, bound_trace, pgd_trace, present, sweep
 from bounds import lofast, registry
 from bounds.base import Bound
+from bounds.network.record import Step
+from bounds.network.zonotope import DeviationSet
 
 PAGE = ROOT / "docs" / "contributing.md"
 NAME = "toy_naive"
@@ -126,3 +130,76 @@ def test_a_plugin_adds_a_bound_without_an_edit():
     assert torch.equal(v, torch.minimum(bounds.evaluate("lofast_M_half", layer, X, 0.05),
                                         bounds.evaluate("naive", layer, X, 0.05)))
     assert "half_lofast_or_naive" not in bounds.REGISTRY
+
+
+# --- the stage recipe (docs/guide/add-a-stage.md), on a toy stage: x ↦ x + α·sin(x) per entry. Its
+# Jacobian at x0 is diag(1 + α cos x0); |sin(x0 + δ) − sin(x0) − cos(x0)δ| ≤ ½δ², so its remainder is
+# ≤ ½α‖δ‖∞‖δ‖_F ≤ ½α r² on a ball of Frobenius radius r (step 1, the math)
+ALPHA = 0.3
+
+
+@dataclass(frozen=True)
+class ToySineRecord:
+    """Step 3: what the backward pass needs (its Jacobian's diagonal and its remainder's radius)."""
+
+    name: str
+    slope: torch.Tensor  # [B, n, d]
+    rho: torch.Tensor  # [B]
+
+    def step(self, Lam: torch.Tensor) -> Step:
+        return Step(Lam * self.slope[:, None], charge=Lam.flatten(2).norm(dim=-1) * self.rho[:, None])
+
+
+def toy_sine(S: DeviationSet, x0: torch.Tensor, eps: float, log: list | None = None) -> DeviationSet:
+    """Step 2: the exact linear part on every part of the set (per_token), E's radii grown by its norm,
+    the remainder on the set's radius as a new ball."""
+    slope = 1 + ALPHA * torch.cos(x0)  # [B, n, d]
+    top = slope.abs().flatten(1).amax(-1)  # the map's spectral norm, per image
+    rest = 0.5 * ALPHA * S.radius(eps) ** 2
+    out = S.per_token(torch.diag_embed(slope))
+    out = dataclasses.replace(out, rho=S.rho * top[:, None], route=S.route * top + rest,
+                              tok=None if S.tok is None else S.tok * top[:, None])
+    if log is not None:
+        log.append(ToySineRecord("toy_sine", slope, rest))
+    return out.add_ball("toy_sine", rest)
+
+
+def test_a_stage_added_by_the_recipe_holds_its_deviations_forward_and_backward(monkeypatch):
+    """Step 6 on the toy stage: sampled true deviations lie in the set (its support in random
+    directions), the backward pass crosses its record once the record is in backward.STAGES (and
+    refuses it before), and its lower bounds hold every sampled deviation."""
+    from bounds.network import backward as back
+
+    g = torch.Generator().manual_seed(0)
+    B, n, d, P, eps = 2, 3, 4, 5, 0.5
+    G0 = torch.randn(n, d, P, generator=g, dtype=torch.float64)
+    x0 = torch.randn(B, n, d, generator=g, dtype=torch.float64)
+    G = G0.expand(B, -1, -1, -1)
+    start = DeviationSet.ball_of(G, eps * torch.linalg.matrix_norm(G0.reshape(n * d, P), 2).expand(B))
+    log: list = []
+    out = toy_sine(start, x0, eps, log)
+    slope = 1 + ALPHA * torch.cos(x0)
+
+    def true(delta):  # [S, B, P] → the toy stage's true deviations [S, B, n, d]
+        moved = torch.einsum("ndp,sbp->sbnd", G0, delta)
+        return (moved + ALPHA * torch.sin(x0 + moved)) - ALPHA * torch.sin(x0)
+
+    def worst(c):  # the pixel deviations where the linear part attains its support along ±c [B, n, d]
+        v = torch.einsum("bnd,ndp->bp", c * slope, G0)
+        return torch.stack([eps * v / v.norm(dim=-1, keepdim=True), -eps * v / v.norm(dim=-1, keepdim=True)])
+
+    rand = torch.randn(200, B, P, generator=g, dtype=torch.float64)
+    rand = eps * rand / rand.norm(dim=-1, keepdim=True)
+    rand = rand * torch.rand(200, B, 1, generator=g, dtype=torch.float64)
+    for _ in range(20):
+        c = torch.randn(B, n, d, generator=g, dtype=torch.float64)
+        seen = (true(torch.cat([rand, worst(c)])) * c).sum((-1, -2))
+        assert (seen <= out.support(c, eps) * (1 + 1e-12) + 1e-12).all()
+    Lam = torch.randn(B, 2, n, d, generator=g, dtype=torch.float64)
+    points = torch.cat([rand, worst(Lam[:, 0]), worst(Lam[:, 1])])
+    with pytest.raises(ValueError, match="unknown stage record"):
+        back.backward(log, Lam, G0, eps)
+    monkeypatch.setattr(back, "STAGES", (*back.STAGES, ToySineRecord))
+    lower, _ = back.backward(log, Lam, G0, eps)
+    attained = torch.einsum("bcnd,sbnd->sbc", Lam, true(points)).amin(0)
+    assert (lower <= attained + 1e-12).all()
