@@ -26,12 +26,31 @@ from .errors import InputError, check_heads
 from .layers import DotMHA, layer_project
 
 VARIANTS = ("lofast", "vanilla", "standard")
-# the FFN's activation: relu, or GELU exact (x·Φ(x)) or in its tanh approximation, as torch names them
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+# the FFN's activation: relu, or GELU exact (x·Φ(x)) or in its tanh approximation ½x(1 + tanh(c(x + ax³))),
+# as torch names them; ``gelu_tanh_f32``: the tanh form with c and a rounded to float32, as an ONNX
+# exporter before opset 20 writes it (Mul, Pow, Tanh and Add nodes with float32 constants)
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_tanh_f32")
+# the tanh form's (c, a) per activation: torch's, and the same rounded to float32
+TANH_FORMS = {"gelu_tanh": (math.sqrt(2 / math.pi), 0.044715),
+              "gelu_tanh_f32": (float(torch.tensor(math.sqrt(2 / math.pi), dtype=torch.float32)),
+                                float(torch.tensor(0.044715, dtype=torch.float32)))}
 # max |GELU'(x)| = GELU'(√2) = Φ(√2) + √2·φ(√2) = 1.128904..., rounded up (GELU'' = φ(x)(2 − x²) vanishes
 # at ±√2; GELU' > 0 is at its largest there, and its least, −0.1289 at −√2, is smaller in size); the tanh
-# approximation's is 1.128993... at x ≈ 1.42, also below
+# approximation's is 1.128993... at x ≈ 1.42, also below (with its constants rounded to float32 too:
+# they move it by under 1e-7)
 GELU_LIPSCHITZ = 1.1300
+
+
+def activate(activation: str, Z: Tensor) -> Tensor:
+    """The FFN's ``activation`` (:data:`ACTIVATIONS`) of Z."""
+    if activation == "relu":
+        return torch.relu(Z)
+    if activation == "gelu":
+        return torch.nn.functional.gelu(Z)
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(Z, approximate="tanh")
+    c, a = TANH_FORMS[activation]
+    return 0.5 * Z * (1 + torch.tanh(c * (Z + a * Z * Z * Z)))
 # the standard variant's norms (LayerNorm, or BatchNorm as the VNN-COMP ViTs have it: affine in eval)
 # and its pooling (the class token, or the mean of the normalized tokens)
 NORMS = ("layer", "batch")
@@ -199,9 +218,7 @@ class FFN(nn.Module):
         self.activation = activation
 
     def act(self, Z: Tensor) -> Tensor:
-        if self.activation == "relu":
-            return torch.relu(Z)
-        return torch.nn.functional.gelu(Z, approximate="tanh" if self.activation == "gelu_tanh" else "none")
+        return activate(self.activation, Z)
 
     def branch(self, X: Tensor) -> Tensor:
         """``W₂ σ(W₁x + b₁) + b₂``, the part a residual adds."""

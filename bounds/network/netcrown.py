@@ -18,11 +18,10 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from models.vit import TokenBatchNorm, ViT
+from models.vit import TANH_FORMS, TokenBatchNorm, ViT
 
 from ..crown import RELAXATION, float64_lirpa, intersect, lirpa_module, nan_as
 from .propagated import ROUNDING, check_stages
-from .stages.activations import TANH_A, TANH_C
 
 METHODS = {"crown": "CROWN", "alpha_crown": "alpha-CROWN"}
 # Images bounded at once. auto_LiRPA's tensors grow with the batch: CROWN is fastest at 1–2 images
@@ -134,8 +133,9 @@ class TracedViT(nn.Module):
 
     def _branch(self, X: Tensor, k: int) -> Tensor:
         pre = X.matmul(self._w("W_1", k).T) + self._w("b_1", k)
-        if self.act == "gelu_tanh":  # its formula from ops auto_LiRPA bounds (tanh, products)
-            hidden = 0.5 * pre * (1 + torch.tanh(TANH_C * (pre + TANH_A * pre * pre * pre)))
+        if self.act in TANH_FORMS:  # its formula from ops auto_LiRPA bounds (tanh, products)
+            c, a = TANH_FORMS[self.act]
+            hidden = 0.5 * pre * (1 + torch.tanh(c * (pre + a * pre * pre * pre)))
         else:
             hidden = torch.relu(pre) if self.act == "relu" else _Gelu.apply(pre)
         return hidden.matmul(self._w("W_2", k).T) + self._w("b_2", k)

@@ -24,6 +24,7 @@ embedding, so that ε is the ℓ2 radius over the image in [0, 1], as elsewhere 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..vit import ViT, ViTConfig
+from ..vit import ACTIVATIONS, ViT, ViTConfig, activate
 from . import detect, probe
 from .graph import Float64Unavailable, Graph, Op
 
@@ -41,8 +42,8 @@ TOLERANCE = {True: 1e-6, False: 1e-5}
 FIT = {True: 1e-9, False: 1e-4}  # each stage's fit at fresh points, relative to its outputs' size
 # LayerNorm's eps: the values frameworks use (torch's 1e-5, timm's 1e-6, BERT's 1e-12, ...)
 LN_EPS = (1e-5, 1e-6, 1e-12, 1e-8, 1e-7, 1e-9, 1e-10, 1e-4, 1e-3, 0.0)
-ACTS = {"relu": torch.relu, "gelu": torch.nn.functional.gelu,
-        "gelu_tanh": lambda z: torch.nn.functional.gelu(z, approximate="tanh")}
+# the activations the MLP may have, told apart on a grid of values (models.vit.ACTIVATIONS)
+ACTS = {name: functools.partial(activate, name) for name in ACTIVATIONS}
 LINEAR = ("matmul", "linear")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import np_
 
 import models
 from bounds.lofast import m_norms, zeta
@@ -16,7 +17,6 @@ from models.structured import (
     reduced_logit_matrix,
     zeta_gram,
 )
-from tests.helpers import np_
 
 CASES = [(5, 8, 2, True, 0.0), (4, 16, 4, False, 0.0), (6, 12, 3, True, 0.5), (3, 8, 1, True, 0.3),
          (7, 16, 8, True, 0.0)]

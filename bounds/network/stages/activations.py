@@ -9,7 +9,8 @@ exact slope λ = σ'(z₀) and the second-order error ½σ''(ξ)(z − z₀)², 
 D = max(z₀ − lo, hi − z₀). σ'' is smooth with critical points −2, 0 and 2 only (σ''' = φ(ξ)·ξ(ξ² − 4)),
 so m and M are its values at the ends and at the critical points inside: exact, not sampled.
 
-GELU's tanh approximation σ(z) = ½z(1 + tanh u), u = c(z + az³) (c = √(2/π), a = 0.044715), takes the
+GELU's tanh approximation σ(z) = ½z(1 + tanh u), u = c(z + az³) (c = √(2/π), a = 0.044715, or the two
+rounded to float32 for ``gelu_tanh_f32``: models.vit.TANH_FORMS), takes the
 same relaxation with its own slope σ'(z₀) = ½(1 + t) + ½z(1 − t²)u' and its σ'' =
 (1 − t²)(u' + ½z(u'' − 2t·u'²)) (t = tanh u, u' = c(1 + 3az²), u'' = 6acz), whose range on [lo, hi] is
 bounded by interval arithmetic on that expression over :data:`TANH_PIECES` equal pieces of the
@@ -24,16 +25,18 @@ import math
 import torch
 from torch import Tensor
 
+from models.vit import ACTIVATIONS, TANH_FORMS
+
 from ..zonotope import relu_relaxation
 
 __all__ = ["ACTIVATION_STAGES", "gelu_bounds", "gelu_relaxation", "gelu_second", "gelu_slope", "relaxation",
            "tanh_second", "tanh_slope"]
 
-# the activations taylor_net has a stage for (models.vit.ACTIVATIONS)
-ACTIVATION_STAGES = ("relu", "gelu", "gelu_tanh")
+# the activations taylor_net has a stage for: every one of models.vit.ACTIVATIONS
+ACTIVATION_STAGES = ACTIVATIONS
 # the tanh approximation's constants (torch.nn.functional.gelu(approximate="tanh"))
-TANH_C = math.sqrt(2 / math.pi)
-TANH_A = 0.044715
+TANH_C, TANH_A = TANH_FORMS["gelu_tanh"]
+Form = tuple[float, float]  # a tanh form's (c, a)
 # the pieces of a neuron's range on each of which σ'' of the tanh approximation is bounded apart
 TANH_PIECES = 8
 # σ'' computed in float64 is off by a few ulps of its size (≤ 0.8): widen its range by this
@@ -67,16 +70,18 @@ def gelu_second_range(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
     return m - SECOND_ROUND, M + SECOND_ROUND
 
 
-def tanh_slope(z: Tensor) -> Tensor:
-    """σ'(z) of GELU's tanh approximation: ½(1 + t) + ½z(1 − t²)u'."""
-    t = torch.tanh(TANH_C * (z + TANH_A * z**3))
-    return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * TANH_C * (1 + 3 * TANH_A * z * z)
+def tanh_slope(z: Tensor, form: Form = (TANH_C, TANH_A)) -> Tensor:
+    """σ'(z) of GELU's tanh approximation with ``form``'s (c, a): ½(1 + t) + ½z(1 − t²)u'."""
+    c, a = form
+    t = torch.tanh(c * (z + a * z**3))
+    return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * a * z * z)
 
 
-def tanh_second(z: Tensor) -> Tensor:
-    """σ''(z) of GELU's tanh approximation: (1 − t²)(u' + ½z(u'' − 2t·u'²))."""
-    t = torch.tanh(TANH_C * (z + TANH_A * z**3))
-    du, ddu = TANH_C * (1 + 3 * TANH_A * z * z), 6 * TANH_A * TANH_C * z
+def tanh_second(z: Tensor, form: Form = (TANH_C, TANH_A)) -> Tensor:
+    """σ''(z) of GELU's tanh approximation with ``form``'s (c, a): (1 − t²)(u' + ½z(u'' − 2t·u'²))."""
+    c, a = form
+    t = torch.tanh(c * (z + a * z**3))
+    du, ddu = c * (1 + 3 * a * z * z), 6 * a * c * z
     return (1 - t * t) * (du + 0.5 * z * (ddu - 2 * t * du * du))
 
 
@@ -92,15 +97,16 @@ def _square(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
     return low, torch.maximum(lo * lo, hi * hi)
 
 
-def _tanh_second_piece(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
+def _tanh_second_piece(lo: Tensor, hi: Tensor, form: Form) -> tuple[Tensor, Tensor]:
     """An interval holding σ''(z) of the tanh approximation for every z ∈ [lo, hi] (interval arithmetic
-    on :func:`tanh_second`'s expression; z ↦ u is increasing)."""
-    t = (torch.tanh(TANH_C * (lo + TANH_A * lo**3)), torch.tanh(TANH_C * (hi + TANH_A * hi**3)))
+    on :func:`tanh_second`'s expression; z ↦ u is increasing, as c, a > 0)."""
+    C, A = form
+    t = (torch.tanh(C * (lo + A * lo**3)), torch.tanh(C * (hi + A * hi**3)))
     z = (lo, hi)
     zz, tt = _square(lo, hi), _square(*t)
     one_minus = (1 - tt[1], 1 - tt[0])
-    du = (TANH_C * (1 + 3 * TANH_A * zz[0]), TANH_C * (1 + 3 * TANH_A * zz[1]))
-    ddu = (6 * TANH_A * TANH_C * lo, 6 * TANH_A * TANH_C * hi)
+    du = (C * (1 + 3 * A * zz[0]), C * (1 + 3 * A * zz[1]))
+    ddu = (6 * A * C * lo, 6 * A * C * hi)
     du2 = (du[0] ** 2, du[1] ** 2)
     tdu2 = _times(t, du2)
     inner = (ddu[0] - 2 * tdu2[1], ddu[1] - 2 * tdu2[0])
@@ -110,25 +116,27 @@ def _tanh_second_piece(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
     return _times(one_minus, bracket)
 
 
-def tanh_second_range(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
-    """(least, largest) bounds of the tanh approximation's σ'' on [lo, hi], over :data:`TANH_PIECES`
-    pieces, widened by a relative and an absolute rounding slack."""
+def tanh_second_range(lo: Tensor, hi: Tensor, form: Form = (TANH_C, TANH_A)) -> tuple[Tensor, Tensor]:
+    """(least, largest) bounds of the tanh approximation's σ'' (``form``'s (c, a)) on [lo, hi], over
+    :data:`TANH_PIECES` pieces, widened by a relative and an absolute rounding slack."""
     steps = torch.linspace(0, 1, TANH_PIECES + 1, dtype=lo.dtype, device=lo.device)
     edges = lo[..., None] + (hi - lo)[..., None] * steps  # [..., pieces + 1]
     edges[..., -1] = hi
-    m, M = _tanh_second_piece(edges[..., :-1], edges[..., 1:])
+    m, M = _tanh_second_piece(edges[..., :-1], edges[..., 1:], form)
     m, M = m.amin(-1), M.amax(-1)
     return m - 1e-12 * m.abs() - SECOND_ROUND, M + 1e-12 * M.abs() + SECOND_ROUND
 
 
-def gelu_relaxation(z0: Tensor, lo: Tensor, hi: Tensor, tanh: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+def gelu_relaxation(z0: Tensor, lo: Tensor, hi: Tensor,
+                    form: Form | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(λ, β, μ) with ``GELU(z) − GELU(z₀) ∈ λ(z − z₀) + β + μ[−1, 1]`` for every z ∈ [lo, hi]
-    (module docstring); ``tanh``: GELU's tanh approximation."""
+    (module docstring); ``form``: GELU's tanh approximation with these (c, a) (None: GELU itself)."""
     a, b = torch.minimum(lo, z0), torch.maximum(hi, z0)
-    m, M = tanh_second_range(a, b) if tanh else gelu_second_range(a, b)
+    m, M = tanh_second_range(a, b, form) if form is not None else gelu_second_range(a, b)
     D2 = torch.maximum(z0 - lo, hi - z0).clamp_min(0) ** 2
     e_lo, e_hi = (0.5 * m * D2).clamp_max(0), (0.5 * M * D2).clamp_min(0)
-    return (tanh_slope(z0) if tanh else gelu_slope(z0)), (e_lo + e_hi) / 2, (e_hi - e_lo) / 2
+    slope = tanh_slope(z0, form) if form is not None else gelu_slope(z0)
+    return slope, (e_lo + e_hi) / 2, (e_hi - e_lo) / 2
 
 
 def relaxation(act: str, z0: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -137,12 +145,13 @@ def relaxation(act: str, z0: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Te
         raise ValueError(f"no relaxation of the activation {act!r}")
     if act == "relu":
         return relu_relaxation(z0, lo, hi)
-    return gelu_relaxation(z0, lo, hi, tanh=act == "gelu_tanh")
+    return gelu_relaxation(z0, lo, hi, TANH_FORMS.get(act))
 
 
-def gelu_bounds(g: Tensor, z0: Tensor, lo: Tensor, hi: Tensor, tanh: bool = False) -> tuple[Tensor, Tensor]:
+def gelu_bounds(g: Tensor, z0: Tensor, lo: Tensor, hi: Tensor,
+                form: Form | None = None) -> tuple[Tensor, Tensor]:
     """(s, b) with ``g·(GELU(z) − GELU(z₀)) ≥ g·s·(z − z₀) + g·b`` for every z ∈ [lo, hi]: the exact
     slope, and the end of the error's range that the sign of g picks (ReLU's counterpart:
-    ``taylor_net.relu_bounds``); ``tanh``: GELU's tanh approximation."""
-    lam, beta, mu = gelu_relaxation(z0, lo, hi, tanh)
+    ``taylor_net.relu_bounds``); ``form`` as in :func:`gelu_relaxation`."""
+    lam, beta, mu = gelu_relaxation(z0, lo, hi, form)
     return lam.expand_as(g), torch.where(g >= 0, beta - mu, beta + mu)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from models.vit import TANH_FORMS
+
 from ...norms import gram_norm
 from ..record import Step
 from ..zonotope import DeviationSet, columns, symbols
@@ -166,7 +168,7 @@ class FFNRecord:
             s, b = relu_bounds(g, self.z0[:, None], self.lo[:, None], self.hi[:, None], alpha)
         else:
             s, b = gelu_bounds(g, self.z0[:, None], self.lo[:, None], self.hi[:, None],
-                               tanh=self.act == "gelu_tanh")
+                               TANH_FORMS.get(self.act))
         moved = (g * s) @ self.W1
         gain = g * b
         return Step(Lam + moved if self.residual else moved, gain.sum((-1, -2)), gain.abs().sum((-1, -2)))

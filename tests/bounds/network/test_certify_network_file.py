@@ -9,6 +9,7 @@ stage is refused by name with one error line."""
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 
@@ -59,6 +60,10 @@ def model(kind: str, qk: float = 1.0) -> nn.Module:
         net = ImageViT(blocks, D)
     elif kind == "gelu_mean":
         net = NormedViT([Block(Fused(D, H), D) for _ in range(2)], D, nn.LayerNorm(D), pool="mean")
+    elif kind == "gelu_tanh":  # GELU's tanh form, which an ONNX exporter before opset 20 writes as
+        # x·½(1 + tanh(√(2/π)(x + 0.044715x³))) from Mul, Pow, Tanh and Add
+        act = functools.partial(nn.GELU, approximate="tanh")
+        net = NormedViT([Block(Fused(D, H), D, act=act) for _ in range(2)], D, nn.LayerNorm(D))
     elif kind == "mha":
         net = NormedViT([Block(TorchMHA(D, H), D, act=nn.ReLU) for _ in range(2)], D, nn.LayerNorm(D))
     elif kind == "post":
@@ -93,7 +98,9 @@ def data(net: nn.Module, count: int = 30, seed: int = 1) -> tuple[torch.Tensor, 
 
 
 CASES = [("bn", "opset9", "batch", "relu", "cls"), ("gelu_mean", "pt2", "layer", "gelu", "mean"),
-         ("mha", "opset14", "layer", "relu", "cls")]
+         ("mha", "opset14", "layer", "relu", "cls"),
+         # the exporter writes the tanh form's constants in float32: recovered as such, not as torch's
+         ("gelu_tanh", "opset14", "layer", "gelu_tanh_f32", "cls")]
 
 
 @pytest.mark.parametrize("kind,how,norm,act,pool", CASES)
@@ -113,7 +120,7 @@ def test_the_recovered_network_is_the_modules(tmp_path, kind, how, norm, act, po
     assert err <= (1e-6 if how == "pt2" else 1e-5) and found.max_rel_err <= 1e-5
 
 
-@pytest.mark.parametrize("kind,how", [("bn", "opset9"), ("gelu_mean", "pt2")])
+@pytest.mark.parametrize("kind,how", [("bn", "opset9"), ("gelu_mean", "pt2"), ("gelu_tanh", "opset14")])
 def test_certify_a_network_file_soundly(tmp_path, capsys, kind, how):
     """The CLI end to end, then the independent attack on what taylor_net and CROWN certify."""
     net = model(kind, qk=0.5)
