@@ -72,6 +72,41 @@ class CertifyRun:
         return len(self.labels)
 
 
+@dataclass
+class _Collected:
+    """One (bound, ε)'s results chunk by chunk, joined when the run ends: per chunk δ_features, both
+    tests' verdicts, the certificate, the cascade's images sent on and taylor_net's diagnostics; the
+    seconds of every chunk and of the last (a cascade takes its first bound's)."""
+
+    delta: list[Tensor] = field(default_factory=list)
+    prop1: list[Tensor] = field(default_factory=list)
+    pairwise: list[Tensor] = field(default_factory=list)
+    cert: list[Certificate] = field(default_factory=list)
+    sent: list[Tensor] = field(default_factory=list)
+    diag: list = field(default_factory=list)
+    seconds: float = 0.0
+    last_seconds: float = 0.0
+
+    def direct(self, verdict: Tensor, certificate: Certificate, seconds: float) -> None:
+        """A chunk certified by verifying the margins directly: no δ_features (NaN), one verdict."""
+        self.delta.append(torch.full((len(verdict),), torch.nan, dtype=torch.float64))
+        self.prop1.append(verdict)
+        self.pairwise.append(verdict)
+        self.cert.append(certificate)
+        self.last_seconds = seconds
+        self.seconds += seconds
+
+
+@dataclass
+class _Attacked:
+    """The margin attack at one ε, chunk by chunk: worst margins, verdicts, feature changes, seconds."""
+
+    margin: list[Tensor] = field(default_factory=list)
+    broken: list[Tensor] = field(default_factory=list)
+    features: list[Tensor] = field(default_factory=list)
+    seconds: float = 0.0
+
+
 def parse_eps(text: str) -> list[float]:
     """``0.02,0.05,0.1`` → [0.02, 0.05, 0.1]: each finite and > 0, no repeats."""
     values = [check_eps(s) for s in split_list("--eps", text)]
@@ -190,9 +225,8 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     cascades = ([CASCADE] + ([CASCADE_TN] if TAYLOR_NET in ran else [])) if cascade else []
     listed = [b.name for b in bounds_] + cascades
     keys = [(b, e) for e in eps for b in listed]
-    parts: dict = {k: {"delta": [], "prop1": [], "pairwise": [], "cert": [], "sent": [], "diag": [],
-                       "s": 0.0} for k in keys}
-    attack: dict = {e: {"margin": [], "broken": [], "features": [], "s": 0.0} for e in eps}
+    parts = {k: _Collected() for k in keys}
+    attack = {e: _Attacked() for e in eps}
     clean, chunk = [], chunk_size(device)
     traces = memo if memo is not None else {}  # taylor_net's clean trace per chunk, for every split and ε
     bar = tqdm(total=len(images), desc="certify", unit="image", file=sys.stderr, disable=not progress,
@@ -218,22 +252,17 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                     p = parts[(b.name, e)]
                     if b in direct:
                         v = verify(net, x, y, e, b.name, traced)
-                        p["delta"].append(torch.full((len(x),), torch.nan, dtype=torch.float64))
-                        p["prop1"].append(v.certified)
-                        p["pairwise"].append(v.certified)
-                        p["cert"].append(RELAXATION)
-                        p["s"] += v.seconds
-                        p["s_last"] = v.seconds  # this chunk's, for the cascade
+                        p.direct(v.certified, RELAXATION, v.seconds)
                         continue
                     if b.name in TAYLOR_NETS:
                         _taylor_net(p, net, x, y, e, traces, i, b.name)
                         continue
                     c = cert.certify(b, e, norms)
-                    p["delta"].append(c.delta)
-                    p["prop1"].append(c.prop1)
-                    p["pairwise"].append(c.pairwise)
-                    p["cert"].append(c.certificate)
-                    p["s"] += c.seconds
+                    p.delta.append(c.delta)
+                    p.prop1.append(c.prop1)
+                    p.pairwise.append(c.pairwise)
+                    p.cert.append(c.certificate)
+                    p.seconds += c.seconds
                 for name in cascades:
                     _cascade(parts, net, x, y, e, cert, traced, name, norms)
             with torch.no_grad():
@@ -243,10 +272,10 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                 a = attack_margin(net, x, y, e, steps=steps, restarts=restarts, seed=seed + i, dtype=dtype)
                 with torch.no_grad():
                     moved = (net.trace(x + a.delta).features - features).norm(dim=-1)
-                attack[e]["margin"].append(a.margin)
-                attack[e]["broken"].append(a.broken)
-                attack[e]["features"].append(moved)
-                attack[e]["s"] += time.perf_counter() - start
+                attack[e].margin.append(a.margin)
+                attack[e].broken.append(a.broken)
+                attack[e].features.append(moved)
+                attack[e].seconds += time.perf_counter() - start
             bar.update(len(x))
     finally:  # an error (out of memory, Ctrl-C) ends the bar before its line is printed
         bar.close()
@@ -254,23 +283,22 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     out = CertifyRun(labels.cpu(), margin(logits, labels).cpu(), (logits.argmax(-1) == labels).cpu(),
                      eps, listed)
     for k, p in parts.items():
-        out.delta[k], out.prop1[k], out.pairwise[k] = (_cat(p[f]).cpu()
-                                                       for f in ("delta", "prop1", "pairwise"))
-        out.certificates[k] = per_sample(p["cert"])
-        out.seconds[k] = p["s"]
-        if p["sent"]:
-            out.sent[k] = _cat(p["sent"]).cpu()
-        if p["diag"]:
+        out.delta[k], out.prop1[k], out.pairwise[k] = (_cat(t).cpu() for t in (p.delta, p.prop1, p.pairwise))
+        out.certificates[k] = per_sample(p.cert)
+        out.seconds[k] = p.seconds
+        if p.sent:
+            out.sent[k] = _cat(p.sent).cpu()
+        if p.diag:
             # joined as Diagnostics: a source (a wild token's group) may be missing from a chunk
-            out.diagnostics[k] = {f: v.cpu() for f, v in Diagnostics.cat(p["diag"]).columns().items()}
+            out.diagnostics[k] = {f: v.cpu() for f, v in Diagnostics.cat(p.diag).columns().items()}
     for e, a in attack.items():
         out.pgd_margin[e], out.pgd_broken[e], out.pgd_features[e] = (
-            _cat(a[f]).cpu() for f in ("margin", "broken", "features"))
-        out.pgd_seconds[e] = a["s"]
+            _cat(t).cpu() for t in (a.margin, a.broken, a.features))
+        out.pgd_seconds[e] = a.seconds
     return out
 
 
-def _taylor_net(p: dict, net: ViT, x: Tensor, y: Tensor, eps: float, memo: dict, i: int,
+def _taylor_net(p: _Collected, net: ViT, x: Tensor, y: Tensor, eps: float, memo: dict, i: int,
                 name: str = TAYLOR_NET) -> None:
     """One chunk of a taylor_net bound (:data:`TAYLOR_NETS`: its split of attention) at ``eps``
     (bounds.network.taylor_net): the chunk's clean trace kept in ``memo`` for the other splits and ε,
@@ -286,17 +314,12 @@ def _taylor_net(p: dict, net: ViT, x: Tensor, y: Tensor, eps: float, memo: dict,
     # its own seconds: a split or ``best`` made before for another bound at this ε is reused, and its
     # seconds are counted again here, once, as they would be if this bound ran alone
     c = held.certify(eps, TAYLOR_NETS[name])
-    p["delta"].append(torch.full((len(x),), torch.nan, dtype=torch.float64))
-    p["prop1"].append(c.certified)
-    p["pairwise"].append(c.certified)
-    p["cert"].append(c.certificate)
-    p["diag"].append(c.diagnostics)
-    p["s_last"] = built + c.seconds  # this chunk's, for its cascade
-    p["s"] += p["s_last"]
+    p.direct(c.certified, c.certificate, built + c.seconds)  # the last seconds: for its cascade
+    p.diag.append(c.diagnostics)
 
 
-def _cascade(parts: dict, net: ViT, x: Tensor, y: Tensor, eps: float, cert: Certifier,
-             traced: TracedViT, name: str, norms: dict) -> None:
+def _cascade(parts: dict[tuple[str, float], _Collected], net: ViT, x: Tensor, y: Tensor, eps: float,
+             cert: Certifier, traced: TracedViT, name: str, norms: dict) -> None:
     """One chunk of the cascade ``name`` (:data:`bounds.registry.CASCADES`) at ``eps``: its first
     bound's pairwise test on every image (naive's norms reused from the chunk's other bounds where
     they ran, through their cache ``norms``; taylor_net's verdicts and seconds taken from its own
@@ -306,7 +329,7 @@ def _cascade(parts: dict, net: ViT, x: Tensor, y: Tensor, eps: float, cert: Cert
     first_name = CASCADES[name]
     if first_name == TAYLOR_NET:
         own = parts[(TAYLOR_NET, eps)]
-        pairwise, seconds, certificate = own["pairwise"][-1], own["s_last"], own["cert"][-1]
+        pairwise, seconds, certificate = own.pairwise[-1], own.last_seconds, own.cert[-1]
     else:
         first = cert.certify(first_name, eps, norms)
         pairwise, seconds, certificate = first.pairwise, first.seconds, first.certificate
@@ -315,19 +338,15 @@ def _cascade(parts: dict, net: ViT, x: Tensor, y: Tensor, eps: float, cert: Cert
     crown = parts.get(("crown", eps))
     if sent.any():
         if crown is not None:
-            verdict[sent.cpu()] = crown["pairwise"][-1][sent.cpu()]
-            seconds += crown["s_last"] * int(sent.sum()) / len(x)
+            verdict[sent.cpu()] = crown.pairwise[-1][sent.cpu()]
+            seconds += crown.last_seconds * int(sent.sum()) / len(x)
         else:
             v = verify(net, x[sent], y[sent], eps, "crown", traced)
             verdict[sent.cpu()] = v.certified
             seconds += v.seconds
     p = parts[(name, eps)]
-    p["delta"].append(torch.full((len(x),), torch.nan, dtype=torch.float64))
-    p["prop1"].append(verdict)
-    p["pairwise"].append(verdict)
-    p["cert"].append(certificate & RELAXATION)
-    p["sent"].append(sent.cpu())
-    p["s"] += seconds
+    p.direct(verdict, certificate & RELAXATION, seconds)
+    p.sent.append(sent.cpu())
 
 
 def per_sample(certs: list[Certificate]) -> Certificate:
