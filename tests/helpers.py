@@ -64,3 +64,15 @@ def np_(t: torch.Tensor) -> np.ndarray:
 def softmax_rows(S: np.ndarray) -> np.ndarray:
     E = np.exp(S - S.max(axis=-1, keepdims=True))
     return E / E.sum(axis=-1, keepdims=True)
+
+
+def loaded_packages(tmp_path: Path, modules: list[str]) -> set[str]:
+    """The top-level names of every module in sys.modules after importing ``modules``."""
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}:\n"
+            "    importlib.import_module(m)\n"
+            "print('\\n'.join(sorted(sys.modules)))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, check=True).stdout
+    return {name.split(".")[0] for name in out.split()}

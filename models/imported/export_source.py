@@ -158,6 +158,8 @@ def from_program(ep: torch.export.ExportedProgram) -> Graph:
             if name == "einsum" and len(args) == 2:
                 attrs["b_transposed"] = einsum_product(str(n.args[0]))
                 kind = "matmul" if attrs["b_transposed"] is not None else kind
+                if kind != "matmul" and sum(a.name in constant for a in args) == 1:
+                    kind = "linear"  # a weight contracted with one value (the per-head W^O of an einsum)
             ops.append(Op(n.name, kind, f"aten.{name}", tuple(a.name for a in args), (n.name,), attrs))
             if name in SHAPE_OPS or all(a.name in constant for a in args):
                 constant.add(n.name)

@@ -182,6 +182,8 @@ def load(path: str | Path) -> Graph:
             eq = next((a.s.decode() for a in n.attribute if a.name == "equation"), "")
             attrs["b_transposed"] = einsum_product(eq)
             kind = "matmul" if attrs["b_transposed"] is not None else kind
+            if kind != "matmul" and sum(x in constant for x in n.input) == 1:
+                kind = "linear"  # a weight contracted with one value (the per-head W^O of an einsum)
         ops.append(Op(name, kind, n.op_type, tuple(x if x else None for x in n.input), tuple(n.output),
                       attrs))
         if n.op_type in SHAPE_OPS or all(x in constant for x in n.input):

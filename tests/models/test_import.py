@@ -326,8 +326,9 @@ def test_input_formats_and_several_inputs(exported, tmp_path, capsys):
 
 def test_onnx_is_imported_only_when_used(tmp_path):
     """onnx and onnxruntime are the optional ``import`` extra: importing the suite, its CLI or the
-    importer itself must not load them (tests/project/test_layout.py's check, in a fresh interpreter)."""
-    from test_layout import loaded_packages
+    importer itself must not load them (helpers.loaded_packages, tests/project/test_layout.py's check, in a
+    fresh interpreter)."""
+    from helpers import loaded_packages
 
     loaded = loaded_packages(tmp_path, ["models", "models.imported", "bench.cli.main",
                                         "bench.cli.import_cmd"])

@@ -12,13 +12,10 @@ modules that came with it.
 from __future__ import annotations
 
 import ast
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, loaded_packages
 
 MODELS = ["models", "models.build", "models.errors", "models.io", "models.layers", "models.operators",
           "models.spectral", "models.pretrained", "models.sentences"]
@@ -28,18 +25,6 @@ LIBRARY = ["models", "bounds", "attacks", "bench", "tools"]
 PROJECT = [*LIBRARY, "tests", "benchmarks"]
 NOT_MODULES = {"__init__.py", "__main__.py", "conftest.py"}
 MAX_MODULES = 12
-
-
-def loaded_packages(tmp_path: Path, modules: list[str]) -> set[str]:
-    """The top-level names of every module in sys.modules after importing ``modules``."""
-    code = ("import importlib, sys\n"
-            f"for m in {modules!r}:\n"
-            "    importlib.import_module(m)\n"
-            "print('\\n'.join(sorted(sys.modules)))\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, check=True).stdout
-    return {name.split(".")[0] for name in out.split()}
 
 
 def test_the_check_sees_imports(tmp_path):

@@ -25,6 +25,7 @@ pytest.importorskip("onnxruntime")
 
 from models.imported.importer import load
 from models.imported.network import recover_network
+from models.vit import ViT, ViTConfig
 
 D, H = 16, 2
 
@@ -64,6 +65,10 @@ def model(kind: str, qk: float = 1.0) -> nn.Module:
         # x·½(1 + tanh(√(2/π)(x + 0.044715x³))) from Mul, Pow, Tanh and Add
         act = functools.partial(nn.GELU, approximate="tanh")
         net = NormedViT([Block(Fused(D, H), D, act=act) for _ in range(2)], D, nn.LayerNorm(D))
+    elif kind == "suite":  # this suite's own standard ViT (models/vit.py): per-head weights, einsums
+        cfg = ViTConfig(image=8, classes=10, d=D, depth=2, heads=H, patch=4, ffn=2 * D, variant="standard",
+                        constraint=None, ffn_constraint=None, activation="gelu")
+        net = ChannelFirst(ViT(cfg, constrained=False))
     elif kind == "mha":
         net = NormedViT([Block(TorchMHA(D, H), D, act=nn.ReLU) for _ in range(2)], D, nn.LayerNorm(D))
     elif kind == "post":
@@ -97,10 +102,25 @@ def data(net: nn.Module, count: int = 30, seed: int = 1) -> tuple[torch.Tensor, 
         return x, net(x[:, None]).argmax(-1)
 
 
+class ChannelFirst(nn.Module):
+    """A ViT of this suite (images [B, H, W]) behind the [B, 1, H, W] input the other models take."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+        self.blocks = net.blocks
+
+    def forward(self, x):
+        return self.net(x[:, 0])
+
+
 CASES = [("bn", "opset9", "batch", "relu", "cls"), ("gelu_mean", "pt2", "layer", "gelu", "mean"),
          ("mha", "opset14", "layer", "relu", "cls"),
          # the exporter writes the tanh form's constants in float32: recovered as such, not as torch's
-         ("gelu_tanh", "opset14", "layer", "gelu_tanh_f32", "cls")]
+         ("gelu_tanh", "opset14", "layer", "gelu_tanh_f32", "cls"),
+         # the suite's own ViT through torch.export: its attention's output map is an einsum over the
+         # heads' W^O, read as the linear map it is
+         ("suite", "pt2", "layer", "gelu", "cls")]
 
 
 @pytest.mark.parametrize("kind,how,norm,act,pool", CASES)
@@ -120,7 +140,8 @@ def test_the_recovered_network_is_the_modules(tmp_path, kind, how, norm, act, po
     assert err <= (1e-6 if how == "pt2" else 1e-5) and found.max_rel_err <= 1e-5
 
 
-@pytest.mark.parametrize("kind,how", [("bn", "opset9"), ("gelu_mean", "pt2"), ("gelu_tanh", "opset14")])
+@pytest.mark.parametrize("kind,how", [("bn", "opset9"), ("gelu_mean", "pt2"), ("gelu_tanh", "opset14"),
+                                      ("suite", "pt2")])
 def test_certify_a_network_file_soundly(tmp_path, capsys, kind, how):
     """The CLI end to end, then the independent attack on what taylor_net and CROWN certify."""
     net = model(kind, qk=0.5)
