@@ -80,10 +80,8 @@ def reorthogonalise(w: Tensor, basis: Tensor) -> None:
     """w_b −= Q_bᵀ(Q_b w_b) in place for each batch element b of w [Bt, N], basis Q [Bt, j, N].
 
     Two matrix–vector products per element rather than two ``bmm`` over the batch: the same sums up
-    to rounding (the certified ζ of the Fashion-MNIST ViT agrees to 1.3e-15 relative, same seed), and
-    on this suite's CPU (one thread, N = 2048, k = 126) the pass alone runs 3.1× faster at 10 elements
-    and 3.8× at 2, the whole Lanczos 1.45–1.5× (2.1× at k = 281): MKL's bmm with a one-column
-    right-hand side is slow, and one element's basis (2 MB) stays in cache between its two reads
+    to rounding, and faster on a CPU (docs/scale.md, "The thresholds in the code"): MKL's bmm with a
+    one-column right-hand side is slow, and one element's basis stays in cache between its two reads
     where the whole batch's does not. On a GPU the loop would be Bt small launches: one bmm there.
     """
     if w.is_cuda:

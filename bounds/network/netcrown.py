@@ -224,8 +224,7 @@ def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "cr
     A bound that is NaN (an overflow inside the relaxation) or that auto_LiRPA cannot compute
     (:func:`crown_lower`) certifies nothing. A misclassified image is not sent to auto_LiRPA (its margin
     is negative at the image itself, so no sound bound certifies it): its bounds are −∞, and the
-    seconds are those of the others (CROWN takes ≈ 90 s an image on the Fashion-MNIST 3-block
-    one-epoch model, which misclassifies 43 % of its test images)."""
+    seconds are those of the others."""
     lirpa = lirpa_module()
     from auto_LiRPA.perturbations import PerturbationLpNorm
 

@@ -266,9 +266,9 @@ class TaylorNet:
 
     def certify(self, eps: float, split: str = "taylor") -> NetCertificate:
         """The certificate at image radius ``eps`` for every image of the batch, attention split as
-        ``split`` says (:data:`SPLITS`, or :data:`BEST`): one image at a time on a CPU (a batch pads
-        every image's symbols to the largest count in it: 3.7× slower measured on the Fashion-MNIST
-        3-block model at 8 images), the whole batch at once on a GPU. Kept per (ε, split), so a
+        ``split`` says (:data:`SPLITS`, or :data:`BEST`): one image at a time on a CPU where a batch
+        would pad every image's symbols to the largest count in it (:data:`CPU_CHUNK`), the whole
+        batch at once on a GPU. Kept per (ε, split), so a
         ``best`` after its splits (or the reverse) reuses them; its seconds are still its own."""
         known = (*SPLITS, BEST, f"taylor{OPTIMIZED}")
         if split not in known:
