@@ -24,7 +24,7 @@ REQUIRED = [*KEY, "schema_version", "certificate", *BOOLEAN, *NUMERIC]
 OPTIONAL_NUMERIC = ["label", "margin", "pgd_margin", "attack_steps", "tokens", "radius", "peak_mib",
                     "vit_depth", "vit_heads", "vit_d", "vit_c", "vit_qk", "vit_margin_eps",
                     "vit_test_accuracy", "tn_first_order", "tn_kinks", "tn_attention", "tn_project",
-                    "tn_unstable", "tn_straddling"]
+                    "tn_unstable", "tn_straddling", "input_mean", "input_std", "max_rel_err"]
 OPTIONAL_BOOLEAN = ["correct", "certified_prop1", "certified_pairwise", "pgd_broken", "sent_to_crown",
                     "tn_backward"]
 # what a row is: a bound's value, a PGD value, a timing, a block of a stack, a network's verdict per
@@ -68,12 +68,22 @@ PRETRAINED_COLUMNS = {"model_version": "version of the model package (models/pre
 # the extra columns of the imported layers' rows (task ``imported``, bench/sweep/tasks.py)
 IMPORTED_COLUMNS = {"radius": PRETRAINED_COLUMNS["radius"],
                     "imported_node": "the attention's node in the imported graph (its manifest's 'node')"}
+# the tasks of a network read from a user's file (bench/sweep/network_files.py): the suite's network
+# bounds, and the same with CROWN beside them; the report gives them a table of their own
+FILE_TASKS = ("certify_file", "certify_file_crown")
+# the extra columns of a network file's rows (tasks certify_file, certify_file_crown: bench/sweep/
+# network_files.py); its file and data file are in ``model`` and ``dataset``
+FILE_COLUMNS = {"network_sha256": "the network file's sha256, first 16 hex digits",
+                "data_sha256": "the data file's sha256, first 16 hex digits",
+                "input_mean": "the model's input normalization (x − mean)/std, folded into its embedding",
+                "input_std": "the same std",
+                "max_rel_err": "largest relative error of the recovered network's logits to the runtime's"}
 # a plugin bound's rows (bound and certify): the sha256 of the plugin file that computed them
 # (docs/guide/plugins.md), so that compare never joins rows of a changed file with the old ones;
 # absent from every other row (a built-in bound's rows read as the committed baseline's)
 PLUGIN = "plugin_sha256"
 PLUGIN_COLUMNS = {PLUGIN: "sha256 of the plugin file that defined the bound"}
-EXTRA_COLUMNS = CERTIFY_COLUMNS | PRETRAINED_COLUMNS | IMPORTED_COLUMNS | PLUGIN_COLUMNS
+EXTRA_COLUMNS = CERTIFY_COLUMNS | PRETRAINED_COLUMNS | IMPORTED_COLUMNS | FILE_COLUMNS | PLUGIN_COLUMNS
 
 
 # the trained network a model task ran on, from its card: the report's grid axes come from here

@@ -4,7 +4,6 @@ its images and labels read and checked, and the network recovered as the suite's
 
 from __future__ import annotations
 
-import hashlib
 import math
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import torch
 from torch import Tensor
 
 from models import InputError
-from models.imported.importer import SOURCES, check_source, load
+from models.imported.importer import SOURCES, check_source, digest, load
 from models.imported.network import Network, recover_network
 
 
@@ -77,7 +76,7 @@ def load_network(path: str | Path, images: Tensor, labels: Tensor, mean: float, 
     if int(labels.max()) >= classes:
         raise InputError(f"--data: a label {int(labels.max())} is not one of the model's {classes} classes")
     card = {"source": str(path), "format": SOURCES[path.suffix],
-            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "mean": mean, "std": std,
+            "sha256": digest(path), "mean": mean, "std": std,
             "dtype": "float64" if found.float64 else "model", "max_rel_err": found.max_rel_err,
             "variant": "standard"}
     return found.net, card

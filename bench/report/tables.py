@@ -192,6 +192,6 @@ TABLES: dict[str, Callable[[pd.DataFrame], tuple[pd.DataFrame, str] | Parts]] = 
     "summary": summary, "table3_lofast": table3, "cauchy": cauchy_study.table_blocks, "olsa_vs_kim": olsa_kim,
     "taylor_eps": taylor.table, "table1_certified": certify.table1,
     "cauchy_table1_models": cauchy_study.table_models, "pretrained": pretrained.table,
-    "imported": imported.table, "cost": cost.table,
+    "imported": imported.table, "imported_networks": imported.network_table, "cost": cost.table,
     "table2_cascade": certify.table2, "remainder": remainder.table,
     "taylor_net_diagnostics": certify_study.diagnostics}

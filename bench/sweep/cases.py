@@ -33,12 +33,14 @@ from models.sentences import SENTENCES
 
 from ..core.env import ROOT
 from . import imported as import_dirs
+from . import network_files as files
 
 KINDS = ("dot", "l2", "olsa")
 INPUTS = ("gauss", "fro", "proj", "data")
 PERTURB = ("none", "W_q", "W_k", "W_v", "W_o", "X")
 TASKS = ("bounds", "lofast", "totals", "scaling", "cauchy", "certify", "cauchy_model", "pretrained",
-         "imported", "cost", "crown", "alpha_crown", "certify_crown", "certify_alpha_crown", "crown_cascade")
+         "imported", "cost", "crown", "alpha_crown", "certify_crown", "certify_alpha_crown", "crown_cascade",
+         *files.FILE_TASKS)
 # the whole-network tasks: they need ``model`` and ``dataset``
 MODEL_TASKS = ("certify", "certify_crown", "certify_alpha_crown", "crown_cascade", "cauchy_model")
 # the layer tasks that also run on a trained model's first attention layer at real inputs (x = data)
@@ -55,6 +57,10 @@ ZOO = ROOT / "zoo"
 # an imported cell (task ``imported``) reads its layer and input from an import directory
 # (bench/sweep/imported.py): these fields name them, and no other cell sets them
 IMPORTED_FIELDS = ("imported", "imported_layer", "imported_input", "imported_sha256", "imported_data")
+# a network file's cell (tasks certify_file, certify_file_crown) names its file, its data, their hashes
+# and the normalization; its rows store the paths in ``model`` and ``dataset`` and the rest in columns of
+# their own (bench/core/schema.py: FILE_COLUMNS), so that no other row grows a column
+FILE_FIELDS = ("network", "data", "mean", "std", "network_sha256", "data_sha256")
 
 
 
@@ -123,7 +129,7 @@ class LayerCell(CellBase):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.task in (*MODEL_TASKS, "pretrained", "imported"):
+        if self.task in (*MODEL_TASKS, *files.FILE_TASKS, "pretrained", "imported"):
             raise InputError(f"task {self.task!r} is not a layer task")
         if self.kind not in KINDS:
             raise InputError(f"kind must be one of {KINDS}, got {self.kind!r}")
@@ -350,8 +356,71 @@ class ImportedCell(CellBase):
         return load_layer(layer_file), (X if X.dim() == 3 else X[None])
 
 
-Cell = LayerCell | ModelCell | PretrainedCell | ImportedCell
-CELL_CLASSES = (LayerCell, ModelCell, PretrainedCell, ImportedCell)
+@dataclass(frozen=True, kw_only=True)
+class NetworkFileCell(CellBase):
+    """A user's whole ViT from a file (ONNX or torch.export) on the first ``samples`` images of a data
+    file, at ε over the image in [0, 1] (docs/guide/certify.md, "A network from a file"): ``mean`` and
+    ``std`` are the model's input normalization. ``network_sha256`` and ``data_sha256`` (the first 16
+    hex digits) are taken from the files when left empty, else checked against them."""
+
+    task: str = "certify_file"
+    network: str = ""  # relative to the checkout root, or absolute
+    data: str = ""
+    mean: float = 0.0
+    std: float = 1.0
+    samples: int = 1
+    network_sha256: str = ""
+    data_sha256: str = ""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.task not in files.FILE_TASKS:
+            raise InputError(f"task {self.task!r} is not a network file's task {files.FILE_TASKS}")
+        if self.samples < 1:
+            raise InputError(f"samples must be >= 1, got {self.samples}")
+        if not (math.isfinite(self.mean) and math.isfinite(self.std) and self.std > 0):
+            raise InputError(f"mean must be finite and std finite and > 0, got {self.mean} and {self.std}")
+        if not self.network or not self.data:
+            raise InputError(f'task {self.task} needs network = ["FILE.onnx", ...] (or .pt2) and '
+                             f'data = "FILE.pt" (docs/guide/certify.md)')
+        shas = files.pinned(self.network, self.data, self.network_sha256, self.data_sha256)
+        # a frozen cell pins its files once, as it is made: its id then names what it reads
+        object.__setattr__(self, "network_sha256", shas[0])
+        object.__setattr__(self, "data_sha256", shas[1])
+
+    @property
+    def id(self) -> str:
+        """``file[network=…,sha256=…,data=…,data_sha256=…,mean=0,std=1,samples=30,eps=…,seed=0,task=…]``."""
+        return (f"file[network={self.network},sha256={self.network_sha256},data={self.data},"
+                f"data_sha256={self.data_sha256},mean={num(self.mean)},std={num(self.std)},"
+                f"samples={self.samples},eps={num(self.eps)},seed={self.seed},task={self.task}]")
+
+    def params(self) -> dict:
+        """The file in ``model``, the data file in ``dataset``; the layer columns empty."""
+        p = super().params()
+        p.update(dict.fromkeys(("kind", "n", "d", "h", "residual", "w_qk", "w_vo", "x", "x_norm", "depth",
+                                "R", "perturb", "noise")), model=self.network, dataset=self.data)
+        return p
+
+    def file_columns(self) -> dict:
+        """The columns of its rows beyond the cell's (bench/core/schema.py: FILE_COLUMNS)."""
+        return {"network_sha256": self.network_sha256, "data_sha256": self.data_sha256,
+                "input_mean": self.mean, "input_std": self.std}
+
+    def load(self):
+        """(the recovered ViT, its card, the first ``samples`` images [B, H, H], their labels)."""
+        from ..nets.accuracy import pick  # torch-heavy; only network cells need them
+        from ..nets.from_file import load_network, read_data
+
+        files.pinned(self.network, self.data, self.network_sha256, self.data_sha256)  # still those files
+        X, y = read_data(files.resolve(self.data))
+        images, labels, _ = pick(X, y, f"data = {self.data!r}", self.samples)
+        net, card = load_network(files.resolve(self.network), images, labels, self.mean, self.std)
+        return net, card, images, labels
+
+
+Cell = LayerCell | ModelCell | PretrainedCell | ImportedCell | NetworkFileCell
+CELL_CLASSES = (LayerCell, ModelCell, PretrainedCell, ImportedCell, NetworkFileCell)
 
 
 def _fields_of(cls) -> dict:
@@ -362,7 +431,7 @@ def _fields_of(cls) -> dict:
 _ORDER = ("kind", "n", "d", "h", "residual", "w_qk", "w_vo", "x", "x_norm", "depth", "R", "eps", "perturb",
           "noise", "samples", "seed", "task", "model", "dataset", "layer_index", "sentence", *IMPORTED_FIELDS)
 _ALL = {name: f for cls in reversed(CELL_CLASSES) for name, f in _fields_of(cls).items()}
-FIELDS: dict[str, str] = {name: _ALL[name].type for name in _ORDER}  # name -> its type's name
+FIELDS: dict[str, str] = {name: _ALL[name].type for name in (*_ORDER, *FILE_FIELDS)}  # name -> its type
 COLUMN_DEFAULTS: dict = {name: (_ALL[name].default if _ALL[name].default is not MISSING else None)
                          for name in _ORDER}
 COLUMN_DEFAULTS["task"] = "bounds"
@@ -374,6 +443,8 @@ def cell_class(task: str):
         return PretrainedCell
     if task == "imported":
         return ImportedCell
+    if task in files.FILE_TASKS:
+        return NetworkFileCell
     if task in MODEL_TASKS:
         return ModelCell
     return LayerCell
@@ -398,6 +469,14 @@ def make_cell(**params) -> Cell:
         if set(names) & set(IMPORTED_FIELDS):
             named = [f for f in IMPORTED_FIELDS if f in extra]
             raise InputError(f"{', '.join(named)} are read only by task 'imported' (task {task!r})")
+        if set(names) & set(FILE_FIELDS):
+            named = [f for f in FILE_FIELDS if f in extra]
+            raise InputError(f"{', '.join(named)} are read only by the tasks {files.FILE_TASKS} "
+                             f"(task {task!r})")
+        if cls is NetworkFileCell:
+            fixed = [f"{k} = {v!r}" for k, v in params.items() if k in extra]
+            raise InputError(f"task {task} reads its network from its file and does not read "
+                             f"{', '.join(fixed)}")
         if cls is PretrainedCell or cls is ImportedCell:
             source = "all-MiniLM-L6-v2" if cls is PretrainedCell else "an import directory"
             fixed = [f"{k} = {v!r}" for k, v in params.items() if k in extra]
@@ -417,6 +496,11 @@ def cell_from_id(cell_id: str) -> Cell:
         if kind == "minilm":
             kw.update(task="pretrained", layer_index=int(items.pop("layer")),
                       sentence=int(items.pop("sentence")))
+        elif kind == "file":
+            kw.update(task=items.pop("task"), network=items.pop("network"),
+                      network_sha256=items.pop("sha256"), data=items.pop("data"),
+                      data_sha256=items.pop("data_sha256"), mean=float(items.pop("mean")),
+                      std=float(items.pop("std")), samples=int(items.pop("samples")))
         elif kind == "imported":
             kw.update(task="imported", imported=items.pop("dir"), imported_layer=int(items.pop("layer")),
                       imported_input=int(items.pop("input")), imported_sha256=items.pop("sha256"),

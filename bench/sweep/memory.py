@@ -24,7 +24,7 @@ from models.operators import DENSE_LIMIT
 from models.spectral import KRYLOV_DIM
 
 from ..nets.accuracy import CHUNK
-from .cases import Cell
+from .cases import Cell, NetworkFileCell
 
 BYTES = 8  # the certified bounds compute in float64 whatever the run's dtype
 GiB = 1 << 30
@@ -32,8 +32,9 @@ GiB = 1 << 30
 
 def _sizes(cell: Cell) -> tuple[int, int, int, int, int] | None:
     """(batch, n, d, h, depth) the cell computes on; None for a pretrained cell (a shipped sentence's
-    few dozen tokens through one MiniLM layer: small by construction, and its n needs the tokenizer)."""
-    if cell.task == "pretrained":
+    few dozen tokens through one MiniLM layer: small by construction, and its n needs the tokenizer)
+    and for a network file's (its shape is known only once the network is recovered from the file)."""
+    if cell.task == "pretrained" or isinstance(cell, NetworkFileCell):
         return None
     if cell.task == "imported":  # its manifest's shape: one input of one layer
         p = cell.params()

@@ -11,6 +11,14 @@
     name = "mine"
     imported = ["results/vit_layers"]   # import directories: every layer at every input, task imported
     eps = [0.01, 0.1]                   # relative, as task pretrained's (docs/guide/import.md)
+    [[sweep]]
+    name = "imported_networks"
+    network = ["results/mine/vit.onnx"] # whole ViTs from files (.onnx, .pt2), task certify_file
+    data = "results/mine/data.pt"       # their images in [0, 1] and labels (docs/guide/certify.md)
+    mean = 0.3                          # the models' input normalization
+    std = 0.4
+    eps = [0.001, 0.005]                # over the image, as task certify's
+    samples = 30
 
 A top-level ``plugins = ["my_bound.py"]`` adds a researcher's own bounds to every layer sweep
 (docs/guide/plugins.md); a relative path is relative to the profile file's directory, so a profile and
@@ -103,6 +111,7 @@ def expand(name: str, spec: dict, where: str = "") -> list[Cell]:
     if unknown:
         raise InputError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(CELL_FIELDS)}")
     spec, layers = _imported(spec, where)
+    spec = _network_files(spec, where)
     axes = {}
     for k, v in spec.items():
         vs = [_typed(k, x, where) for x in (v if isinstance(v, list) else [v])]
@@ -146,6 +155,18 @@ def _imported(spec: dict, where: str) -> tuple[dict, list[dict]]:
         return spec, [cell for d in dirs for cell in import_dirs.cells(d)]
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
+
+
+def _network_files(spec: dict, where: str) -> dict:
+    """A sweep of network files (``network = ["vit.onnx", …]`` with ``data``): task ``certify_file``
+    unless it names ``certify_file_crown``; the files' hashes are taken when its cells are made, not a
+    profile's to set."""
+    set_ = sorted({"network_sha256", "data_sha256"} & set(spec))
+    if set_:
+        raise InputError(f"{where}: {', '.join(set_)} are taken from the files when the profile is loaded")
+    if "network" not in spec:
+        return spec
+    return {"task": "certify_file"} | spec
 
 
 def parse_list(flag: str, text: str) -> list:

@@ -170,6 +170,17 @@ def with_model(rows: list[dict], card: dict) -> list[dict]:
     return [r | cols for r in rows]
 
 
+def with_file(rows: list[dict], card: dict, architecture: dict, columns: dict) -> list[dict]:
+    """The rows of a network file's task with its shape in the :data:`MODEL_COLUMNS` (no caps, no
+    margin training, no card's test accuracy: NaN), how well the recovered network reproduces the
+    runtime (``max_rel_err``) and ``columns`` (its cell's :data:`FILE_COLUMNS`)."""
+    a = architecture
+    cols = {"vit_depth": a["depth"], "vit_heads": a["heads"], "vit_d": a["d"], "vit_c": math.nan,
+            "vit_qk": math.nan, "vit_margin_eps": 0.0, "vit_test_accuracy": math.nan,
+            "max_rel_err": float(card["max_rel_err"])}
+    return [r | cols | columns for r in rows]
+
+
 def accuracy_rows(correct: Tensor, broken: Tensor, steps: int | None) -> list[dict]:
     """Clean and PGD robust accuracy over the samples (a broken sample counts as not robust)."""
     extra = {} if steps is None else {"attack_steps": steps}

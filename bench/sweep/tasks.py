@@ -11,7 +11,7 @@ import torch
 from attacks.margin import attack_margin
 from bounds import jacobian as jac
 from bounds import lofast as lf
-from bounds.network import network_bounds
+from bounds.network import default_bounds, network_bounds
 from bounds.registry import CASCADE, CASCADE_FIRST, TAYLOR_NET, unavailable
 from bounds.taylor import sigma_J
 from models import Stack
@@ -21,10 +21,19 @@ from models.spectral import spectral
 from ..core.env import timed
 from ..nets.accuracy import block_sigmas, run_certify
 from . import imported as import_dirs
-from .cases import Cell, ImportedCell, LayerCell, ModelCell, PretrainedCell
+from .cases import Cell, ImportedCell, LayerCell, ModelCell, NetworkFileCell, PretrainedCell
 from .cost import cost_task
 from .evaluate import evaluate
-from .rows import accuracy_rows, imported_rows, measured, network_rows, pretrained_rows, unroll, with_model
+from .rows import (
+    accuracy_rows,
+    imported_rows,
+    measured,
+    network_rows,
+    pretrained_rows,
+    unroll,
+    with_file,
+    with_model,
+)
 
 LOFAST_ONLY = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "naive"]
 CAUCHY_PGD_STEPS = 20  # the Cauchy paper's Table 1 reports PGD-20 robust accuracy
@@ -160,6 +169,8 @@ def memo_group(cell: Cell) -> tuple | None:
     (bench/sweep/distributed.py), as they do in a serial run."""
     if cell.task not in MEMO_TASKS:
         return None
+    if isinstance(cell, NetworkFileCell):
+        return cell.network_sha256, cell.data_sha256, cell.mean, cell.std, cell.samples
     return cell.model, cell.dataset, cell.samples
 
 
@@ -186,6 +197,24 @@ def certify_task(cell: ModelCell, run: dict, device: torch.device, dtype: torch.
                       restarts=run["pgd_restarts"], seed=run["seed"], device=device,
                       memo=held, cascade=cascade, dtype=dtype)
     return with_model(network_rows(res), card)
+
+
+def certify_file_task(cell: NetworkFileCell, run: dict, device: torch.device, dtype: torch.dtype,
+                      memo: CertifyMemo | None = None) -> list[dict]:
+    """A user's ViT from a file (ONNX, torch.export) on the first images of its data file: as
+    :func:`certify_task`, every network bound that takes it (``certify_file_crown``: with CROWN beside,
+    where auto_LiRPA is installed), PGD on the margin and the accuracies; the rows
+    say the files' hashes, the normalization and how well the recovered network reproduces the
+    runtime's logits (``max_rel_err``)."""
+    net, card, images, labels = cell.load()
+    key = (cell.network_sha256, cell.data_sha256, cell.mean, cell.std, cell.samples, str(device))
+    held = (CertifyMemo() if memo is None else memo).for_key(key)
+    names = None
+    if cell.task == "certify_file_crown" and "crown" not in unavailable():
+        names = [b.name for b in default_bounds(net)] + ["crown"]
+    res = run_certify(net, images, labels, [cell.eps], names, steps=run["pgd_steps"],
+                      restarts=run["pgd_restarts"], seed=run["seed"], device=device, memo=held, dtype=dtype)
+    return with_file(network_rows(res), card, net.cfg.to_dict(), cell.file_columns())
 
 
 def cauchy_model_task(cell: ModelCell, run: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
@@ -254,9 +283,10 @@ TASKS: dict[str, Task] = {"bounds": bounds_task, "lofast": lofast_task, "totals"
                           "imported": imported_task,
                           "cost": cost_task, "crown": crown_task, "alpha_crown": crown_task,
                           "certify_crown": certify_task, "certify_alpha_crown": certify_task,
-                          "crown_cascade": certify_task}
-# the tasks certify_task serves, whose cells share a CertifyMemo (memo_group)
-MEMO_TASKS = tuple(name for name, task in TASKS.items() if task is certify_task)
+                          "crown_cascade": certify_task,
+                          "certify_file": certify_file_task, "certify_file_crown": certify_file_task}
+# the tasks whose cells share a CertifyMemo (memo_group)
+MEMO_TASKS = tuple(name for name, task in TASKS.items() if task in (certify_task, certify_file_task))
 
 
 def run_cell(cell: Cell, run: dict, device: torch.device, dtype: torch.dtype,

@@ -30,6 +30,24 @@ class Result:
     inputs: list[list[Tensor]]
 
 
+def digest(source: str | Path) -> str:
+    """The sha256 (hex) that names a model file: of its bytes, and where an ONNX model keeps its
+    tensors in files beside it (external data), of its bytes followed by each such file's name and
+    bytes, so that new weights behind an unchanged .onnx name another model. InputError where a file
+    the model names is missing."""
+    source = Path(source)
+    h = hashlib.sha256(source.read_bytes())
+    if source.suffix == ".onnx":
+        from .onnx_source import external_files
+
+        for path in external_files(source):
+            if not path.is_file():
+                raise InputError(f"{source}: its tensors are stored in {path.name}, which is not beside it")
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def check_source(source: str | Path) -> Path:
     """The model file's path, refused before any work when it cannot be one."""
     source = Path(source)
@@ -115,7 +133,7 @@ def _recover(graph: Graph, site: detect.Site, values: dict[str, Tensor]) -> tupl
 def manifest(source: str | Path, result: Result) -> dict:
     """``{"source", "sha256", "layers": [...]}`` as README's "Your own model" describes."""
     source = Path(source)
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    sha = digest(source)
     layers = []
     for k, imp in enumerate(result.layers):
         lay, s = imp.layer, imp.site
@@ -127,7 +145,7 @@ def manifest(source: str | Path, result: Result) -> dict:
             "files": {"layer": f"layer{k}.safetensors",
                       "inputs": [f"layer{k}_input{i}.safetensors" for i in range(len(result.inputs[k]))]},
         })
-    return {"source": str(source), "format": SOURCES[source.suffix], "sha256": digest,
+    return {"source": str(source), "format": SOURCES[source.suffix], "sha256": sha,
             "max_rel_err": "max over the inputs of max|F(X) - runtime| / max|runtime|, the runtime "
                            "evaluating the attention's sub-graph from the captured X in float64 (dtype "
                            "'float64') or in the model's dtype where it has no float64 kernel ('model')",

@@ -157,6 +157,32 @@ def _np(t: Tensor) -> np.ndarray:
     return t.detach().cpu().contiguous().numpy()
 
 
+def external_files(path: str | Path) -> list[Path]:
+    """The files beside an ONNX model that hold its tensors (external data: what torch.onnx.export writes
+    for a model over 2 GiB, and its dynamo exporter for smaller ones too), in the order the model names
+    them; [] where every tensor is inside the file. Reads the model without its tensors."""
+    onnx, _ = require()
+    from onnx.external_data_helper import uses_external_data
+
+    path = Path(path)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # as load: a file that is not a model
+        raise InputError(f"{path}: not a readable ONNX model ({type(e).__name__})") from None
+    tensors = list(model.graph.initializer)
+    for node in model.graph.node:
+        for a in node.attribute:
+            tensors += [a.t] if a.HasField("t") else []
+            tensors += list(a.tensors)
+    found: list[Path] = []
+    for t in tensors:
+        if uses_external_data(t):
+            where = path.parent / next(e.value for e in t.external_data if e.key == "location")
+            if where not in found:
+                found.append(where)
+    return found
+
+
 def load(path: str | Path) -> Graph:
     """The model at ``path`` as a Graph (InputError when it is not an ONNX model)."""
     onnx, _ = require()

@@ -1,8 +1,11 @@
-"""The imported layers (task ``imported``, docs/guide/import.md): per attention layer of a user's model,
-as ``python -m bench import`` wrote it, and per ε, each end-to-end bound's value ÷ PGD beside
-σ_max(J)·ε ÷ PGD (the ``jacobian`` estimate), as a figure (:func:`figure`) and a table (:func:`table`).
-Rows are those of task ``imported`` whatever their sweep's name; means are over the captured inputs of
-a (directory, layer, ε). Imports only :mod:`bench.report.panels`.
+"""A user's own models. The imported layers (task ``imported``, docs/guide/import.md): per attention layer
+of a user's model, as ``python -m bench import`` wrote it, and per ε, each end-to-end bound's value ÷ PGD
+beside σ_max(J)·ε ÷ PGD (the ``jacobian`` estimate), as a figure (:func:`figure`) and a table
+(:func:`table`); rows of task ``imported`` whatever their sweep's name, means over the captured inputs of
+a (directory, layer, ε). And whole networks from files (tasks ``certify_file``, ``certify_file_crown``,
+docs/guide/certify.md): per network and ε, each bound's certified accuracy (:func:`network_table`),
+recounted by :func:`bench.report.studies.trained_study.counts`; the zoo models' Fig. 2 and Tables 1–2
+do not take these rows, whose models have no card.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from pathlib import PurePath
 
 import pandas as pd
 
-from ..panels import Panel, Plot, Skip, bound_trace, label, letter
+from ..panels import Panel, Plot, Skip, bound_trace, certificates, commits, label, letter
+from . import trained_study as tr
+from .trained_study import eg, name_of
 
 # as the pretrained study: LoFAST's two, their halves, ours, the minimum, naive, and the estimate
 NAMES = ["lofast_M", "lofast_xi", "lofast_M_half", "lofast_xi_half", "taylor", "best", "naive",
@@ -104,3 +109,53 @@ def table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         f"Imported attention (docs/guide/import.md), task `imported`: {_setting(sub)}. Per layer and ε: "
         f"each end-to-end bound's value / PGD lower bound of the output (mean over the inputs; "
         f"{label('jacobian')} = σ_max(J)·ε is an estimate, the others certified); H = I: residual.")
+
+
+NETWORK_EPS = "ε (ℓ2, image in [0, 1])"
+
+
+def _network_files(sub: pd.DataFrame) -> str:
+    """Each file with its sha256 (16 digits), its data file, normalization and recovery error."""
+    parts = []
+    for model, g in sub.groupby("model", sort=True):
+        f = g.iloc[0]
+        parts.append(f"{model} (sha256 {f['network_sha256']}…; data {f['dataset']}, sha256 "
+                     f"{f['data_sha256']}…; (x − {f['input_mean']:g})/{f['input_std']:g}; logits within "
+                     f"{f['max_rel_err']:.2g} of the runtime's)")
+    return "; ".join(parts)
+
+
+def network_table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Rows network × ε: images, clean and PGD robust accuracy, and per bound its certified accuracy
+    (s/image)."""
+    sub = tr.network(df, files=True)
+    c, ref = tr.counts(df, files=True), tr.references(df, files=True)
+    names = tr.order(c.index.get_level_values("bound"))
+    out, above = [], []
+    for (model, eps), r in ref.iterrows():
+        row = {"network": _name(model), NETWORK_EPS: eg(eps)}
+        held = (model, eps) in c.droplevel("bound").index
+        at = c.xs((model, eps), level=("model", "eps")) if held else None
+        row["images"] = str(int(at["n"].max())) if at is not None else "–"
+        row["clean"], row["PGD robust"] = f"{r['clean']:.3f}", f"{r['pgd']:.3f}"
+        for b in names:
+            if at is None or b not in at.index:
+                row[name_of(b)] = "–"
+                continue
+            k = at.loc[b]
+            row[name_of(b)] = f"{k['accuracy']:.3f} ({k['seconds']:.3g} s)"
+            if k["accuracy"] > r["pgd"] + 1e-12:
+                above.append(f"{name_of(b)} on {_name(model)} at ε={eg(eps)}")
+        out.append(row)
+    cert = sub[sub["role"] == "certify"]
+    kinds = "; ".join(f"{name_of(b)}: {certificates(cert[cert['bound'] == b])}" for b in names)
+    said = ("; above it, a soundness violation or a finding (docs/bounds.md §6): " + ", ".join(above)
+            if above else ", and none does")
+    return pd.DataFrame(out), (
+        f"Your own ViTs (docs/guide/certify.md, \"A network from a file\"), task(s) "
+        f"{', '.join(f'`{t}`' for t in dict.fromkeys(sub['task']))}: each network recovered from its file as "
+        f"a chain of the stages `taylor_net` knows and checked against the runtime's logits, on the first "
+        f"images of its data file: {_network_files(sub)}. Per network and ε (the ℓ2 radius over the image in "
+        f"[0, 1], before the model's normalization): the certified accuracy of each bound with its "
+        f"seconds per image ({kinds}); PGD robust accuracy is an upper bound of every certified one"
+        f"{said}. Sweep(s) {tr.sweeps(sub)}; commit {commits(sub)}.")

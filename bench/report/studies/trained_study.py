@@ -3,7 +3,8 @@ bench/core/schema.py ``MODEL_COLUMNS``), and per (model, ε, bound) how many tes
 through the whole network (docs/bounds.md §5), with its 95 % Wilson score interval. The figures and
 tables drawn from these are in :mod:`bench.report.studies.certify_study` (LoFAST Fig. 2),
 :mod:`bench.report.studies.certify_tables` (its Tables 1 and 2) and
-:mod:`bench.report.studies.cauchy_study`. Imports only :mod:`bench.report.panels` and the registry.
+:mod:`bench.report.studies.cauchy_study`. Imports only :mod:`bench.report.panels`, the registry and
+the schema.
 
 Every bound present in the rows is counted, whatever its name: the network bounds of the registry,
 CROWN and α-CROWN, and a cascade (a bound whose name starts with ``cascade``).
@@ -18,6 +19,7 @@ from scipy.stats import binomtest
 
 import bounds
 
+from ...core.schema import FILE_TASKS
 from ..panels import Skip, colour, commits, label, spare
 
 LEVEL = 0.95  # the confidence of every interval the report draws around a certified accuracy
@@ -89,12 +91,18 @@ def model_rows(sub: pd.DataFrame) -> pd.DataFrame:
     return sub[cols].drop_duplicates("model").set_index("model")
 
 
-def network(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows of every sweep that certified images through a network (role ``certify``): a sweep
-    of CROWN or of the cascade beside the suite's ``certify`` sweep is read as well."""
+
+def network(df: pd.DataFrame, files: bool = False) -> pd.DataFrame:
+    """The rows of every sweep that certified images through a zoo model (role ``certify``): a sweep
+    of CROWN or of the cascade beside the suite's ``certify`` sweep is read as well; ``files``: those
+    of the networks read from files instead."""
+    # a network read from a user's file has its own table (network_file_study), not Fig. 2 and Tables 1–2
+    ours = df["task"].isin(FILE_TASKS) if "task" in df else pd.Series(False, df.index)
+    df = df[ours if files else ~ours]
     names = df.loc[df["role"] == "certify", "sweep"].unique()
     if not len(names):
-        raise Skip("no whole-network certification rows (role `certify`) in this table")
+        what = "of a network file (task `certify_file`)" if files else "(role `certify`)"
+        raise Skip(f"no whole-network certification rows {what} in this table", listed=not files)
     return df[df["sweep"].isin(names)]
 
 
@@ -118,11 +126,12 @@ def verdicts(cert: pd.DataFrame) -> pd.Series:
     return flag(v)
 
 
-def counts(df: pd.DataFrame) -> pd.DataFrame:
+def counts(df: pd.DataFrame, files: bool = False) -> pd.DataFrame:
     """Per (model, eps, bound): ``k`` images certified of ``n``, ``accuracy`` = k/n, its Wilson
     interval ``lo``, ``hi``, ``seconds`` per image and (a cascade's, when its rows say) the share of
-    images ``sent`` on to CROWN. An image stored by two sweeps counts once."""
-    sub = network(df)
+    images ``sent`` on to CROWN. An image stored by two sweeps counts once. ``files``: of the
+    networks read from files (:func:`network`)."""
+    sub = network(df, files)
     cert = sub[sub["role"] == "certify"].drop_duplicates(["model", "eps", "bound", "sample"])
     cert = cert.assign(ok=verdicts(cert).astype(int),
                        sent=flag(cert[SENT]).astype(float).where(cert[SENT].notna()) if SENT in cert
@@ -142,11 +151,12 @@ def wilson(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
     return float(ci.low), float(ci.high)
 
 
-def references(df: pd.DataFrame) -> pd.DataFrame:
+def references(df: pd.DataFrame, files: bool = False) -> pd.DataFrame:
     """Per (model, eps): ``clean`` accuracy and ``pgd`` robust accuracy over the certified images:
     those of the sweep with the most images; two sweeps attacking as many (the same first images)
-    give two upper bounds of the robust accuracy, of which the smaller is kept."""
-    sub = network(df)
+    give two upper bounds of the robust accuracy, of which the smaller is kept. ``files``: as
+    :func:`counts`."""
+    sub = network(df, files)
     acc = sub[sub["role"] == "accuracy"]
     if acc.empty:
         raise Skip(f"no accuracy rows in sweep(s) {sweeps(sub)}")

@@ -1,0 +1,58 @@
+"""Network files as sweep cells: a profile's ``network = ["vit.onnx", …]`` with ``data = "FILE.pt"``
+(task ``certify_file``, or ``certify_file_crown`` with CROWN beside) certifies a user's whole ViT, as
+``certify --model FILE --data FILE`` does (docs/guide/certify.md), and stores its rows.
+
+Everything a cell names is checked from the files alone, before any work: the network file's kind, the
+data file, the normalization, that it holds ``samples`` images. A cell carries the sha256 of both
+files, taken when the profile is loaded: a file changed since then is refused, and a file exported
+anew makes other cells, which ``compare`` never takes for the old ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from models import InputError
+from models.imported.importer import SOURCES, digest
+
+from ..core.env import ROOT
+from ..core.schema import FILE_TASKS
+
+__all__ = ["BAD_CHARS", "DIGEST", "FILE_TASKS", "checked", "pinned", "resolve"]
+
+BAD_CHARS = ",=[]"  # a cell id is ``file[network=…,data=…]``: these would cut it
+DIGEST = 16  # hex digits of a file's sha256 in a cell id (64 bits)
+
+
+def resolve(path: str) -> Path:
+    """A file as a profile names it: absolute, or relative to the checkout root."""
+    p = Path(path)
+    return p if p.is_absolute() else ROOT / p
+
+
+def checked(key: str, path: str, suffixes: tuple[str, ...]) -> Path:
+    """The file ``path`` of the profile's ``key``, with one of ``suffixes``, that a cell id can hold."""
+    if not path or any(ch in path for ch in BAD_CHARS):
+        raise InputError(f"{key} = {path!r}: not a file name a cell id can hold (empty, or holds one of "
+                         f"{BAD_CHARS!r})")
+    if Path(path).suffix not in suffixes:
+        raise InputError(f"{key} = {path!r}: expected a {' or '.join(suffixes)} file")
+    full = resolve(path)
+    if not full.is_file():
+        raise InputError(f"{key} = {path!r}: no such file (relative paths are to the checkout root, {ROOT})")
+    return full
+
+
+def pinned(network: str, data: str, network_sha256: str, data_sha256: str) -> tuple[str, str]:
+    """The first :data:`DIGEST` hex digits of both files' sha256 (the network's with the files that
+    hold its tensors, models.imported.importer.digest); where the cell already names them, checked
+    against the files (InputError where a file changed)."""
+    now = []
+    for key, path, suffixes, named in (("network", network, tuple(SOURCES), network_sha256),
+                                       ("data", data, (".pt", ".pth"), data_sha256)):
+        full = checked(key, path, suffixes)
+        have = digest(full)[:DIGEST]
+        if named and named != have:
+            raise InputError(f"{key} = {path!r} changed since the cell was made (sha256 {have}…, the cell "
+                             f"names {named}…); load the profile again")
+        now.append(have)
+    return now[0], now[1]
