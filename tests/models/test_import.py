@@ -18,7 +18,7 @@ from import_models import Block, Fused, Net, Separate, dense
 from torch import nn
 
 from bench.cli.main import main
-from models import load_input, load_layer
+from models import InputError, load_input, load_layer
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -487,3 +487,34 @@ def test_a_view_traced_at_other_strides_still_runs():
     for float64 in (False, True):
         got = graph.run({names["mul"]: given}, [names["layout"]], float64)[names["layout"]]
         assert torch.equal(got, given.reshape(-1).to(got.dtype))
+
+
+def test_a_models_digest_covers_its_external_data(tmp_path):
+    """An ONNX model whose tensors live in a file beside it (external data) is named by both: new weights
+    behind the same .onnx give another digest; without external data the digest is the file's sha256."""
+    import hashlib
+
+    import onnx
+
+    from models.imported.importer import digest
+    from models.imported.onnx_source import external_files
+
+    model = Net([Block(Fused(D, H), D)], D).eval()
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(model, (torch.rand(1, N, D),), str(path), dynamo=False)
+    assert external_files(path) == [] and digest(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+    proto = onnx.load(str(path))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    onnx.save_model(proto, str(outside / "m.onnx"), save_as_external_data=True, location="m.weights",
+                    size_threshold=0)
+    (weights,) = external_files(outside / "m.onnx")
+    assert weights == outside / "m.weights"
+    before = digest(outside / "m.onnx")
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert digest(outside / "m.onnx") != before
+    weights.unlink()
+    with pytest.raises(InputError, match=r"m\.weights, which is not beside it"):
+        digest(outside / "m.onnx")
