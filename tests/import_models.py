@@ -189,6 +189,17 @@ class ImageViT(nn.Module):
         return self.head(z[:, 0])
 
 
+class ChannelFirst(nn.Module):
+    """A ViT of this suite (images [B, H, W]) behind the [B, 1, H, W] input an exported ViT takes."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return self.net(x[:, 0])
+
+
 def dense(attn: nn.Module, X: torch.Tensor, residual: bool) -> torch.Tensor:
     """The attention sub-layer of ``attn`` (Fused, Separate or TorchMHA) at X [n, d], in float64 from
     the module's own weights: per head softmax(Q Kᵀ/√d_h) V, heads concatenated, then the projection."""

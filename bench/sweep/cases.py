@@ -90,8 +90,24 @@ class CellBase:
         raise NotImplementedError
 
 
+class ReadsZooModel:
+    """What a cell that reads a zoo ``model`` (a layer cell at x = data, a model cell) does with it."""
+
+    model: str
+    dataset: str
+    samples: int
+
+    @property
+    def model_path(self) -> Path:
+        return ZOO / f"{self.model}.safetensors"
+
+    def network(self):
+        """(ViT, card, the first ``samples`` test images [B, H, W], their labels) of its model."""
+        return _network(self.model_path, self.dataset, self.samples)
+
+
 @dataclass(frozen=True, kw_only=True)
-class LayerCell(CellBase):
+class LayerCell(CellBase, ReadsZooModel):
     """A case (kind, n, d, h, H, weights, input, seed) at one ε, with what to compute on it.
 
     ``w_qk`` is the per-head spectral norm of W^Q and W^K, ``w_vo`` that of W^V and W^O (OLSA is
@@ -175,18 +191,10 @@ class LayerCell(CellBase):
                              f"(a lofast model); the cell says {got}")
 
     @property
-    def model_path(self) -> Path:
-        return ZOO / f"{self.model}.safetensors"
-
-    @property
     def id(self) -> str:
         """``dot[n=16,d=64,h=4,H=I,wqk=1,wvo=1,x=gauss:1,depth=1,eps=0.05,seed=0]``, plus the
         non-default extras (perturbation, samples, task, model, dataset)."""
         return _layer_id(self)
-
-    def network(self):
-        """(ViT, card, the first ``samples`` test images [B, H, W], their labels) of its model."""
-        return _network(self.model_path, self.dataset, self.samples)
 
     def build(self):
         """(layer or stack, X [samples, n, d]) in float64 on the CPU, the same bits on every call."""
@@ -226,7 +234,7 @@ class LayerCell(CellBase):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelCell(CellBase):
+class ModelCell(CellBase, ReadsZooModel):
     """A trained ``model`` (a file stem under zoo/), its ``dataset`` and its first ``samples`` test
     images at ε: ``certify`` (every network bound at ε with both certification tests, and PGD on the
     margin), ``certify_crown`` and ``certify_alpha_crown`` (the same, with whole-network CROWN,
@@ -252,18 +260,10 @@ class ModelCell(CellBase):
         _check_model(self.model, self.dataset, self.samples)
 
     @property
-    def model_path(self) -> Path:
-        return ZOO / f"{self.model}.safetensors"
-
-    @property
     def id(self) -> str:
         """As a layer cell's at the default layer (the ids of the tables written before the cells
         had a class per task), with samples, task, model and dataset."""
         return _layer_id(self)
-
-    def network(self):
-        """(ViT, card, the first ``samples`` test images [B, H, W], their labels)."""
-        return _network(self.model_path, self.dataset, self.samples)
 
 
 @dataclass(frozen=True, kw_only=True)

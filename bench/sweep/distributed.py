@@ -33,6 +33,7 @@ from ..core.env import (
     resolve_dtype,
 )
 from ..core.plugins import PluginFile, using
+from ..core.schema import FILE_TASKS
 from .cases import MODEL_TASKS, Cell, cell_from_id
 from .tasks import CertifyMemo, memo_group, run_cell
 
@@ -124,9 +125,9 @@ class Cluster:
         return idle_since
 
 
-# tasks whose cells take minutes on a CPU (a zoo model's images, MiniLM's layers) where the others
-# take seconds
-HEAVY = (*MODEL_TASKS, "pretrained")
+# tasks whose cells take minutes on a CPU (a zoo model's or a network file's images, MiniLM's layers)
+# where the others take seconds
+HEAVY = (*MODEL_TASKS, *FILE_TASKS, "pretrained")
 
 
 def priorities(cells: list[Cell]) -> list[int]:

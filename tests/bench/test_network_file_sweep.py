@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 from helpers import main_inprocess, one_error
+from import_models import ChannelFirst
 from torch import nn
 
 from bench.core.store import load
@@ -25,17 +26,6 @@ from models import InputError
 from models.vit import ViT, ViTConfig
 
 EPS = (0.002, 0.02)
-
-
-class ChannelFirst(nn.Module):
-    """This suite's ViT (images [B, H, W]) behind the [B, 1, H, W] input an exported ViT takes."""
-
-    def __init__(self, net: nn.Module):
-        super().__init__()
-        self.net = net
-
-    def forward(self, x):
-        return self.net(x[:, 0])
 
 
 def write_network(path: Path) -> nn.Module:

@@ -16,7 +16,7 @@ import warnings
 import pytest
 import torch
 from helpers import main_inprocess
-from import_models import BatchNormTokens, Block, Fused, ImageViT, TorchMHA
+from import_models import BatchNormTokens, Block, ChannelFirst, Fused, ImageViT, TorchMHA
 from test_taylor_net import survives_attack
 from torch import nn
 
@@ -102,18 +102,6 @@ def data(net: nn.Module, count: int = 30, seed: int = 1) -> tuple[torch.Tensor, 
         return x, net(x[:, None]).argmax(-1)
 
 
-class ChannelFirst(nn.Module):
-    """A ViT of this suite (images [B, H, W]) behind the [B, 1, H, W] input the other models take."""
-
-    def __init__(self, net: nn.Module):
-        super().__init__()
-        self.net = net
-        self.blocks = net.blocks
-
-    def forward(self, x):
-        return self.net(x[:, 0])
-
-
 CASES = [("bn", "opset9", "batch", "relu", "cls"), ("gelu_mean", "pt2", "layer", "gelu", "mean"),
          ("mha", "opset14", "layer", "relu", "cls"),
          # the exporter writes the tanh form's constants in float32: recovered as such, not as torch's
@@ -131,8 +119,8 @@ def test_the_recovered_network_is_the_modules(tmp_path, kind, how, norm, act, po
     x, _ = data(net)
     found = recover_network(load(path), x.double())
     cfg = found.net.cfg
-    assert (cfg.norm, cfg.activation, cfg.pool, cfg.depth, cfg.heads, cfg.d) == (norm, act, pool,
-                                                                                 len(net.blocks), H, D)
+    depth = len(net.net.blocks if isinstance(net, ChannelFirst) else net.blocks)
+    assert (cfg.norm, cfg.activation, cfg.pool, cfg.depth, cfg.heads, cfg.d) == (norm, act, pool, depth, H, D)
     with torch.no_grad():
         want = net.double()(x.double()[:, None])
         err = float((found.net(x.double()) - want).abs().max() / want.abs().max())
