@@ -383,7 +383,10 @@ class NetworkFileCell(CellBase):
         if not self.network or not self.data:
             raise InputError(f'task {self.task} needs network = ["FILE.onnx", ...] (or .pt2) and '
                              f'data = "FILE.pt" (docs/guide/certify.md)')
+        first = not (self.network_sha256 and self.data_sha256)
         shas = files.pinned(self.network, self.data, self.network_sha256, self.data_sha256)
+        if first:  # as the profile is loaded: its images and labels, read once (a pinned id names them)
+            files.check_data(self.data, self.samples)
         # a frozen cell pins its files once, as it is made: its id then names what it reads
         object.__setattr__(self, "network_sha256", shas[0])
         object.__setattr__(self, "data_sha256", shas[1])

@@ -17,7 +17,7 @@ from models.imported.importer import SOURCES, digest
 from ..core.env import ROOT
 from ..core.schema import FILE_TASKS
 
-__all__ = ["BAD_CHARS", "DIGEST", "FILE_TASKS", "checked", "pinned", "resolve"]
+__all__ = ["BAD_CHARS", "DIGEST", "FILE_TASKS", "check_data", "checked", "pinned", "resolve"]
 
 BAD_CHARS = ",=[]"  # a cell id is ``file[network=…,data=…]``: these would cut it
 DIGEST = 16  # hex digits of a file's sha256 in a cell id (64 bits)
@@ -56,3 +56,15 @@ def pinned(network: str, data: str, network_sha256: str, data_sha256: str) -> tu
                              f"names {named}…); load the profile again")
         now.append(have)
     return now[0], now[1]
+
+
+def check_data(data: str, samples: int) -> None:
+    """The data file holds images and labels as ``certify --data`` reads them, at least ``samples``."""
+    from ..nets.from_file import read_data  # torch.load: only a network file's cell reads it
+
+    try:
+        _, labels = read_data(resolve(data))
+    except InputError as e:  # its words name certify's flag; a profile names the key
+        raise InputError(str(e).replace(f"--data {resolve(data)}", f"data = {data!r}", 1)) from None
+    if samples > len(labels):
+        raise InputError(f"data = {data!r} holds {len(labels)} images, fewer than samples = {samples}")

@@ -116,6 +116,13 @@ def test_without_file_rows_the_table_is_not_listed(run: Path):
     assert not e.value.listed
 
 
+def test_a_data_file_that_is_not_images_and_labels_is_named(files: Path, tmp_path: Path):
+    bad = tmp_path / "bad.pt"
+    torch.save({"images": torch.rand(4, 8, 8), "labels": torch.rand(4)}, bad)
+    with pytest.raises(InputError, match=r"^data = '.*bad\.pt': labels must be integers"):
+        make_cell(task="certify_file", network=str(files / "vit.pt2"), data=str(bad), eps=0.01)
+
+
 def test_a_file_changed_after_the_cell_was_made_is_refused(files: Path, tmp_path: Path):
     data = tmp_path / "data.pt"
     data.write_bytes((files / "data.pt").read_bytes())
@@ -132,6 +139,8 @@ def test_a_file_changed_after_the_cell_was_made_is_refused(files: Path, tmp_path
     ({"std": "0.0"}, "std finite and > 0"),
     ({"n": "16"}, "reads its network from its file and does not read n = 16"),
     ({"network_sha256": '"abc"'}, "taken from the files"),
+    ({"samples": "7"}, "holds 6 images, fewer than samples = 7"),
+    ({"data": '"vit.pt2"'}, "expected a .pt or .pth file"),
     ({"network": None, "task": '"certify_file"'}, 'needs network = ["FILE.onnx", ...]'),
 ])
 def test_a_bad_sweep_is_one_error_line_before_any_work(files: Path, tmp_path: Path, capsys, sweep, says):
