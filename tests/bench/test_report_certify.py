@@ -7,6 +7,7 @@ cascade ran."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -219,12 +220,14 @@ def test_every_table1_and_table2_part_of_the_baseline_fits_14_columns_and_recoun
     df = load(BASELINE)
     want = recount(df)
     models = list(df.loc[df["role"] == "certify", "model"].unique())
-    by_label = {v: k for k, v in ct.short_labels(models).items()}
     code = {name_of(b): b for b in want.index.get_level_values("bound")}
     checked = 0
     for stem in ("table1_certified", "table2_cascade"):
         for _, t, caption in TABLES[stem](df).parts:
             assert len(t.columns) <= 14, stem
+            # each table's short labels are those of its own models, spelled out in its caption
+            by_label = dict(re.findall(r"`([^`]+)` = (\S+) \(", caption))
+            assert set(by_label.values()) <= set(models)
             for col in t.columns[2::2]:
                 label, _, other = col.partition(": certified")
                 model, e = by_label[label], float(other.split("=")[1]) if other else 0.02
@@ -377,3 +380,13 @@ def test_a_merged_curve_too_long_for_one_line_takes_its_shortest_name():
     assert group_label(led) == "taylor_net, best split (+2 equal)"
     assert group_label(["naive", "lofast_M"]) == f"{name_of('naive')} (+1 equal)"  # fits: unchanged
     assert group_lead(["naive", "lofast_M"]) == ["naive", "lofast_M"]
+
+
+def test_two_models_of_one_shape_and_recipe_are_told_apart_by_name():
+    """A LayerNorm and a BatchNorm ViT share every architecture column: their panels name the models."""
+    df = rows({"taylor_net": at(3, 1, 3, 1)})
+    same = df.assign(vit_depth=2, vit_heads=2)
+    same["model"] = same["model"].map({"A": "digits-d32-b2-h2-vanilla", "B": "digits-d32-b2-h2-standard-bn"})
+    titles = [p.title for p in rc.figure(same).panels]
+    assert sorted(t.splitlines()[-1] for t in titles) == ["standard-bn", "vanilla"]
+    assert all(len(p.title.splitlines()) == 2 for p in rc.figure(df).panels)  # told apart by shape

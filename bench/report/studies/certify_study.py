@@ -134,7 +134,9 @@ def figure(df: pd.DataFrame) -> Plot:
     sub, c, ref = network(df), counts(df), tr.references(df)
     models = tr.model_order(sub)
     panels = []
-    for i, model in enumerate(m for m in models.index if m in c.index.get_level_values("model")):
+    shown = [m for m in models.index if m in c.index.get_level_values("model")]
+    labels = tr.short_labels(shown)
+    for i, model in enumerate(shown):
         at = c.xs(model, level="model")
         traces = [_trace(j, group, list(map(float, rows.index)), list(map(float, rows["accuracy"])),
                          lo=list(map(float, rows["lo"])), hi=list(map(float, rows["hi"])))
@@ -144,8 +146,10 @@ def figure(df: pd.DataFrame) -> Plot:
             traces.append(Trace(tr.PGD_REF, list(map(float, r.index)), list(map(float, r)), "reference",
                                 size=SMALLEST - 0.6))
         top, bottom = arch(models.loc[model])
-        panels.append(Panel(f"{letter(i)} {top}\n{bottom}", EPS_AXIS, "", traces, xscale="log",
-                            yscale="linear", dodge=DODGE))
+        # two models of one shape and recipe (a LayerNorm and a BatchNorm ViT) are told apart by name
+        alike = sum(arch(models.loc[m]) == (top, bottom) for m in shown) > 1
+        panels.append(Panel(f"{letter(i)} {top}\n{bottom}" + (f"\n{labels[model]}" if alike else ""),
+                            EPS_AXIS, "", traces, xscale="log", yscale="linear", dodge=DODGE))
     rows, height = _rows_of(panels)
     for row in rows:
         row[0].ylabel = "certified accuracy"

@@ -17,7 +17,7 @@ import pandas as pd
 from ..panels import Parts, Skip, certificates
 from . import trained_study as tr
 from .certify_study import arch, origin
-from .trained_study import CASCADE, LEVEL, counts, eg, name_of, network
+from .trained_study import CASCADE, LEVEL, counts, eg, name_of, network, short_labels
 
 RECORD = 0.02  # LoFAST's ε of record; a dataset whose rows lack it is shown at its median ε
 MOST = 14  # columns of one table at most: what a Markdown page or a LaTeX page shows legibly
@@ -50,18 +50,6 @@ def record(eps: Iterable[float]) -> float:
     vals = sorted({float(e) for e in eps})
     near = [e for e in vals if math.isclose(e, RECORD)]
     return near[0] if near else vals[(len(vals) - 1) // 2]
-
-
-def short_labels(models: list[str]) -> dict[str, str]:
-    """Column labels: the tokens of each model's name (split at "-") that not every model has, in
-    their order (``b2-q1-m0.003`` when all share ``digits-d32-…-h2-c0.5``); the whole names where
-    that leaves a label empty or two alike."""
-    tokens = {m: m.split("-") for m in models}
-    common = set.intersection(*(set(t) for t in tokens.values())) if models else set()
-    out = {m: "-".join(t for t in ts if t not in common) for m, ts in tokens.items()}
-    if "" in out.values() or len(set(out.values())) < len(out):
-        return {m: m for m in models}
-    return out
 
 
 def chunks(models: list[str], most: int = PER_PART) -> list[list[str]]:

@@ -75,6 +75,18 @@ def provenance(sub: pd.DataFrame) -> str:
     return f"{data} test set, first {n} images; commit {commits(sub)}"
 
 
+def short_labels(models: list[str]) -> dict[str, str]:
+    """Column labels: the tokens of each model's name (split at "-") that not every model has, in
+    their order (``b2-q1-m0.003`` when all share ``digits-d32-…-h2-c0.5``); the whole names where
+    that leaves a label empty or two alike."""
+    tokens = {m: m.split("-") for m in models}
+    common = set.intersection(*(set(t) for t in tokens.values())) if models else set()
+    out = {m: "-".join(t for t in ts if t not in common) for m, ts in tokens.items()}
+    if "" in out.values() or len(set(out.values())) < len(out):
+        return {m: m for m in models}
+    return out
+
+
 def recipe(m: pd.Series) -> str:
     qk = "" if math.isnan(m["vit_qk"]) else f", ‖W^Q‖,‖W^K‖ ≤ {m['vit_qk']:g}"
     tr = "cross-entropy" if not m["vit_margin_eps"] else f"Lipschitz-margin ε={m['vit_margin_eps']:g}"
