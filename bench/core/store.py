@@ -48,7 +48,9 @@ LOCK = ".lock"
 # column (model_version) does not come back as mixed types with a DtypeWarning
 # plugin_sha256 as text: a digest of digits and one e would read as a float
 READ = {"keep_default_na": False, "na_values": ["", "nan", "NaN"], "low_memory": False,
-        "dtype": {"plugin_sha256": str}}
+        # hashes as text: 16 hex digits that are all digits (or one "e" among them) would read as numbers
+        "dtype": {"plugin_sha256": str, "network_sha256": str, "data_sha256": str, "imported_sha256": str,
+                  "imported_data": str}}
 
 
 def cell_file(out: Path, sweep: str, cell_id: str) -> Path:

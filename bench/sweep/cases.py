@@ -418,7 +418,12 @@ class NetworkFileCell(CellBase):
         files.pinned(self.network, self.data, self.network_sha256, self.data_sha256)  # still those files
         X, y = read_data(files.resolve(self.data))
         images, labels, _ = pick(X, y, f"data = {self.data!r}", self.samples)
-        net, card = load_network(files.resolve(self.network), images, labels, self.mean, self.std)
+        try:
+            net, card = load_network(files.resolve(self.network), images, labels, self.mean, self.std)
+        except InputError as e:  # the run stops on it: say which file of the profile, in its words
+            said = str(e).replace("--data:", f"data = {self.data!r}:", 1)
+            named = said if self.network in said else f"network = {self.network!r}: {said}"
+            raise InputError(named) from None
         return net, card, images, labels
 
 

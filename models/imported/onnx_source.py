@@ -169,18 +169,34 @@ def external_files(path: str | Path) -> list[Path]:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # as load: a file that is not a model
         raise InputError(f"{path}: not a readable ONNX model ({type(e).__name__})") from None
-    tensors = list(model.graph.initializer)
-    for node in model.graph.node:
-        for a in node.attribute:
-            tensors += [a.t] if a.HasField("t") else []
-            tensors += list(a.tensors)
+    tensors = _tensors(model.graph) + [t for f in model.functions for n in f.node for t in _node_tensors(n)]
     found: list[Path] = []
     for t in tensors:
         if uses_external_data(t):
-            where = path.parent / next(e.value for e in t.external_data if e.key == "location")
-            if where not in found:
-                found.append(where)
+            location = next((e.value for e in t.external_data if e.key == "location"), None)
+            if not location:
+                raise InputError(f"{path}: tensor {t.name!r} is stored outside the file but names no "
+                                 f"location")
+            if path.parent / location not in found:
+                found.append(path.parent / location)
     return found
+
+
+def _node_tensors(node) -> list:
+    """The tensors of a node's attributes, those of its subgraphs (If, Loop, Scan) included."""
+    out = []
+    for a in node.attribute:
+        out += ([a.t] if a.HasField("t") else []) + list(a.tensors)
+        out += _tensors(a.g) if a.HasField("g") else []
+        out += [t for g in a.graphs for t in _tensors(g)]
+    return out
+
+
+def _tensors(graph) -> list:
+    """Every tensor a graph holds: its initializers, sparse ones' values and indices, and its nodes'."""
+    out = list(graph.initializer)
+    out += [t for s in graph.sparse_initializer for t in (s.values, s.indices)]
+    return out + [t for n in graph.node for t in _node_tensors(n)]
 
 
 def load(path: str | Path) -> Graph:

@@ -98,7 +98,8 @@ def test_the_rows_are_certifys_with_the_files_hashes(run: Path, files: Path, cap
 def test_the_table_recounts_the_rows(run: Path):
     df = load(run)
     t, caption = TABLES["imported_networks"](df)
-    assert list(t["network"]) == ["vit.pt2"] * len(EPS) and list(t["images"]) == ["4"] * len(EPS)
+    assert list(t["network"]) == [str(run.parent / "vit.pt2")] * len(EPS)
+    assert list(t["images"]) == ["4"] * len(EPS)
     raw = pd.read_csv(run / "results.csv")
     for e, cell in zip(EPS, t["taylor_net (this suite)"], strict=True):
         r = raw[(raw["role"] == "certify") & (raw["bound"] == "taylor_net") & (raw["eps"] == e)]
@@ -108,6 +109,27 @@ def test_the_table_recounts_the_rows(run: Path):
     # the zoo models' tables do not take these rows, and say nothing of them
     with pytest.raises(Skip):
         TABLES["table1_certified"](df)
+
+
+def test_one_file_on_two_normalizations_is_two_networks(run: Path):
+    """Cells of one path but another normalization (or data file, or export) are never merged."""
+    df = load(run)
+    other = df.assign(input_mean=0.1, certified_pairwise=False, cell_id=df["cell_id"] + "'")
+    t, caption = TABLES["imported_networks"](pd.concat([df, other], ignore_index=True))
+    assert len(t) == 2 * len(EPS) and len(set(t["network"])) == 2
+    assert all("(x − 0.5)/0.25" in n or "(x − 0.1)/0.25" in n for n in t["network"])
+    assert "(x − 0.1)/0.25" in caption and "none does" in caption  # nothing counted twice, nothing above PGD
+
+
+def test_hashes_read_back_as_text(run: Path, tmp_path: Path):
+    """A 16-digit hash of decimal digits (or with one "e") is text, never a number, when a table is read."""
+    df = pd.read_csv(run / "results.csv")
+    df["network_sha256"] = "0412345678901234"
+    df["data_sha256"] = "1234e56789012345"
+    df.to_csv(tmp_path / "results.csv", index=False)
+    back = load(tmp_path / "results.csv")
+    assert set(back["network_sha256"]) == {"0412345678901234"}
+    assert set(back["data_sha256"]) == {"1234e56789012345"}
 
 
 def test_without_file_rows_the_table_is_not_listed(run: Path):
@@ -149,3 +171,18 @@ def test_a_bad_sweep_is_one_error_line_before_any_work(files: Path, tmp_path: Pa
     code, _, err = main_inprocess(capsys, "run", "--profile", path, "--out", out)
     one_error(code, err, says)
     assert not out.exists()
+
+
+def test_certify_file_crown_without_auto_lirpa_says_so(files: Path, tmp_path: Path, capsys, monkeypatch):
+    """As a certify_crown cell: the run's one note, and certify_file's rows."""
+    import sys
+
+    from bounds import crown
+
+    monkeypatch.setitem(sys.modules, "auto_LiRPA", None)
+    path = profile(files, task='"certify_file_crown"', eps="0.01", samples="2")
+    code, _, err = main_inprocess(capsys, "run", "--profile", path, "--out", tmp_path / "out")
+    assert code == 0, err
+    assert [ln for ln in err.splitlines() if "auto_LiRPA" in ln] == [f"note: the CROWN rows are left out: "
+                                                                      f"{crown.INSTALL}"]
+    assert "crown" not in set(load(tmp_path / "out")["bound"])

@@ -518,3 +518,12 @@ def test_a_models_digest_covers_its_external_data(tmp_path):
     weights.unlink()
     with pytest.raises(InputError, match=r"m\.weights, which is not beside it"):
         digest(outside / "m.onnx")
+    # a location lost: named, no traceback
+    bare = onnx.load(str(outside / "m.onnx"), load_external_data=False)
+    for t in bare.graph.initializer:
+        kept = [e for e in t.external_data if e.key != "location"]
+        del t.external_data[:]
+        t.external_data.extend(kept)
+    onnx.save_model(bare, str(outside / "bare.onnx"))
+    with pytest.raises(InputError, match="names no location"):
+        digest(outside / "bare.onnx")

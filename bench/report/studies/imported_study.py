@@ -14,6 +14,7 @@ from pathlib import PurePath
 
 import pandas as pd
 
+from ...core.schema import FILE_TASKS
 from ..panels import Panel, Plot, Skip, bound_trace, certificates, commits, label, letter
 from . import trained_study as tr
 from .trained_study import eg, name_of
@@ -112,28 +113,49 @@ def table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 
 NETWORK_EPS = "ε (ℓ2, image in [0, 1])"
+# what makes two network cells the same network on the same images: their rows' model (the file's path)
+# alone does not, since one path can be swept over data files and normalizations, or re-exported
+FILE_KEY = ["model", "network_sha256", "dataset", "data_sha256", "input_mean", "input_std"]
 
 
-def _network_files(sub: pd.DataFrame) -> str:
-    """Each file with its sha256 (16 digits), its data file, normalization and recovery error."""
-    parts = []
-    for model, g in sub.groupby("model", sort=True):
-        f = g.iloc[0]
-        parts.append(f"{model} (sha256 {f['network_sha256']}…; data {f['dataset']}, sha256 "
-                     f"{f['data_sha256']}…; (x − {f['input_mean']:g})/{f['input_std']:g}; logits within "
-                     f"{f['max_rel_err']:.2g} of the runtime's)")
-    return "; ".join(parts)
+def _keyed(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str], dict[str, pd.Series]]:
+    """(the network-file rows with ``model`` their whole :data:`FILE_KEY`, each key's label, each key's
+    columns): the label is the path, with the data file, normalization and hash where one path has
+    several keys."""
+    rows = df[df["task"].isin(FILE_TASKS)] if "task" in df else df.iloc[0:0]
+    missing = [c for c in FILE_KEY if c not in rows]
+    if rows.empty or missing:
+        tr.network(rows, files=True)  # raises its Skip (not listed): no network-file rows
+        raise Skip(f"network-file rows without the columns {missing}", listed=False)
+    key = rows[FILE_KEY].astype(str).agg(" | ".join, axis=1)
+    first = rows.assign(key=key).drop_duplicates("key").set_index("key")
+    paths = first["model"].value_counts()
+    labels = {}
+    for k, f in first.iterrows():
+        labels[k] = str(f["model"]) if paths[f["model"]] == 1 else (
+            f"{f['model']} (data {f['dataset']}, (x − {float(f['input_mean']):g})/{float(f['input_std']):g}, "
+            f"sha256 {f['network_sha256']}…)")
+    return rows.assign(model=key), labels, {k: f for k, f in first.iterrows()}
+
+
+def _network_files(cols: dict[str, pd.Series]) -> str:
+    """Each network with its sha256 (16 digits), its data file, normalization and recovery error."""
+    return "; ".join(f"{f['model']} (sha256 {f['network_sha256']}…; data {f['dataset']}, sha256 "
+                     f"{f['data_sha256']}…; (x − {float(f['input_mean']):g})/{float(f['input_std']):g}; "
+                     f"logits within {float(f['max_rel_err']):.2g} of the runtime's)"
+                     for f in cols.values())
 
 
 def network_table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """Rows network × ε: images, clean and PGD robust accuracy, and per bound its certified accuracy
-    (s/image)."""
-    sub = tr.network(df, files=True)
-    c, ref = tr.counts(df, files=True), tr.references(df, files=True)
+    (s/image); a network is its file, data file and normalization (:data:`FILE_KEY`)."""
+    keyed, labels, cols = _keyed(df)
+    sub = tr.network(keyed, files=True)
+    c, ref = tr.counts(keyed, files=True), tr.references(keyed, files=True)
     names = tr.order(c.index.get_level_values("bound"))
     out, above = [], []
     for (model, eps), r in ref.iterrows():
-        row = {"network": _name(model), NETWORK_EPS: eg(eps)}
+        row = {"network": labels[model], NETWORK_EPS: eg(eps)}
         held = (model, eps) in c.droplevel("bound").index
         at = c.xs((model, eps), level=("model", "eps")) if held else None
         row["images"] = str(int(at["n"].max())) if at is not None else "–"
@@ -145,7 +167,7 @@ def network_table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
             k = at.loc[b]
             row[name_of(b)] = f"{k['accuracy']:.3f} ({k['seconds']:.3g} s)"
             if k["accuracy"] > r["pgd"] + 1e-12:
-                above.append(f"{name_of(b)} on {_name(model)} at ε={eg(eps)}")
+                above.append(f"{name_of(b)} on {labels[model]} at ε={eg(eps)}")
         out.append(row)
     cert = sub[sub["role"] == "certify"]
     kinds = "; ".join(f"{name_of(b)}: {certificates(cert[cert['bound'] == b])}" for b in names)
@@ -155,7 +177,7 @@ def network_table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         f"Your own ViTs (docs/guide/certify.md, \"A network from a file\"), task(s) "
         f"{', '.join(f'`{t}`' for t in dict.fromkeys(sub['task']))}: each network recovered from its file as "
         f"a chain of the stages `taylor_net` knows and checked against the runtime's logits, on the first "
-        f"images of its data file: {_network_files(sub)}. Per network and ε (the ℓ2 radius over the image in "
-        f"[0, 1], before the model's normalization): the certified accuracy of each bound with its "
+        f"images of its data file: {_network_files(cols)}. Per network and ε (the ℓ2 radius over the image "
+        f"in [0, 1], before the model's normalization): the certified accuracy of each bound with its "
         f"seconds per image ({kinds}); PGD robust accuracy is an upper bound of every certified one"
         f"{said}. Sweep(s) {tr.sweeps(sub)}; commit {commits(sub)}.")
