@@ -416,14 +416,13 @@ class NetworkFileCell(CellBase):
         from ..nets.from_file import load_network, read_data
 
         files.pinned(self.network, self.data, self.network_sha256, self.data_sha256)  # still those files
-        X, y = read_data(files.resolve(self.data))
-        images, labels, _ = pick(X, y, f"data = {self.data!r}", self.samples)
+        where = f"data = {self.data!r}"
+        X, y = read_data(files.resolve(self.data), where)
+        images, labels, _ = pick(X, y, where, self.samples)
         try:
-            net, card = load_network(files.resolve(self.network), images, labels, self.mean, self.std)
-        except InputError as e:  # the run stops on it: say which file of the profile, in its words
-            said = str(e).replace("--data:", f"data = {self.data!r}:", 1)
-            named = said if self.network in said else f"network = {self.network!r}: {said}"
-            raise InputError(named) from None
+            net, card = load_network(files.resolve(self.network), images, labels, self.mean, self.std, where)
+        except InputError as e:  # the run stops on it: say which network of the profile
+            raise InputError(f"network = {self.network!r}: {e}") from None
         return net, card, images, labels
 
 

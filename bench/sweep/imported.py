@@ -21,12 +21,13 @@ from models import InputError
 from ..core.env import ROOT
 
 MANIFEST = "manifest.json"
-BAD_CHARS = ",=[]"  # a cell id is ``imported[dir=…,layer=…]``: these would cut it
+BAD_CHARS = ",=[]"  # a cell id is ``imported[dir=…,layer=…]`` or ``file[network=…,…]``: these would cut it
 DIGEST = 16  # hex digits of the files' digest (64 bits) in a cell id
 
 
 def resolve(directory: str) -> Path:
-    """An import directory as a profile names it: absolute, or relative to the checkout root."""
+    """A path as a profile names it (an import directory, a network or data file): absolute, or
+    relative to the checkout root."""
     path = Path(directory)
     return path if path.is_absolute() else ROOT / path
 

@@ -16,17 +16,12 @@ from models.imported.importer import SOURCES, digest
 
 from ..core.env import ROOT
 from ..core.schema import FILE_TASKS
+from ..nets.from_file import DATA_SUFFIXES, read_data
+from .imported import BAD_CHARS, resolve  # an id's separators and a profile's paths, as an import's
 
-__all__ = ["BAD_CHARS", "DIGEST", "FILE_TASKS", "check_data", "checked", "pinned", "resolve"]
+__all__ = ["DIGEST", "FILE_TASKS", "check_data", "checked", "pinned", "resolve"]
 
-BAD_CHARS = ",=[]"  # a cell id is ``file[network=…,data=…]``: these would cut it
 DIGEST = 16  # hex digits of a file's sha256 in a cell id (64 bits)
-
-
-def resolve(path: str) -> Path:
-    """A file as a profile names it: absolute, or relative to the checkout root."""
-    p = Path(path)
-    return p if p.is_absolute() else ROOT / p
 
 
 def checked(key: str, path: str, suffixes: tuple[str, ...]) -> Path:
@@ -48,7 +43,7 @@ def pinned(network: str, data: str, network_sha256: str, data_sha256: str) -> tu
     against the files (InputError where a file changed)."""
     now = []
     for key, path, suffixes, named in (("network", network, tuple(SOURCES), network_sha256),
-                                       ("data", data, (".pt", ".pth"), data_sha256)):
+                                       ("data", data, DATA_SUFFIXES, data_sha256)):
         full = checked(key, path, suffixes)
         have = digest(full)[:DIGEST]
         if named and named != have:
@@ -60,11 +55,6 @@ def pinned(network: str, data: str, network_sha256: str, data_sha256: str) -> tu
 
 def check_data(data: str, samples: int) -> None:
     """The data file holds images and labels as ``certify --data`` reads them, at least ``samples``."""
-    from ..nets.from_file import read_data  # torch.load: only a network file's cell reads it
-
-    try:
-        _, labels = read_data(resolve(data))
-    except InputError as e:  # its words name certify's flag; a profile names the key
-        raise InputError(str(e).replace(f"--data {resolve(data)}", f"data = {data!r}", 1)) from None
+    _, labels = read_data(resolve(data), f"data = {data!r}")
     if samples > len(labels):
         raise InputError(f"data = {data!r} holds {len(labels)} images, fewer than samples = {samples}")

@@ -142,8 +142,7 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
         from models.pretrained import require  # the study's extras, before anything is written
 
         require()
-    crowned = (*CROWN_TASKS, "certify_file_crown")
-    if any(c.task in crowned for _, c in profile.cells()) and "crown" in unavailable():
+    if any(c.task in CROWN_TASKS for _, c in profile.cells()) and "crown" in unavailable():
         print(f"note: the CROWN rows are left out: {crown.INSTALL}", file=sys.stderr)
     # the cluster first: a missing Dask or an unreachable scheduler then leaves nothing written; the
     # plugins' bounds join the registry here (their workers register the same text themselves)

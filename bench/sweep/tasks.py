@@ -43,7 +43,10 @@ CROWN_TASKS = {"crown": ["crown", "taylor", "lofast_xi", "best"],
                "alpha_crown": ["crown", "alpha_crown", "taylor", "lofast_xi", "best"],
                # whole-network CROWN beside every network bound, and LoFAST Table 2's cascade
                "certify_crown": ["crown", CASCADE], "certify_alpha_crown": ["crown", "alpha_crown", CASCADE],
-               "crown_cascade": ["crown", CASCADE]}
+               "crown_cascade": ["crown", CASCADE],
+               # a network file's: CROWN beside its network bounds (naive, the cascade's first, does not
+               # take a standard ViT)
+               "certify_file_crown": ["crown"]}
 # a task whose network bounds are only those its cascades start from (bounds.registry: CASCADE_FIRST
 # and TAYLOR_NET), for CROWN on a subset of the images a `certify` sweep certifies with every bound
 FIRSTS_ONLY = {"crown_cascade": [CASCADE_FIRST, TAYLOR_NET]}
@@ -207,11 +210,9 @@ def certify_file_task(cell: NetworkFileCell, run: dict, device: torch.device, dt
     say the files' hashes, the normalization and how well the recovered network reproduces the
     runtime's logits (``max_rel_err``)."""
     net, card, images, labels = cell.load()
-    key = (cell.network_sha256, cell.data_sha256, cell.mean, cell.std, cell.samples, str(device))
-    held = (CertifyMemo() if memo is None else memo).for_key(key)
-    names = None
-    if cell.task == "certify_file_crown" and "crown" not in unavailable():
-        names = [b.name for b in default_bounds(net)] + ["crown"]
+    held = (CertifyMemo() if memo is None else memo).for_key((*memo_group(cell), str(device)))
+    extra = [n for n in CROWN_TASKS.get(cell.task, []) if n not in unavailable()]
+    names = [b.name for b in default_bounds(net)] + extra if extra else None
     res = run_certify(net, images, labels, [cell.eps], names, steps=run["pgd_steps"],
                       restarts=run["pgd_restarts"], seed=run["seed"], device=device, memo=held, dtype=dtype)
     return with_file(network_rows(res), card, net.cfg.to_dict(), cell.file_columns())

@@ -135,7 +135,7 @@ def figure(df: pd.DataFrame) -> Plot:
     models = tr.model_order(sub)
     panels = []
     shown = [m for m in models.index if m in c.index.get_level_values("model")]
-    labels = tr.short_labels(shown)
+    labels, shapes = tr.short_labels(shown), {m: arch(models.loc[m]) for m in shown}
     for i, model in enumerate(shown):
         at = c.xs(model, level="model")
         traces = [_trace(j, group, list(map(float, rows.index)), list(map(float, rows["accuracy"])),
@@ -145,9 +145,9 @@ def figure(df: pd.DataFrame) -> Plot:
             r = ref.xs(model, level="model")["pgd"].dropna().sort_index()
             traces.append(Trace(tr.PGD_REF, list(map(float, r.index)), list(map(float, r)), "reference",
                                 size=SMALLEST - 0.6))
-        top, bottom = arch(models.loc[model])
+        top, bottom = shapes[model]
         # two models of one shape and recipe (a LayerNorm and a BatchNorm ViT) are told apart by name
-        alike = sum(arch(models.loc[m]) == (top, bottom) for m in shown) > 1
+        alike = list(shapes.values()).count(shapes[model]) > 1
         panels.append(Panel(f"{letter(i)} {top}\n{bottom}" + (f"\n{labels[model]}" if alike else ""),
                             EPS_AXIS, "", traces, xscale="log", yscale="linear", dodge=DODGE))
     rows, height = _rows_of(panels)

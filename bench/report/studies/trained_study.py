@@ -108,7 +108,8 @@ def network(df: pd.DataFrame, files: bool = False) -> pd.DataFrame:
     """The rows of every sweep that certified images through a zoo model (role ``certify``): a sweep
     of CROWN or of the cascade beside the suite's ``certify`` sweep is read as well; ``files``: those
     of the networks read from files instead."""
-    # a network read from a user's file has its own table (network_file_study), not Fig. 2 and Tables 1–2
+    # a network read from a user's file has its own table (imported_study.network_table), not Fig. 2
+    # and Tables 1–2
     ours = df["task"].isin(FILE_TASKS) if "task" in df else pd.Series(False, df.index)
     df = df[ours if files else ~ours]
     names = df.loc[df["role"] == "certify", "sweep"].unique()
