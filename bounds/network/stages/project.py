@@ -135,7 +135,10 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     # wild token's are groups); E crosses the
     # linear part at ‖L_t‖ ≤ 1 as it does in norm
     own = torch.where(grouped | off, first, err) + miss
-    return replace(out.add_ball(f"project{k}", smooth, own), route=whole), straddle.sum(-1)
+    out = out.add_ball(f"project{k}", smooth, own)
+    # attention reads its input's radius off the route: the projected set's own radius where it is
+    # smaller (a token outside the sphere contracts by R/ν along the sphere, which ``whole`` ignores)
+    return replace(out, route=torch.minimum(whole, out.radius(eps))), straddle.sum(-1)
 
 
 # the largest κ (the rounding part of an error a frame can miss, relative to the error) for which the
