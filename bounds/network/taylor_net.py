@@ -197,7 +197,7 @@ def normalize(S: DeviationSet, raw: Tensor, norm, eps: float, k: int | str, log:
     """The norm stage of a vanilla or standard block: :func:`layer_norm`, or :func:`batch_norm` (affine
     in eval) for the standard variant's BatchNorm."""
     if isinstance(norm, TokenBatchNorm):
-        return batch_norm(S, norm, log)
+        return batch_norm(S, norm, log, eps)
     return layer_norm(S, raw, norm, eps, k, log, radii=radii)
 
 

@@ -27,10 +27,12 @@ class ScaleRecord:
         return Step(Lam * self.a)
 
 
-def batch_norm(S: DeviationSet, norm: TokenBatchNorm, log: list | None = None) -> tuple[DeviationSet, Tensor]:
+def batch_norm(S: DeviationSet, norm: TokenBatchNorm, log: list | None = None,
+               eps: float | None = None) -> tuple[DeviationSet, Tensor]:
     """The set after BatchNorm in eval: every part scaled per feature by a (the shift b cancels in
-    deviations), E's radii and the route by max|a| (the map's spectral norm). Returns the set and the
-    count 0 per image (no kink)."""
+    deviations), E's radii and the route by max|a| (the map's spectral norm), the route then the
+    smaller of that and the scaled set's own radius where ``eps`` is given (attention reads it, as
+    after LayerNorm). Returns the set and the count 0 per image (no kink)."""
     if norm.training:
         raise ValueError("a BatchNorm in training mode normalizes by its batch: certify the network in eval")
     a = norm.scale_shift()[0].to(S.G)
@@ -40,6 +42,8 @@ def batch_norm(S: DeviationSet, norm: TokenBatchNorm, log: list | None = None) -
     gram = None if S.gram is None else S.gram * a[:, None] * a[None, :]
     out = replace(S, G=S.G * a[:, None], A=S.A * a[:, None], Q=Q, c=S.c * a, gram=gram, rho=S.rho * top,
                   route=S.route * top, tok=scale(S.tok), W=None if S.W is None else S.W * a[:, None])
+    if eps is not None:  # the residual stream's route adds every branch's norms; the set keeps directions
+        out = replace(out, route=torch.minimum(out.route, out.radius(eps)))
     if log is not None:
         log.append(ScaleRecord(a))
     return out, torch.zeros(S.G.shape[0], dtype=torch.long, device=S.G.device)
