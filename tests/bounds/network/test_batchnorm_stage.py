@@ -209,3 +209,34 @@ def test_the_logit_change_on_the_set_holds_every_sampled_deviation(norm, qk, eps
                 assert (true <= bound * (1 + 1e-9) + 1e-12).all(), (k, float((true - bound).max()))
             tighter = tighter or bool((bound < xi(layer, clean[k]) * S.route[:, None]).any())
     assert tighter  # what it is for: below ξ_l times the radius, the ball's bound, somewhere
+
+
+@pytest.mark.parametrize("refine", [False, True], ids=["first", "second"])
+@pytest.mark.parametrize("qk,eps", [(0.5, 0.01), (3.0, 0.002), (1.0, 0.05)])
+def test_the_radius_attention_reads_after_batchnorm_holds_every_sampled_deviation(qk, eps, refine):
+    """The route after each block's BatchNorm (the radius attention's remainder reads) is at least
+    ‖Γ‖_F of the true deviation Γ of attention's input at sampled perturbations, never above the
+    scaled set's own radius, and below the residual stream's route times max|a| at some block (what
+    reading the set's radius is for: that route adds every branch's product of norms)."""
+    net = bn_vit(8, "batch", "cls", True, qk=qk, depth=3)
+    x = torch.rand(4, 8, 8, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    with torch.no_grad():
+        y = net(x).argmax(-1)
+        tn = TaylorNet(net, x, y)
+        stages = tn.stages(eps, log=[] if refine else None, refine=refine)
+        at = {name: i for i, (name, _, _) in enumerate(stages)}
+        clean = attention_inputs(net, x)
+        gen = torch.Generator().manual_seed(9)
+        moved = [attention_inputs(net, x + d) for d in perturbations(x, eps, 16, gen)]
+        tighter = False
+        for k, block in enumerate(net.blocks):
+            S = stages[at[f"norm{k}"]][1]
+            for inputs in moved:
+                true = (inputs[k] - clean[k]).flatten(1).norm(dim=-1)
+                assert (true <= S.route * (1 + 1e-9) + 1e-12).all(), (k, float((true - S.route).max()))
+            assert (S.route <= S.radius(eps) * (1 + 1e-12)).all()
+            if k:  # the stream before it: the previous block's output
+                stream = stages[at[f"ffn{k - 1}"]][1]
+                top = block.norm.scale_shift()[0].abs().max()
+                tighter = tighter or bool((S.route < stream.route * top * (1 - 1e-6)).any())
+    assert tighter

@@ -109,6 +109,40 @@ def test_every_stage_holds_the_sampled_deviations_on_random_vits(seed, qk, eps, 
     check_stages(net, x, y, eps, refine=refine)
 
 
+
+@pytest.mark.parametrize("refine", [False, True], ids=["first", "second"])
+@pytest.mark.parametrize("seed,qk,eps,contracts", [(0, 1.0, 0.05, True), (2, 20.0, 0.3, False),
+                                                   (3, 0.3, 1.0, False)])
+def test_the_radius_attention_reads_after_layerproject_holds_every_sampled_deviation(seed, qk, eps, contracts,
+                                                                                     refine):
+    """The route after each LayerProject (the radius attention's remainder reads) is at least ‖Δ‖_F of
+    the true deviation of its output at sampled perturbations and never above the projected set's own
+    radius; with ``contracts``, below the input set's radius at some block (tokens outside the sphere
+    contract, which the input's radius ignores; at the wide radii the balls reach the sphere's
+    inside, where LayerProject is the identity)."""
+    net = random_vit(seed, qk=qk)
+    net.pos.data.mul_(3.0)  # most tokens outside the sphere (R = 1): the tangential form contracts them
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(5, 8, 8, generator=gen, dtype=torch.float64)
+    y = torch.arange(5) % 4
+    tn = TaylorNet(net, x, y)
+    with torch.no_grad():
+        stages = tn.stages(eps, log=[] if refine else None, refine=refine)
+        clean = true_stages(net, x)
+        moved = [true_stages(net, x + d) for d in perturbations(x, eps, 16, gen)]
+        tighter = False
+        for i, (name, S, _) in enumerate(stages):
+            if not name.startswith("project"):
+                continue
+            for stage in moved:
+                true = (stage[i] - clean[i]).flatten(1).norm(dim=-1)
+                assert (true <= S.route * (1 + 1e-9) + 1e-12).all(), (name, float((true - S.route).max()))
+            assert (S.route <= S.radius(eps) * (1 + 1e-12)).all()
+            entry = stages[i - 1][1].radius(eps) if i else tn.entry_radii(eps)[1]
+            tighter = tighter or bool((S.route < entry * (1 - 1e-6)).any())
+    assert tighter or not contracts
+
+
 def margins_hold(net: ViT, x: torch.Tensor, y: torch.Tensor, lower: torch.Tensor, eps: float,
                  samples: int, seed: int) -> torch.Tensor:
     """Asserts m_j(x + δ) − m_j(x) ≥ lower_j [B, C] (+∞ at j = y read as 0: m_y ≡ 0) for ``samples``
