@@ -89,6 +89,32 @@ class DeviationSet:
             total = total + plain
         return total
 
+    def grouped_norm(self, v: Tensor) -> Tensor:
+        """An upper bound of ‖Σ_j Q_j η_j‖_F over the groups' radii, [B], from each group's ‖Q_j‖₂,
+        v [B, k]: per source :meth:`grouped`'s sum, or, where that source's groups each lie in one
+        token and no two in the same (LayerProject's, until attention mixes them), their orthogonal
+        sum: with t_j ∈ [0, 1] the share of group j's largest radius, Σ_j t_j caps_j ≤ budget,
+        ``‖Σ_j t_j Q_j η_j‖² = Σ_j t_j² ‖Q_j η_j‖² ≤ Σ_j t_j v_j² ≤ min(Σ_j v_j², budget·max_j v_j²/caps_j)``
+        (docs/bounds.md §5.1, "Groups in a radius")."""
+        if not self.groups:
+            return v.sum(-1)
+        # [B, n, k]: the tokens each group moves (a zero stays an exact zero under per-token maps)
+        moves = self.Q.abs().amax((2, 4)) > 0
+        total = 0
+        for name in dict.fromkeys(self.groups):
+            idx = [j for j, g in enumerate(self.groups) if g == name]
+            plain = self.only(name).grouped(v[:, idx])
+            own = moves[..., idx]
+            apart = (own.sum(1) <= 1).all(-1) & (own.sum(-1) <= 1).all(-1)  # [B]
+            square = v[:, idx].square().sum(-1)
+            if name in self.budgets:
+                caps = self.caps[:, idx]
+                square = torch.minimum(square, self.budgets[name] * (v[:, idx].square() / caps).amax(-1))
+            # each square, sum and root off by a few ulps: a relative 1e-12 covers them
+            orthogonal = square.sqrt() * (1 + 1e-12)
+            total = total + torch.where(apart, torch.minimum(plain, orthogonal), plain)
+        return total
+
     def only(self, name: str) -> DeviationSet:
         """The set's bookkeeping of the groups of source ``name`` alone (for :meth:`grouped`)."""
         keep = [j for j, g in enumerate(self.groups) if g == name]
@@ -207,7 +233,7 @@ class DeviationSet:
             shifts = shift_terms(G, self.A.reshape(B, n * d, -1), self.c.reshape(B, n * d))
             whole = (joint_norm(eps, eps * gram_norm(gram), self.box_norms()[1], self.cross_norms()[1],
                                 *shifts)
-                     + self.grouped(gram_norm(Q.mT @ Q)) + self.ball())
+                     + self.grouped_norm(gram_norm(Q.mT @ Q)) + self.ball())
             out = torch.minimum(out, whole)
         return out
 

@@ -383,6 +383,54 @@ def test_the_relaxation_holds_every_unit():
             assert (g * (torch.relu(z) - torch.relu(z0)) >= g * s * (z - z0) + g * b - 1e-12).all()
 
 
+@pytest.mark.parametrize("budget", [None, 0.3, 5.0])
+@pytest.mark.parametrize("layout", ["apart", "shared-token", "mixed"])
+def test_the_groups_share_of_a_radius_holds_every_vertex(layout, budget):
+    """‖Σ_j t_j Q_j η_j‖_F over unit η_j and shares t_j ∈ [0, 1] with Σ_j t_j caps_j ≤ budget: its
+    largest value (η_j each group's top singular vector, where every group lies in a token of its
+    own; t at every vertex of the budget's polytope, where a convex function peaks) is never above
+    ``grouped_norm``, which is never above ``grouped``'s sum and below it where the groups lie apart
+    (LayerProject's, one per token) and the budget leaves room for more than one; groups that share a
+    token, or that attention has mixed, keep the sum."""
+    from itertools import product
+
+    from bounds.network.zonotope import DeviationSet
+
+    seed = ["apart", "shared-token", "mixed"].index(layout) + int(10 * (budget or 0))
+    gen = torch.Generator().manual_seed(seed)
+    B, n, d, k, g, P = 2, 6, 5, 5, 3, 4
+    cols = torch.randn(B, n, d, k, g, generator=gen, dtype=torch.float64)
+    if layout != "mixed":  # group j in token j (two of them in token 0 where they share one)
+        tokens = torch.arange(k) if layout == "apart" else torch.tensor([0, 0, 1, 2, 3])
+        cols = cols * torch.nn.functional.one_hot(tokens, n).T.double()[None, :, None, :, None]
+    caps = torch.rand(B, k, generator=gen, dtype=torch.float64) + 0.2
+    S = DeviationSet.ball_of(torch.randn(B, n, d, P, generator=gen, dtype=torch.float64),
+                             torch.ones(B, dtype=torch.float64))
+    S = S.with_groups("project1", cols, caps, None if budget is None else torch.full((B,), budget).double())
+    Q = S.Q.permute(0, 3, 1, 2, 4).reshape(B, k, n * d, g)
+    v = torch.linalg.matrix_norm(Q, ord=2)  # [B, k]
+    bound, plain = S.grouped_norm(v), S.grouped(v)
+    assert (bound <= plain).all()
+    if layout != "apart":
+        assert torch.equal(bound, plain)
+        return
+    # every vertex of {0 ≤ t ≤ 1, Σ t_j caps_j ≤ budget}: k − 1 shares at 0 or 1, the last filling
+    # the budget where it can; with each η_j its group's top direction, ‖Σ‖² = Σ_j t_j² v_j²
+    worst = torch.zeros(B, dtype=torch.float64)
+    for b in range(B):
+        for free in range(k):
+            for bits in product((0.0, 1.0), repeat=k - 1):
+                t = torch.tensor([*bits[:free], 0.0, *bits[free:]], dtype=torch.float64)
+                room = math.inf if budget is None else budget - float((t * caps[b]).sum())
+                if room < 0:
+                    continue
+                t[free] = min(1.0, room / float(caps[b, free]))
+                worst[b] = torch.maximum(worst[b], (t.square() * v[b].square()).sum().sqrt())
+    assert (bound >= worst * (1 - 1e-12)).all()
+    if budget != 0.3:  # (a budget that one group fills leaves the sum and the orthogonal sum equal)
+        assert (bound < plain * 0.9).any()
+
+
 @pytest.mark.parametrize("shape", ["orthogonal", "aligned", "one-token", "padded", "zero"])
 def test_the_box_norms_hold_every_vertex_and_beat_the_box(shape):
     """max over ζ ∈ [−1, 1]^m of ‖A_tζ‖ and ‖Aζ‖_F, found by enumerating the 2^m vertices (a convex
