@@ -43,7 +43,7 @@ def batch_norm(S: DeviationSet, norm: TokenBatchNorm, log: list | None = None,
     out = replace(S, G=S.G * a[:, None], A=S.A * a[:, None], Q=Q, c=S.c * a, gram=gram, rho=S.rho * top,
                   route=S.route * top, tok=scale(S.tok), W=None if S.W is None else S.W * a[:, None])
     if eps is not None:  # the residual stream's route adds every branch's norms; the set keeps directions
-        out = replace(out, route=torch.minimum(out.route, out.radius(eps)))
+        out = replace(out, route=out.radius(eps))  # (radius is never above the route it is given)
     if log is not None:
         log.append(ScaleRecord(a))
     return out, torch.zeros(S.G.shape[0], dtype=torch.long, device=S.G.device)
