@@ -19,6 +19,8 @@ The first three are in :mod:`bounds.remainder.row_bounds`, the fourth in :mod:`b
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 
@@ -54,7 +56,7 @@ __all__ = [
 def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
               quadratic: bool | None = None, cache: FormCache | None = None,
               negligible: Tensor | None = None, enough: Tensor | None = None, *,
-              ledger: Ledger | None = None) -> Tensor:
+              ledger: Ledger | None = None, spans: Tensor | None = None) -> Tensor:
     """A certified bound of ‖F(X+Γ) − F(X) − J_F(X)[Γ]‖_F over ‖Γ‖_F ≤ r, [B]: each head's share by
     the smallest of :func:`global_remainder`, :func:`local_remainder` and
     :func:`first_order_remainder` (each bounds the same head's term, docs/bounds.md §2.3.1–2.3.3),
@@ -72,6 +74,8 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
     if enough is not None and not quadratic and bool((glob.sum(-1) <= enough).all()):
         return glob.sum(-1)
     rows = row_stats(layer, X, radius(eps, X)[:, None, None])  # what the three bounds share
+    if spans is not None:  # each row's logit span over the deviations considered, where it is smaller
+        rows = replace(rows, s=torch.minimum(rows.s, spans))
     local = nan_inf(local_remainder(layer, X, eps, rows) + ROUND_ABS * glob)
     first = nan_inf(first_order_remainder(layer, X, eps, core, rows) + ROUND_ABS * glob)
     out = torch.minimum(torch.minimum(glob, local), first).sum(-1)

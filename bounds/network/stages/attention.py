@@ -19,7 +19,8 @@ from ...lofast import delta2_xi, xi
 from ...norms import gram_norm
 from ...remainder import FormCache, remainder
 from ..record import Step
-from ..zonotope import DeviationSet, box_norms
+from ..zonotope import DeviationSet
+from .logits import logit_box, logit_change, map_logits, set_remainder
 
 # the share of the first order (‖J‖·r) below which attention's global remainder is taken as it is,
 # without the local and first-order ones (docs/bounds.md §5, "What a network certificate skips")
@@ -44,42 +45,6 @@ SPLITS = ("taylor", "lofast", "lofast_half")
 # images the other does not (docs/scale.md); δ₂ itself is never below its half, so it is not tried
 BEST = "best"
 BEST_OF = ("taylor", "lofast_half")
-
-
-def logit_change(S: DeviationSet, layer: DotMHA, parts: AttentionParts, eps: float) -> Tensor:
-    """An upper bound of ‖Γ W^Q_l K_lᵀ + Q_l (Γ W^K_l)ᵀ‖_F over the deviations Γ of the set ``S`` at the
-    clean point ``parts`` (:func:`attention_parts`, with ``xi``: ξ_l), per head [B, h] (docs/bounds.md
-    §5.1, "Attention's logits on the set"): the linear logit map L_l applied to each part, ‖L(c)‖ +
-    ε‖L(G)‖₂ + max over the box of ‖L(A)ζ‖ + the groups' ‖L(Q_j)‖_F under their budget + ξ_l Σρ for E.
-    The remainder's ξ_l·r bounds the same over the whole ball of radius r; the set is often far smaller
-    in the directions the logits read."""
-    Q, K = parts.Q, parts.K  # [B, h, n, e], biases included
-
-    def L(T: Tensor) -> Tensor:  # T [B, n, d, *cols] → [B, h, n, n, *cols], one contraction at a time
-        TQ = torch.einsum("bnd...,hde->bhne...", T, layer.W_q)
-        TK = torch.einsum("bmd...,hde->bhme...", T, layer.W_k)
-        return torch.einsum("bhne...,bhme->bhnm...", TQ, K) + torch.einsum("bhne,bhme...->bhnm...", Q, TK)
-
-    B, n, d, k, g = S.Q.shape
-    h = layer.h
-    LG = L(S.G).reshape(B, h, n * n, -1)
-    first = eps * gram_norm(LG.mT @ LG if LG.shape[-1] <= n * n else LG @ LG.mT)
-    shift = L(S.c).flatten(2).norm(dim=-1)
-    if S.A.shape[-1]:
-        symbols = box_norms(L(S.A).reshape(B * h, n, n, -1))[1].reshape(B, h)
-    else:
-        symbols = torch.zeros_like(shift)
-    if k:
-        groups = L(S.Q.reshape(B, n, d, k * g)).reshape(B, h, n * n, k, g).square().sum((2, 4)).sqrt()
-        grouped = torch.stack([S.grouped(groups[:, i]) for i in range(h)], 1)
-    else:
-        grouped = torch.zeros_like(shift)
-    ball = parts.xi * S.ball()[:, None]
-    if S.W is not None and S.W.shape[-1]:  # E as columns: ‖L(W)‖₂ per head where it is smaller
-        LW = L(S.W).reshape(B, h, n * n, -1)
-        ball = torch.minimum(ball, gram_norm(LW @ LW.mT if n * n <= LW.shape[-1] else LW.mT @ LW))
-    # each norm's own rounding: a relative 1e-12 covers products of a few hundred terms in float64
-    return (shift + first + symbols + grouped + ball) * (1 + 1e-12)
 
 
 def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | None = None,
@@ -118,13 +83,19 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     else:
         bound = jacobian_bound(layer, X, parts, dense, logits=split == "taylor")
     if split == "taylor":
-        core = parts.xi
+        core, box = parts.xi, None
         if eps is not None:  # ξ_l·r bounds the linear logit change over the ball; the set's own is smaller
-            on_set = logit_change(S, layer, parts, eps) / r.clamp_min(torch.finfo(r.dtype).tiny)[:, None]
+            mapped = map_logits(S, layer, parts)
+            tiny = torch.finfo(r.dtype).tiny
+            on_set = logit_change(S, layer, parts, eps, mapped) / r.clamp_min(tiny)[:, None]
             core = torch.minimum(core, on_set)
+            box = logit_box(S, layer, parts, eps, r, mapped)
+        enough = NEGLIGIBLE * bound * r
         rest = remainder(layer, X, r, core=core, quadratic=quadratic,
-                         cache=None if cache is None else cache.forms, enough=NEGLIGIBLE * bound * r,
-                         ledger=ledger)
+                         cache=None if cache is None else cache.forms, enough=enough,
+                         ledger=ledger, spans=None if box is None else box.spans())
+        if box is not None and bool((rest > enough).any()):  # the rows' own bound on the set (§5.1)
+            rest = torch.minimum(rest, set_remainder(layer, parts, box, r))
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
                   tok=mix_tokens(layer, parts, dense, S.tok, split))
     if log is not None:

@@ -1,0 +1,179 @@
+"""Attention's logits on the deviation set, and the remainder they give (docs/bounds.md §5.1,
+"Attention's logits on the set" and "Attention's remainder on the set").
+
+The remainders of §2.3 are bounds over the whole Frobenius ball ‖Γ‖_F ≤ r. The set a network stage
+sees is far thinner: here the linear logit map L_l(Γ) = Γ W^Q_l K_lᵀ + Q_l (Γ W^K_l)ᵀ is applied to
+each part of the set, and read as a norm per head (:func:`logit_change`), as an interval per logit
+(:func:`logit_box`), and, through softmax's monotonicity, as an interval per attention weight, from
+which :func:`set_remainder` bounds attention's remainder row by row."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from models import DotMHA
+
+from ...norms import gram_norm
+from ..zonotope import DeviationSet, box_norms
+
+# each norm's own rounding: a relative 1e-12 covers products of a few hundred terms in float64
+ROUND = 1e-12
+
+
+@dataclass(frozen=True)
+class MappedLogits:
+    """L_l applied to each part of a set, per head: ``shift`` L(c) [B, h, n, n], ``G`` [B, h, n, n, P],
+    ``A`` [B, h, n, n, m], ``Q`` [B, h, n, n, k, g], ``W`` [B, h, n, n, K] or None (E's columns)."""
+
+    shift: Tensor
+    G: Tensor
+    A: Tensor
+    Q: Tensor
+    W: Tensor | None
+
+
+def map_logits(S: DeviationSet, layer: DotMHA, parts) -> MappedLogits:
+    """:class:`MappedLogits` of the set ``S`` at the clean point ``parts`` (``AttentionParts``: the
+    queries and keys with their biases)."""
+    Q, K = parts.Q, parts.K  # [B, h, n, e]
+
+    def L(T: Tensor) -> Tensor:  # T [B, n, d, *cols] → [B, h, n, n, *cols], one contraction at a time
+        TQ = torch.einsum("bnd...,hde->bhne...", T, layer.W_q)
+        TK = torch.einsum("bmd...,hde->bhme...", T, layer.W_k)
+        return torch.einsum("bhne...,bhme->bhnm...", TQ, K) + torch.einsum("bhne,bhme...->bhnm...", Q, TK)
+
+    B, n, d, k, g = S.Q.shape
+    W = L(S.W) if S.W is not None and S.W.shape[-1] else None
+    groups = L(S.Q.reshape(B, n, d, k * g)).reshape(B, layer.h, n, n, k, g)
+    return MappedLogits(L(S.c), L(S.G), L(S.A), groups, W)
+
+
+def logit_change(S: DeviationSet, layer: DotMHA, parts, eps: float,
+                 mapped: MappedLogits | None = None) -> Tensor:
+    """An upper bound of ‖Γ W^Q_l K_lᵀ + Q_l (Γ W^K_l)ᵀ‖_F over the deviations Γ of the set ``S`` at the
+    clean point ``parts`` (with ``xi``: ξ_l), per head [B, h] (docs/bounds.md §5.1, "Attention's
+    logits on the set"): the linear logit map L_l applied to each part, ‖L(c)‖ + ε‖L(G)‖₂ + max over
+    the box of ‖L(A)ζ‖ + the groups' ‖L(Q_j)‖_F under their budget + ξ_l Σρ for E. The remainder's
+    ξ_l·r bounds the same over the whole ball of radius r; the set is often far smaller in the
+    directions the logits read. ``mapped``: :func:`map_logits`, if at hand."""
+    M = map_logits(S, layer, parts) if mapped is None else mapped
+    B, h, n = M.shift.shape[:3]
+    LG = M.G.reshape(B, h, n * n, -1)
+    first = eps * gram_norm(LG.mT @ LG if LG.shape[-1] <= n * n else LG @ LG.mT)
+    shift = M.shift.flatten(2).norm(dim=-1)
+    if M.A.shape[-1]:
+        symbols = box_norms(M.A.reshape(B * h, n, n, -1))[1].reshape(B, h)
+    else:
+        symbols = torch.zeros_like(shift)
+    if M.Q.shape[-2]:
+        groups = M.Q.square().sum((2, 3, 5)).sqrt()  # [B, h, k]
+        grouped = torch.stack([S.grouped(groups[:, i]) for i in range(h)], 1)
+    else:
+        grouped = torch.zeros_like(shift)
+    ball = parts.xi * S.ball()[:, None]
+    if M.W is not None:  # E as columns: ‖L(W)‖₂ per head where it is smaller
+        LW = M.W.reshape(B, h, n * n, -1)
+        ball = torch.minimum(ball, gram_norm(LW @ LW.mT if n * n <= LW.shape[-1] else LW.mT @ LW))
+    return (shift + first + symbols + grouped + ball) * (1 + ROUND)
+
+
+@dataclass(frozen=True)
+class LogitBox:
+    """Every logit's change over the set, in the softmax's own units (÷√d_h), [B, h, n, n]: the linear
+    part within ``centre ± linear`` and the whole change (the quadratic part Γ A_l Γᵀ/√d_h included)
+    within ``centre ± whole``."""
+
+    centre: Tensor
+    linear: Tensor
+    whole: Tensor
+
+    def spans(self) -> Tensor:
+        """An upper bound of each row's span max_j δ_ij − min_j δ_ij of the whole change, [B, h, n]."""
+        return ((self.centre + self.whole).amax(-1) - (self.centre - self.whole).amin(-1)) * (1 + ROUND)
+
+
+def logit_box(S: DeviationSet, layer: DotMHA, parts, eps: float, r: Tensor,
+              mapped: MappedLogits | None = None) -> LogitBox:
+    """The :class:`LogitBox` of the set ``S`` (radius ``r`` [B]) at the clean point ``parts``
+    (docs/bounds.md §5.1, "Attention's remainder on the set"): logit (i, j)'s linear change is at most
+    the support of the set along L_l's functional (i, j), part by part as :func:`logit_change` sums
+    its norms (E's per token, ‖W^Q_l k_j‖‖E_i‖ + ‖W^K_l q_i‖‖E_j‖, or the columns' exact support);
+    the quadratic part is at most ‖A_l‖‖Γ_i‖‖Γ_j‖ with ‖Γ_i‖‖Γ_j‖ ≤ min(r_i r_j, ½r²) off the diagonal
+    and ≤ min(r_i², r²) on it (r_t the set's token radii)."""
+    M = map_logits(S, layer, parts) if mapped is None else mapped
+    B, n = M.shift.shape[0], M.shift.shape[2]
+    width = eps * M.G.norm(dim=-1) + M.A.abs().sum(-1)
+    if M.Q.shape[-2]:
+        width = width + S.grouped(M.Q.norm(dim=-1))
+    # E per token: L(E)_ij = ⟨E_i, W^Q_l k_j⟩ + ⟨E_j, W^K_l q_i⟩
+    tb = S.token_ball()  # [B, n]
+    kq = (parts.K @ layer.W_q.mT[None]).norm(dim=-1)  # [B, h, n]: ‖W^Q_l k_j‖
+    qk = (parts.Q @ layer.W_k.mT[None]).norm(dim=-1)  # ‖W^K_l q_i‖
+    ball = tb[:, None, :, None] * kq[:, :, None, :] + qk[..., None] * tb[:, None, None, :]
+    if M.W is not None:
+        ball = torch.minimum(ball, M.W.norm(dim=-1))
+    root = math.sqrt(layer.d_h)
+    # L(c)'s own rounding is relative to its terms, which |L(c)| may not be: covered with the widths'
+    linear = (width + ball + ROUND * M.shift.abs()) * (1 + ROUND) / root
+    t = S.token_radii(eps)  # [B, n]
+    pair = t[:, :, None] * t[:, None, :]
+    whole_ball = (0.5 * r.square())[:, None, None].expand(B, n, n).clone()
+    whole_ball.diagonal(dim1=-2, dim2=-1).mul_(2)
+    pair = torch.minimum(pair, whole_ball)
+    quad = layer.A_norm()[None, :, None, None] * pair[:, None] * (1 + ROUND) / root
+    return LogitBox(M.shift / root, linear, linear + quad)
+
+
+def softmax_box(P: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
+    """Entrywise bounds of softmax(s + δ) over lo ≤ δ ≤ hi for rows P = softmax(s), [..., n] each:
+    p'_j = p_j e^{δ_j}/Σ_k p_k e^{δ_k} increases with δ_j and decreases with every other δ_k, so it is
+    least at δ_j = lo_j with every other δ_k = hi_k, σ(log p_j + lo_j − log Σ_{k≠j} p_k e^{hi_k}), and
+    greatest at the opposite corner."""
+    logp = P.log()
+    n = P.shape[-1]
+    off = torch.eye(n, dtype=torch.bool, device=P.device)
+
+    def others(v: Tensor) -> Tensor:  # log Σ_{k≠j} e^{v_k} for every j, [..., n]
+        return v[..., None, :].masked_fill(off, -math.inf).logsumexp(-1)
+
+    low = torch.sigmoid(logp + lo - others(logp + hi))
+    high = torch.sigmoid(logp + hi - others(logp + lo))
+    return low, high
+
+
+def set_remainder(layer: DotMHA, parts, box: LogitBox, r: Tensor) -> Tensor:
+    """A bound of ‖F(X + Γ) − F(X) − J_F(X)[Γ]‖_F over the set whose logits lie in ``box`` and whose
+    radius is at most ``r`` [B], [B] (docs/bounds.md §5.1, "Attention's remainder on the set"): with
+    P' the weights at X + Γ, Y_l = X C_l, ȳ_i = p_iᵀY_l and δ the linear logit change, each head's
+    R_l = (P'_l − P_l)Y_l + (P'_l − P_l)ΓC_l − dP_l[Γ]Y_l, bounded row by row:
+
+    * ‖(p'_i − p_i)ᵀY‖ ≤ min(Σ_j u_ij‖Y_j − ȳ_i‖, m_i·diam(Y)), u_ij ≥ |p'_ij − p_ij| from
+      :func:`softmax_box` and m_i ≥ the mass p' moves;
+    * ‖(P' − P)ΓC_l‖_F ≤ ‖U‖_F·r·‖C_l‖;
+    * ‖dP[Γ]_iᵀY‖ = ‖Cov_{p_i}(δ_i, Y)‖ ≤ std_{p_i}(δ_i)·σ_i, σ_i² = Σ_j p_ij‖Y_j − ȳ_i‖², the std
+      at most that of the box about its p_i-weighted centre and half the row's span."""
+    P = parts.P  # [B, h, n, n]
+    lo, hi = softmax_box(P, box.centre - box.whole, box.centre + box.whole)
+    tiny = 4 * torch.finfo(P.dtype).eps  # each weight's rounding (the weights are at most 1)
+    up, down = (hi - P).clamp_min(0) + tiny, (P - lo).clamp_min(0) + tiny
+    u = torch.maximum(up, down)
+    Y = parts.V @ layer.W_o[None]  # [B, h, n, d]: X C_l, the value bias left out (it cancels)
+    Ybar = P @ Y
+    Yc = (Y[:, :, None] - Ybar[:, :, :, None]).norm(dim=-1)  # [B, h, i, j]: ‖Y_j − ȳ_i‖
+    diam = (Y[:, :, :, None] - Y[:, :, None]).norm(dim=-1).amax((-1, -2))  # [B, h]
+    mass = torch.minimum(up.sum(-1), down.sum(-1))
+    moved = torch.minimum((u * Yc).sum(-1), mass * diam[..., None])  # [B, h, n]
+    first = moved.square().sum(-1).sqrt()
+    second = u.square().sum((-1, -2)).sqrt() * r[:, None] * layer.C_norm()
+    lo_d, hi_d = box.centre - box.linear, box.centre + box.linear
+    mid = (P * (lo_d + hi_d)).sum(-1, keepdim=True) / 2
+    var = (P * torch.maximum((lo_d - mid).square(), (hi_d - mid).square())).sum(-1)
+    span = hi_d.amax(-1) - lo_d.amin(-1)
+    std = torch.minimum(var.sqrt(), span / 2)
+    sigma = (P * Yc.square()).sum(-1).sqrt()
+    third = (std * sigma).square().sum(-1).sqrt()
+    return ((first + second + third).sum(-1) * (1 + 1e-10))

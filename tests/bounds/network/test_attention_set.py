@@ -1,0 +1,124 @@
+"""Attention's logits and remainder on the deviation set (docs/bounds.md §5.1, "Attention's remainder
+on the set"): softmax's entrywise box holds every sampled logit change and is attained at its
+corners; every logit's change at points of the set and at the true deviations of sampled
+perturbations lies in the logit box; the remainders on the set (row by row from softmax's box, and
+§2.3's with each row's span read on the set) are at least ‖F(X + Γ) − F(X) − J Γ‖_F there (J from
+torch.autograd, not the suite's Jacobian), on LayerProject, LayerNorm and BatchNorm ViTs up to
+saturated attention, in both passes; and they are below the ball's remainder somewhere."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from test_batchnorm_stage import attention_inputs, bn_vit
+from test_taylor_net import perturbations, random_vit, true_stages
+
+from bounds.lofast import xi
+from bounds.network.stages.attention import attention_parts
+from bounds.network.stages.logits import logit_box, set_remainder, softmax_box
+from bounds.network.taylor_net import TaylorNet
+from bounds.remainder import remainder
+
+
+@pytest.mark.parametrize("n,width,seed", [(1, 3.0, 0), (5, 0.1, 1), (9, 4.0, 2), (17, 20.0, 3)])
+def test_softmax_box_holds_every_sampled_change_and_its_corners_attain_it(n, width, seed):
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.randn(6, n, generator=gen, dtype=torch.float64) * 4
+    P = s.softmax(-1)
+    lo = -torch.rand(6, n, generator=gen, dtype=torch.float64) * width
+    hi = torch.rand(6, n, generator=gen, dtype=torch.float64) * width
+    low, high = softmax_box(P, lo, hi)
+    for _ in range(200):
+        t = torch.rand(6, n, generator=gen, dtype=torch.float64)
+        t = torch.where(torch.rand(6, n, generator=gen, dtype=torch.float64) < 0.3, t.round(), t)
+        moved = (s + lo + t * (hi - lo)).softmax(-1)
+        assert (moved >= low - 1e-14).all() and (moved <= high + 1e-14).all()
+    for j in range(n):  # the corner (δ_j = lo_j, the rest at hi) is p'_j's least value
+        corner = hi.clone()
+        corner[:, j] = lo[:, j]
+        assert torch.allclose((s + corner).softmax(-1)[:, j], low[:, j], rtol=1e-12, atol=1e-300)
+
+
+def set_points(S, eps: float, count: int, gen: torch.Generator) -> torch.Tensor:
+    """[count, B, n, d]: points c + Gδ + Aζ of the set (‖δ‖ = ε or less, ζ at corners of the box or
+    inside it; the groups and balls at 0, which the set allows)."""
+    out = []
+    for i in range(count):
+        delta = torch.randn(*S.G.shape[:1], S.G.shape[-1], generator=gen, dtype=S.G.dtype)
+        scale = eps if i % 2 == 0 else eps * float(torch.rand(1, generator=gen))
+        delta = delta / delta.norm(dim=-1, keepdim=True) * scale
+        zeta = torch.rand(*S.A.shape[:1], S.A.shape[-1], generator=gen, dtype=S.A.dtype) * 2 - 1
+        if i % 3:
+            zeta = zeta.sign()
+        out.append(S.c + torch.einsum("bndp,bp->bnd", S.G, delta) + torch.einsum("bndm,bm->bnd", S.A, zeta))
+    return torch.stack(out)
+
+
+def remainder_norm(layer, X: torch.Tensor, dev: torch.Tensor) -> torch.Tensor:
+    """‖F(X + Γ) − F(X) − J_F(X)[Γ]‖_F per image, J from torch.autograd on the layer's forward."""
+    out = []
+    for b in range(X.shape[0]):
+        J = torch.autograd.functional.jacobian(lambda Z: layer(Z[None])[0], X[b])  # [n, d, n, d]
+        lin = torch.einsum("ndme,me->nd", J, dev[b])
+        out.append((layer((X[b] + dev[b])[None])[0] - layer(X[b][None])[0] - lin).norm())
+    return torch.stack(out)
+
+
+# (norm, seed, q/k scale, ε, whether the set's bound is below the ball's somewhere): where attention
+# is soft and the ball small the quadratic form at the clean point (§2.3.2) is the tighter
+CASES = [("project", 1, 1.0, 0.05, False), ("project", 2, 4.0, 0.2, True), ("batch", 6, 0.5, 0.01, True),
+         ("batch", 7, 3.0, 0.005, True), ("layer", 8, 2.0, 0.02, True)]
+
+
+def inputs(kind: str, seed: int, qk: float):
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "project":
+        net = random_vit(seed, depth=2, qk=qk)
+        x = torch.rand(3, net.cfg.image, net.cfg.image, generator=gen, dtype=torch.float64)
+        return net, x, lambda z: true_stages(net, z)[0::3], "project"
+    net = bn_vit(seed, kind, "cls", True, qk=qk)
+    x = torch.rand(3, 8, 8, generator=gen, dtype=torch.float64)
+    return net, x, lambda z: attention_inputs(net, z), "norm"
+
+
+@pytest.mark.parametrize("refine", [False, True], ids=["first", "second"])
+@pytest.mark.parametrize("kind,seed,qk,eps,below", CASES)
+def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind, seed, qk, eps, below,
+                                                                          refine):
+    net, x, attn_in, before = inputs(kind, seed, qk)
+    gen = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        y = net(x).argmax(-1)
+        tn = TaylorNet(net, x, y)
+        stages = dict((name, S) for name, S, _ in tn.stages(eps, log=[] if refine else None, refine=refine))
+        clean = attn_in(x)
+        moved = [attn_in(x + d) for d in perturbations(x, eps, 8, gen)]
+    tighter = False
+    for k, layer in enumerate(tn.layers):
+        S, X = stages[f"{before}{k}"], clean[k]
+        parts = dataclasses.replace(attention_parts(layer, X), xi=xi(layer, X))
+        r = S.route
+        box = logit_box(S, layer, parts, eps, r)
+        rows = set_remainder(layer, parts, box, r)
+        spans = remainder(layer, X, r, core=parts.xi, spans=box.spans())
+        assert torch.isfinite(rows).all() and torch.isfinite(spans).all()
+        Q, K = layer.queries_keys(X)
+        devs = [m[k] - X for m in moved] + list(set_points(S, eps, 8, gen))
+        for dev in devs:
+            assert (dev.flatten(1).norm(dim=-1) <= r * (1 + 1e-9)).all()
+            Qm, Km = layer.queries_keys(X + dev)
+            whole = (Qm @ Km.mT - Q @ K.mT) / layer.d_h**0.5
+            lin = (torch.einsum("bnd,hde->bhne", dev, layer.W_q) @ K.mT
+                   + Q @ torch.einsum("bnd,hde->bhne", dev, layer.W_k).mT) / layer.d_h**0.5
+            slack = 1e-9 * (1 + box.centre.abs())
+            assert ((lin - box.centre).abs() <= box.linear + slack).all(), (k, "linear logits")
+            assert ((whole - box.centre).abs() <= box.whole + slack).all(), (k, "logits")
+            with torch.enable_grad():
+                true = remainder_norm(layer, X, dev)
+            for bound in (rows, spans):
+                assert (true <= bound * (1 + 1e-9) + 1e-12).all(), (k, float((true - bound).max()))
+        ball = remainder(layer, X, r, core=parts.xi)
+        tighter = tighter or bool((torch.minimum(rows, spans) < ball * (1 - 1e-6)).any())
+    assert tighter or not below
