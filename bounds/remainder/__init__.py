@@ -39,6 +39,7 @@ from .row_bounds import (
     first_order_remainder,
     global_remainder,
     local_remainder,
+    row_remainders,
     row_stats,
 )
 
@@ -50,6 +51,7 @@ __all__ = [
     "logit_form_norm",
     "quadratic_remainder",
     "remainder",
+    "row_remainders",
 ]
 
 

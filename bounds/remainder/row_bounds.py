@@ -19,6 +19,7 @@ from models.spectral import product_norm
 from ..base import radius
 from ..forms import (
     ROUND_REL,
+    nan_inf,
 )
 from ..lofast import xi
 
@@ -201,6 +202,25 @@ def weighted_x(layer: DotMHA, rows: RowStats, spread: Spread, w: Tensor, r: Tens
     per_row = w.amax(-1) if w.dim() == 4 else w
     var_q = (per_row * rows.lam * rows.A[None, :, None].square()).sum(1).amax(-1) / layer.d_h
     return spread(w).sqrt() * r + var_q.sqrt() * r**2
+
+
+def row_remainders(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None,
+                   own: Tensor | None = None) -> Tensor:
+    """A bound of each output row's ‖R(Γ)_i‖ over ‖Γ‖_F ≤ r, summed over heads, [B, n] (docs/bounds.md
+    §5.1, "Attention's remainder per token"): §2.3.1's row bound α_i std_p(δ) + β_i std_p(q) with
+    ‖Γ_i‖ ≤ ``own`` [B, n] (the token's own radius; default r) where the assembly over rows took
+    Σ_i ‖Γ_i‖² ≤ r². ``spans`` [B, h, n] as in :func:`bounds.remainder.remainder`. A functional that
+    reads one token (a class token's head) pays that token's row alone."""
+    rr = r[:, None, None]
+    rows = row_stats(layer, X, rr)
+    s = rows.s if spans is None else torch.minimum(rows.s, spans)
+    alpha = rows.sigma * curve_g2(s) + rows.v * curve_g1(s)
+    beta = rows.sigma + alpha
+    g = rr if own is None else torch.minimum(own, r[:, None])[:, None]  # [B, 1, n]: ‖Γ_i‖
+    lam = rows.lam.sqrt()
+    per = (alpha * (g * rows.a + lam * rows.Vn * rr) + beta * lam * rows.A[None, :, None] * rr * g)
+    # where e^s overflows a product may be ∞·0: NaN read as ∞ (no bound there)
+    return nan_inf((per / math.sqrt(layer.d_h)).sum(1) * (1 + ROUND_REL))
 
 
 def local_remainder(layer: DotMHA, X: Tensor, eps, rows: RowStats | None = None) -> Tensor:

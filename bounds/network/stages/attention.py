@@ -17,7 +17,7 @@ from models.structured import dot_jacobian
 from ...certificates import Ledger
 from ...lofast import delta2_xi, xi
 from ...norms import gram_norm
-from ...remainder import FormCache, remainder
+from ...remainder import FormCache, remainder, row_remainders
 from ..record import Step
 from ..zonotope import DeviationSet
 from .logits import logit_box, logit_change, map_logits, set_remainder
@@ -59,6 +59,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     (:class:`AttentionCache`); ``ledger`` records the certificates of the
     remainder's norms."""
     r = S.route  # the radius LayerProject left (bounds.network.zonotope.DeviationSet.radius)
+    rows = None  # the remainder per output token, where the set is known (eps)
     parts = attention_parts(layer, X)
     N = X.shape[-2] * X.shape[-1]
     J = None
@@ -96,11 +97,13 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
                          ledger=ledger, spans=None if box is None else box.spans())
         if box is not None and bool((rest > enough).any()):  # the rows' own bound on the set (§5.1)
             rest = torch.minimum(rest, set_remainder(layer, parts, box, r))
+            # each output token's share, for functionals that read a few tokens (§5.1)
+            rows = torch.minimum(row_remainders(layer, X, r, box.spans(), S.token_radii(eps)), rest[:, None])
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
                   tok=mix_tokens(layer, parts, dense, S.tok, split))
     if log is not None:
-        log.append(AttentionRecord(f"attention{k}", layer, X, J, rest, parts, split))
-    return out.add_ball(f"attention{k}", rest)
+        log.append(AttentionRecord(f"attention{k}", layer, X, J, rest, parts, split, rows))
+    return out.add_ball(f"attention{k}", rest, rows)
 
 
 def mix_tokens(layer: DotMHA, parts: AttentionParts, J: Tensor | None, tok: Tensor | None,
@@ -294,10 +297,14 @@ class AttentionRecord:
     rho: Tensor
     parts: AttentionParts
     split: str
+    rows: Tensor | None = None  # [B, n]: the remainder's bound per output token, where known
 
     def step(self, Lam: Tensor) -> Step:
-        """Λ ↦ JᵀΛ (or Δ₁ᵀΛ for LoFAST's split), the remainder charged at ‖Λ‖_F·ρ."""
+        """Λ ↦ JᵀΛ (or Δ₁ᵀΛ for LoFAST's split), the remainder charged at ‖Λ‖_F·ρ, or at Σ_t ‖Λ_t‖ρ_t
+        with the rows' own bounds where that is smaller (⟨Λ, R⟩ ≤ Σ_t ‖Λ_t‖‖R_t‖)."""
         charge = Lam.flatten(2).norm(dim=-1) * self.rho[:, None]
+        if self.rows is not None:
+            charge = torch.minimum(charge, (Lam.norm(dim=-1) * self.rows[:, None]).sum(-1) * (1 + 1e-12))
         if self.split == "taylor":
             moved = transpose_apply(self.layer, self.X, self.J, Lam, self.parts)
         else:

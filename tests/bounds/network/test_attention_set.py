@@ -2,9 +2,10 @@
 on the set"): softmax's entrywise box holds every sampled logit change and is attained at its
 corners; every logit's change at points of the set and at the true deviations of sampled
 perturbations lies in the logit box; the remainders on the set (row by row from softmax's box, and
-§2.3's with each row's span read on the set) are at least ‖F(X + Γ) − F(X) − J Γ‖_F there (J from
-torch.autograd, not the suite's Jacobian), on LayerProject, LayerNorm and BatchNorm ViTs up to
-saturated attention, in both passes; and they are below the ball's remainder somewhere."""
+§2.3's with each row's span read on the set) are at least ‖F(X + Γ) − F(X) − J Γ‖_F there, and each
+output token's bound at least that token's row of it (J from torch.autograd, not the suite's
+Jacobian), on LayerProject, LayerNorm and BatchNorm ViTs up to saturated attention, in both passes;
+and they are below the ball's remainder somewhere."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from bounds.lofast import xi
 from bounds.network.stages.attention import attention_parts
 from bounds.network.stages.logits import logit_box, set_remainder, softmax_box
 from bounds.network.taylor_net import TaylorNet
-from bounds.remainder import remainder
+from bounds.remainder import remainder, row_remainders
 
 
 @pytest.mark.parametrize("n,width,seed", [(1, 3.0, 0), (5, 0.1, 1), (9, 4.0, 2), (17, 20.0, 3)])
@@ -57,12 +58,13 @@ def set_points(S, eps: float, count: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def remainder_norm(layer, X: torch.Tensor, dev: torch.Tensor) -> torch.Tensor:
-    """‖F(X + Γ) − F(X) − J_F(X)[Γ]‖_F per image, J from torch.autograd on the layer's forward."""
+    """‖F(X + Γ) − F(X) − J_F(X)[Γ]‖ per image and output token [B, n], J from torch.autograd on the
+    layer's forward."""
     out = []
     for b in range(X.shape[0]):
         J = torch.autograd.functional.jacobian(lambda Z: layer(Z[None])[0], X[b])  # [n, d, n, d]
         lin = torch.einsum("ndme,me->nd", J, dev[b])
-        out.append((layer((X[b] + dev[b])[None])[0] - layer(X[b][None])[0] - lin).norm())
+        out.append((layer((X[b] + dev[b])[None])[0] - layer(X[b][None])[0] - lin).norm(dim=-1))
     return torch.stack(out)
 
 
@@ -103,7 +105,8 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
         box = logit_box(S, layer, parts, eps, r)
         rows = set_remainder(layer, parts, box, r)
         spans = remainder(layer, X, r, core=parts.xi, spans=box.spans())
-        assert torch.isfinite(rows).all() and torch.isfinite(spans).all()
+        tokens = row_remainders(layer, X, r, box.spans(), S.token_radii(eps))  # [B, n]
+        assert torch.isfinite(rows).all() and torch.isfinite(spans).all() and not tokens.isnan().any()
         Q, K = layer.queries_keys(X)
         devs = [m[k] - X for m in moved] + list(set_points(S, eps, 8, gen))
         for dev in devs:
@@ -116,7 +119,9 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
             assert ((lin - box.centre).abs() <= box.linear + slack).all(), (k, "linear logits")
             assert ((whole - box.centre).abs() <= box.whole + slack).all(), (k, "logits")
             with torch.enable_grad():
-                true = remainder_norm(layer, X, dev)
+                per_token = remainder_norm(layer, X, dev)
+            assert (per_token <= tokens * (1 + 1e-9) + 1e-12).all(), (k, "per token")
+            true = per_token.norm(dim=-1)
             for bound in (rows, spans):
                 assert (true <= bound * (1 + 1e-9) + 1e-12).all(), (k, float((true - bound).max()))
         ball = remainder(layer, X, r, core=parts.xi)
