@@ -57,7 +57,10 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     :func:`jacobian_bound`. ``quadratic`` as in ``bounds.remainder.remainder`` (the second pass asks
     for the quadratic form, docs/bounds.md §2.3.2); ``cache`` keeps its parts that depend on X alone
     (:class:`AttentionCache`); ``ledger`` records the certificates of the
-    remainder's norms."""
+    remainder's norms. Given ``eps`` (the set is then known), the remainder reads the logits on the
+    set (:mod:`.logits`: the linear change's norm, each row's span, the rows' bound from softmax's
+    box) and is bounded per output token as well (``bounds.remainder.row_remainders``), which the
+    backward pass and E's per-token bounds take (docs/bounds.md §5.1)."""
     r = S.route  # the radius LayerProject left (bounds.network.zonotope.DeviationSet.radius)
     rows = None  # the remainder per output token, where the set is known (eps)
     parts = attention_parts(layer, X)

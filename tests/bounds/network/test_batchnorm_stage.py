@@ -185,7 +185,8 @@ def test_the_logit_change_on_the_set_holds_every_sampled_deviation(norm, qk, eps
     attention input at sampled perturbations (Γ lies in the set: the stage tests), and never above
     ξ_l times the set's radius, the bound over the whole ball, at some block."""
     from bounds.lofast import xi
-    from bounds.network.stages.attention import attention_parts, logit_change
+    from bounds.network.stages.attention import attention_parts
+    from bounds.network.stages.logits import logit_change
 
     net = bn_vit(6, norm, "cls", True, qk=qk)
     x = torch.rand(4, 8, 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
