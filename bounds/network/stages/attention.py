@@ -99,9 +99,12 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
                          cache=None if cache is None else cache.forms, enough=enough,
                          ledger=ledger, spans=None if box is None else box.spans())
         if box is not None and bool((rest > enough).any()):  # the rows' own bound on the set (§5.1)
-            rest = torch.minimum(rest, set_remainder(layer, parts, box, r))
+            own = S.token_radii(eps)
+            whole, rows = set_remainder(layer, parts, box, r, own)
+            rest = torch.minimum(rest, whole)
             # each output token's share, for functionals that read a few tokens (§5.1)
-            rows = torch.minimum(row_remainders(layer, X, r, box.spans(), S.token_radii(eps)), rest[:, None])
+            rows = torch.minimum(torch.minimum(row_remainders(layer, X, r, box.spans(), own), rows),
+                                 rest[:, None])
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
                   tok=mix_tokens(layer, parts, dense, S.tok, split))
     if log is not None:

@@ -145,17 +145,21 @@ def softmax_box(P: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
     return low, high
 
 
-def set_remainder(layer: DotMHA, parts, box: LogitBox, r: Tensor) -> Tensor:
-    """A bound of ‖F(X + Γ) − F(X) − J_F(X)[Γ]‖_F over the set whose logits lie in ``box`` and whose
-    radius is at most ``r`` [B], [B] (docs/bounds.md §5.1, "Attention's remainder on the set"): with
-    P' the weights at X + Γ, Y_l = X C_l, ȳ_i = p_iᵀY_l and δ the linear logit change, each head's
+def set_remainder(layer: DotMHA, parts, box: LogitBox, r: Tensor,
+                  own: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Bounds of ‖F(X + Γ) − F(X) − J_F(X)[Γ]‖ over the set whose logits lie in ``box``, whose radius is
+    at most ``r`` [B] and whose tokens' radii are at most ``own`` [B, n] (default r): the whole [B] and
+    each output token's row [B, n] (docs/bounds.md §5.1, "Attention's remainder on the set"). With P'
+    the weights at X + Γ, Y_l = X C_l, ȳ_i = p_iᵀY_l and δ the linear logit change, each head's
     R_l = (P'_l − P_l)Y_l + (P'_l − P_l)ΓC_l − dP_l[Γ]Y_l, bounded row by row:
 
     * ‖(p'_i − p_i)ᵀY‖ ≤ min(Σ_j u_ij‖Y_j − ȳ_i‖, m_i·diam(Y)), u_ij ≥ |p'_ij − p_ij| from
       :func:`softmax_box` and m_i ≥ the mass p' moves;
-    * ‖(P' − P)ΓC_l‖_F ≤ ‖U‖_F·r·‖C_l‖;
+    * ‖(p'_i − p_i)ᵀΓC_l‖ ≤ min(‖u_i‖·r, Σ_j u_ij·own_j)·‖C_l‖ (over rows, ‖U‖_F·r·‖C_l‖);
     * ‖dP[Γ]_iᵀY‖ = ‖Cov_{p_i}(δ_i, Y)‖ ≤ std_{p_i}(δ_i)·σ_i, σ_i² = Σ_j p_ij‖Y_j − ȳ_i‖², the std
-      at most that of the box about its p_i-weighted centre and half the row's span."""
+      at most that of the box about its p_i-weighted centre and half the row's span.
+
+    Heads add; the whole takes each part's Frobenius norm over rows."""
     P = parts.P  # [B, h, n, n]
     lo, hi = softmax_box(P, box.centre - box.whole, box.centre + box.whole)
     tiny = 4 * torch.finfo(P.dtype).eps  # each weight's rounding (the weights are at most 1)
@@ -166,14 +170,19 @@ def set_remainder(layer: DotMHA, parts, box: LogitBox, r: Tensor) -> Tensor:
     Yc = (Y[:, :, None] - Ybar[:, :, :, None]).norm(dim=-1)  # [B, h, i, j]: ‖Y_j − ȳ_i‖
     diam = (Y[:, :, :, None] - Y[:, :, None]).norm(dim=-1).amax((-1, -2))  # [B, h]
     mass = torch.minimum(up.sum(-1), down.sum(-1))
-    moved = torch.minimum((u * Yc).sum(-1), mass * diam[..., None])  # [B, h, n]
-    first = moved.square().sum(-1).sqrt()
-    second = u.square().sum((-1, -2)).sqrt() * r[:, None] * layer.C_norm()
+    first = torch.minimum((u * Yc).sum(-1), mass * diam[..., None])  # [B, h, n]
+    C = layer.C_norm()[None, :, None]
+    second = u.norm(dim=-1) * r[:, None, None] * C  # [B, h, n]
+    if own is not None:
+        second = torch.minimum(second, (u * own[:, None, None]).sum(-1) * C)
+    whole_second = u.square().sum((-1, -2)).sqrt() * r[:, None] * layer.C_norm()  # [B, h]
     lo_d, hi_d = box.centre - box.linear, box.centre + box.linear
     mid = (P * (lo_d + hi_d)).sum(-1, keepdim=True) / 2
     var = (P * torch.maximum((lo_d - mid).square(), (hi_d - mid).square())).sum(-1)
     span = hi_d.amax(-1) - lo_d.amin(-1)
     std = torch.minimum(var.sqrt(), span / 2)
-    sigma = (P * Yc.square()).sum(-1).sqrt()
-    third = (std * sigma).square().sum(-1).sqrt()
-    return ((first + second + third).sum(-1) * (1 + 1e-10))
+    third = std * (P * Yc.square()).sum(-1).sqrt()  # [B, h, n]
+    norm = lambda t: t.square().sum(-1).sqrt()
+    whole = (norm(first) + whole_second + norm(third)).sum(-1)
+    rows = (first + second + third).sum(1)
+    return whole * (1 + 1e-10), rows * (1 + 1e-10)

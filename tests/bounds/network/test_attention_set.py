@@ -103,7 +103,7 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
         parts = dataclasses.replace(attention_parts(layer, X), xi=xi(layer, X))
         r = S.route
         box = logit_box(S, layer, parts, eps, r)
-        rows = set_remainder(layer, parts, box, r)
+        rows, set_tokens = set_remainder(layer, parts, box, r, S.token_radii(eps))
         spans = remainder(layer, X, r, core=parts.xi, spans=box.spans())
         tokens = row_remainders(layer, X, r, box.spans(), S.token_radii(eps))  # [B, n]
         assert torch.isfinite(rows).all() and torch.isfinite(spans).all() and not tokens.isnan().any()
@@ -120,7 +120,8 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
             assert ((whole - box.centre).abs() <= box.whole + slack).all(), (k, "logits")
             with torch.enable_grad():
                 per_token = remainder_norm(layer, X, dev)
-            assert (per_token <= tokens * (1 + 1e-9) + 1e-12).all(), (k, "per token")
+            for bound in (tokens, set_tokens):
+                assert (per_token <= bound * (1 + 1e-9) + 1e-12).all(), (k, "per token")
             true = per_token.norm(dim=-1)
             for bound in (rows, spans):
                 assert (true <= bound * (1 + 1e-9) + 1e-12).all(), (k, float((true - bound).max()))
