@@ -205,22 +205,31 @@ def weighted_x(layer: DotMHA, rows: RowStats, spread: Spread, w: Tensor, r: Tens
 
 
 def row_remainders(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None,
-                   own: Tensor | None = None) -> Tensor:
+                   own: Tensor | None = None, spread: Tensor | None = None) -> Tensor:
     """A bound of each output row's ‖R(Γ)_i‖ over ‖Γ‖_F ≤ r, summed over heads, [B, n] (docs/bounds.md
     §5.1, "Attention's remainder per token"): §2.3.1's row bound α_i std_p(δ) + β_i std_p(q) with
     ‖Γ_i‖ ≤ ``own`` [B, n] (the token's own radius; default r) where the assembly over rows took
-    Σ_i ‖Γ_i‖² ≤ r². ``spans`` [B, h, n] as in :func:`bounds.remainder.remainder`. A functional that
+    Σ_i ‖Γ_i‖² ≤ r², and std_p(ΓC_l) ≤ ‖C_l‖(Σ_k p_ik own_k²)^½ where it is below √λ_i‖C_l‖r.
+    ``spans`` [B, h, n] as in :func:`bounds.remainder.remainder`; ``spread`` [B, h, n] an upper bound
+    of std_{p_i}(δ_i) over the deviations considered, where it is below the ball's. A functional that
     reads one token (a class token's head) pays that token's row alone."""
     rr = r[:, None, None]
     rows = row_stats(layer, X, rr)
     s = rows.s if spans is None else torch.minimum(rows.s, spans)
-    alpha = rows.sigma * curve_g2(s) + rows.v * curve_g1(s)
+    v = rows.v
+    if own is not None:  # std_p(ΓC) ≤ (Σ_k p_k ‖Γ_k C‖²)^½, each key's deviation within its own radius
+        keys = (rows.P * torch.minimum(own, r[:, None]).square()[:, None, None]).sum(-1).sqrt()
+        v = torch.minimum(v, keys * rows.C * (1 + ROUND_REL))
+    alpha = rows.sigma * curve_g2(s) + v * curve_g1(s)
     beta = rows.sigma + alpha
     g = rr if own is None else torch.minimum(own, r[:, None])[:, None]  # [B, 1, n]: ‖Γ_i‖
     lam = rows.lam.sqrt()
-    per = (alpha * (g * rows.a + lam * rows.Vn * rr) + beta * lam * rows.A[None, :, None] * rr * g)
+    sd = (g * rows.a + lam * rows.Vn * rr) / math.sqrt(layer.d_h)  # ≥ std_p(δ) over the ball
+    if spread is not None:
+        sd = torch.minimum(sd, spread)
+    per = alpha * sd + beta * lam * rows.A[None, :, None] * rr * g / math.sqrt(layer.d_h)
     # where e^s overflows a product may be ∞·0: NaN read as ∞ (no bound there)
-    return nan_inf((per / math.sqrt(layer.d_h)).sum(1) * (1 + ROUND_REL))
+    return nan_inf(per.sum(1) * (1 + ROUND_REL))
 
 
 def local_remainder(layer: DotMHA, X: Tensor, eps, rows: RowStats | None = None) -> Tensor:

@@ -103,8 +103,8 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             whole, rows = set_remainder(layer, parts, box, r, own)
             rest = torch.minimum(rest, whole)
             # each output token's share, for functionals that read a few tokens (§5.1)
-            rows = torch.minimum(torch.minimum(row_remainders(layer, X, r, box.spans(), own), rows),
-                                 rest[:, None])
+            own_rows = row_remainders(layer, X, r, box.spans(), own, box.spread(parts.P))
+            rows = torch.minimum(torch.minimum(own_rows, rows), rest[:, None])
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
                   tok=mix_tokens(layer, parts, dense, S.tok, split))
     if log is not None:

@@ -91,6 +91,15 @@ class LogitBox:
     linear: Tensor
     whole: Tensor
 
+    def spread(self, P: Tensor) -> Tensor:
+        """An upper bound of std_{p_i}(δ_i) of the linear change over the box for rows P [B, h, n, n],
+        [B, h, n]: half the row's span (Popoviciu), and the root of Σ_j p_ij max((lo_j − μ)², (hi_j − μ)²)
+        about the box's p-weighted centre μ (Var_p ≤ E_p(δ − μ)² for any μ)."""
+        lo, hi = self.centre - self.linear, self.centre + self.linear
+        mid = (P * (lo + hi)).sum(-1, keepdim=True) / 2
+        var = (P * torch.maximum((lo - mid).square(), (hi - mid).square())).sum(-1)
+        return torch.minimum(var.sqrt(), (hi.amax(-1) - lo.amin(-1)) / 2) * (1 + ROUND)
+
     def spans(self) -> Tensor:
         """An upper bound of each row's span max_j δ_ij − min_j δ_ij of the whole change, [B, h, n]."""
         return ((self.centre + self.whole).amax(-1) - (self.centre - self.whole).amin(-1)) * (1 + ROUND)
@@ -176,12 +185,7 @@ def set_remainder(layer: DotMHA, parts, box: LogitBox, r: Tensor,
     if own is not None:
         second = torch.minimum(second, (u * own[:, None, None]).sum(-1) * C)
     whole_second = u.square().sum((-1, -2)).sqrt() * r[:, None] * layer.C_norm()  # [B, h]
-    lo_d, hi_d = box.centre - box.linear, box.centre + box.linear
-    mid = (P * (lo_d + hi_d)).sum(-1, keepdim=True) / 2
-    var = (P * torch.maximum((lo_d - mid).square(), (hi_d - mid).square())).sum(-1)
-    span = hi_d.amax(-1) - lo_d.amin(-1)
-    std = torch.minimum(var.sqrt(), span / 2)
-    third = std * (P * Yc.square()).sum(-1).sqrt()  # [B, h, n]
+    third = box.spread(P) * (P * Yc.square()).sum(-1).sqrt()  # [B, h, n]
     norm = lambda t: t.square().sum(-1).sqrt()
     whole = (norm(first) + whole_second + norm(third)).sum(-1)
     rows = (first + second + third).sum(1)

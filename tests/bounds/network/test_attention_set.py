@@ -105,7 +105,7 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
         box = logit_box(S, layer, parts, eps, r)
         rows, set_tokens = set_remainder(layer, parts, box, r, S.token_radii(eps))
         spans = remainder(layer, X, r, core=parts.xi, spans=box.spans())
-        tokens = row_remainders(layer, X, r, box.spans(), S.token_radii(eps))  # [B, n]
+        tokens = row_remainders(layer, X, r, box.spans(), S.token_radii(eps), box.spread(parts.P))  # [B, n]
         assert torch.isfinite(rows).all() and torch.isfinite(spans).all() and not tokens.isnan().any()
         Q, K = layer.queries_keys(X)
         devs = [m[k] - X for m in moved] + list(set_points(S, eps, 8, gen))
