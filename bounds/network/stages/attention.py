@@ -93,13 +93,13 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             tiny = torch.finfo(r.dtype).tiny
             on_set = logit_change(S, layer, parts, eps, mapped) / r.clamp_min(tiny)[:, None]
             core = torch.minimum(core, on_set)
-            box = logit_box(S, layer, parts, eps, r, mapped)
+            own = S.token_radii(eps)  # each token's radius: the box's quadratic part, the rows' bounds
+            box = logit_box(S, layer, parts, eps, r, mapped, own)
         enough = NEGLIGIBLE * bound * r
         rest = remainder(layer, X, r, core=core, quadratic=quadratic,
                          cache=None if cache is None else cache.forms, enough=enough,
                          ledger=ledger, spans=None if box is None else box.spans())
         if box is not None and bool((rest > enough).any()):  # the rows' own bound on the set (§5.1)
-            own = S.token_radii(eps)
             whole, rows = set_remainder(layer, parts, box, r, own)
             rest = torch.minimum(rest, whole)
             # each output token's share, for functionals that read a few tokens (§5.1)

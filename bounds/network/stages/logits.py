@@ -106,13 +106,13 @@ class LogitBox:
 
 
 def logit_box(S: DeviationSet, layer: DotMHA, parts, eps: float, r: Tensor,
-              mapped: MappedLogits | None = None) -> LogitBox:
+              mapped: MappedLogits | None = None, own: Tensor | None = None) -> LogitBox:
     """The :class:`LogitBox` of the set ``S`` (radius ``r`` [B]) at the clean point ``parts``
     (docs/bounds.md §5.1, "Attention's remainder on the set"): logit (i, j)'s linear change is at most
     the support of the set along L_l's functional (i, j), part by part as :func:`logit_change` sums
     its norms (E's per token, ‖W^Q_l k_j‖‖E_i‖ + ‖W^K_l q_i‖‖E_j‖, or the columns' exact support);
     the quadratic part is at most ‖A_l‖‖Γ_i‖‖Γ_j‖ with ‖Γ_i‖‖Γ_j‖ ≤ min(r_i r_j, ½r²) off the diagonal
-    and ≤ min(r_i², r²) on it (r_t the set's token radii)."""
+    and ≤ min(r_i², r²) on it (r_t the set's token radii: ``own`` [B, n] where the caller has them)."""
     M = map_logits(S, layer, parts) if mapped is None else mapped
     B, n = M.shift.shape[0], M.shift.shape[2]
     width = eps * M.G.norm(dim=-1) + M.A.abs().sum(-1)
@@ -128,7 +128,7 @@ def logit_box(S: DeviationSet, layer: DotMHA, parts, eps: float, r: Tensor,
     root = math.sqrt(layer.d_h)
     # L(c)'s own rounding is relative to its terms, which |L(c)| may not be: covered with the widths'
     linear = (width + ball + ROUND * M.shift.abs()) * (1 + ROUND) / root
-    t = S.token_radii(eps)  # [B, n]
+    t = S.token_radii(eps) if own is None else own  # [B, n]
     pair = t[:, :, None] * t[:, None, :]
     whole_ball = (0.5 * r.square())[:, None, None].expand(B, n, n).clone()
     whole_ball.diagonal(dim1=-2, dim2=-1).mul_(2)
