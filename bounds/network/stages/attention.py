@@ -95,15 +95,16 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             core = torch.minimum(core, on_set)
             own = S.token_radii(eps)  # each token's radius: the box's quadratic part, the rows' bounds
             box = logit_box(S, layer, parts, eps, r, mapped, own)
+            spans = box.spans()
         enough = NEGLIGIBLE * bound * r
         rest = remainder(layer, X, r, core=core, quadratic=quadratic,
                          cache=None if cache is None else cache.forms, enough=enough,
-                         ledger=ledger, spans=None if box is None else box.spans())
+                         ledger=ledger, spans=None if box is None else spans)
         if box is not None and bool((rest > enough).any()):  # the rows' own bound on the set (§5.1)
             whole, rows = set_remainder(layer, parts, box, r, own)
             rest = torch.minimum(rest, whole)
             # each output token's share, for functionals that read a few tokens (§5.1)
-            own_rows = row_remainders(layer, X, r, box.spans(), own, box.spread(parts.P))
+            own_rows = row_remainders(layer, X, r, spans, own, box.spread(parts.P))
             rows = torch.minimum(torch.minimum(own_rows, rows), rest[:, None])
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
                   tok=mix_tokens(layer, parts, dense, S.tok, split))

@@ -181,12 +181,12 @@ def set_remainder(layer: DotMHA, parts, box: LogitBox, r: Tensor,
     mass = torch.minimum(up.sum(-1), down.sum(-1))
     first = torch.minimum((u * Yc).sum(-1), mass * diam[..., None])  # [B, h, n]
     C = layer.C_norm()[None, :, None]
-    second = u.norm(dim=-1) * r[:, None, None] * C  # [B, h, n]
+    norm = lambda t: t.square().sum(-1).sqrt()  # over rows
+    second = u.norm(dim=-1) * r[:, None, None] * C  # [B, h, n]; over rows ‖U‖_F·r·‖C_l‖
+    whole_second = norm(second)
     if own is not None:
         second = torch.minimum(second, (u * own[:, None, None]).sum(-1) * C)
-    whole_second = u.square().sum((-1, -2)).sqrt() * r[:, None] * layer.C_norm()  # [B, h]
     third = box.spread(P) * (P * Yc.square()).sum(-1).sqrt()  # [B, h, n]
-    norm = lambda t: t.square().sum(-1).sqrt()
     whole = (norm(first) + whole_second + norm(third)).sum(-1)
     rows = (first + second + third).sum(1)
     return whole * (1 + 1e-10), rows * (1 + 1e-10)
