@@ -137,6 +137,81 @@ def logit_box(S: DeviationSet, layer: DotMHA, parts, eps: float, r: Tensor,
     return LogitBox(M.shift / root, linear, linear + quad)
 
 
+def set_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: LogitBox,
+             mapped: MappedLogits | None = None) -> tuple[Tensor, Tensor]:
+    """Two bounds per row of the logits over the set ``S``, each [B, h, n], each no larger than the box's
+    (docs/bounds.md §5.1, "The logits' rows on the set"):
+
+    * ``spread``: std_{p_i}(δ_i) of the linear change under the clean weights p_i, the norm of
+      diag(√p_i)(I − 1p_iᵀ)δ_i, a seminorm, so the parts add: the shift's own, ε‖·‖₂ of the centred and
+      weighted L(G)_i, the box's bound of L(A)_i's, the groups' Frobenius norms under their budget, and
+      E's (Var_p ≤ E_p of its entries' squared bounds, or its columns' centred spectral norm);
+    * ``spans``: max_{j,k} (u_ij − u_ik) of the whole change u (the quadratic part included): the G part
+      pair by pair, ε‖L(G)_ij − L(G)_ik‖, from each row's Gram; the shift's exactly; every other part
+      at most twice its largest entry bound in the row.
+
+    Both see what the box cannot: a peaked row, and logits that move together (a shift of a whole row
+    leaves its softmax unchanged)."""
+    M = map_logits(S, layer, parts) if mapped is None else mapped
+    P = parts.P  # [B, h, n, n]
+    B, h, n = P.shape[:3]
+    u = torch.finfo(P.dtype).eps / 2
+    root = math.sqrt(layer.d_h)
+
+    def centred(T: Tensor) -> Tensor:  # [B, h, n, n, cols]: T_i − 1p_iᵀT_i, row by row
+        return T - (P[..., None] * T).sum(-2, keepdim=True)
+
+    w = P.sqrt()
+    TG = centred(M.G)  # [B, h, i, j, P]
+    gram = TG @ TG.mT  # [B, h, i, j, k]: ⟨TG_ij, TG_ik⟩
+    # each computed entry is off by at most γ‖TG_ij‖‖TG_ik‖ (Higham, Thm 3.5): the eigenvalue by at most
+    # γ·trace, each squared distance by at most 2γ(‖TG_ij‖ + ‖TG_ik‖)²
+    gamma = (TG.shape[-1] + n + 4) * u / (1 - (TG.shape[-1] + n + 4) * u)
+    diag = gram.diagonal(dim1=-2, dim2=-1).clamp_min(0)  # [B, h, i, j]
+    weighted = w[..., :, None] * gram * w[..., None, :]
+    lam = torch.linalg.eigvalsh(weighted)[..., -1] + gamma * (P * diag).sum(-1)
+    spread = (P * centred(M.shift[..., None])[..., 0].square()).sum(-1).sqrt()
+    spread = spread + eps * lam.clamp_min(0).sqrt()
+    dist = diag[..., :, None] + diag[..., None, :] - 2 * gram
+    dist = dist + 2 * gamma * (diag.sqrt()[..., :, None] + diag.sqrt()[..., None, :]).square()
+    # [B, h, i, j, k]: a bound of u_ij − u_ik from the G part and the shift
+    pairs = eps * dist.clamp_min(0).sqrt() + (M.shift[..., :, None] - M.shift[..., None, :])
+    entry = torch.zeros_like(P)  # [B, h, i, j]: a bound of every other part's |change| at logit (i, j)
+    if M.A.shape[-1]:  # max over ζ ∈ [−1, 1]^m of ‖TAζ‖ weighted: box_norms with rows as its tokens
+        TA = centred(M.A)
+        spread = spread + box_norms((TA * w[..., None]).reshape(B * h, n, n, -1))[0].reshape(B, h, n)
+        entry = entry + TA.abs().sum(-1)
+    if M.Q.shape[-2]:
+        k, g = M.Q.shape[-2:]
+        TQ = centred(M.Q.reshape(B, h, n, n, k * g)).reshape(B, h, n, n, k, g)
+        spread = spread + S.grouped((TQ * w[..., None, None]).square().sum((3, 5)).sqrt())
+        entry = entry + S.grouped(TQ.norm(dim=-1))
+    # E: entry (i, j) of L(E) is at most ‖W^Q_l k_j‖‖E_i‖ + ‖W^K_l q_i‖‖E_j‖ (or its columns' norm), so
+    # Var_p ≤ E_p of its square; or the columns' centred spectral norm
+    tb = S.token_ball()
+    kq = (parts.K @ layer.W_q.mT[None]).norm(dim=-1)
+    qk = (parts.Q @ layer.W_k.mT[None]).norm(dim=-1)
+    ball = tb[:, None, :, None] * kq[:, :, None, :] + qk[..., None] * tb[:, None, None, :]
+    if M.W is not None:
+        ball = torch.minimum(ball, M.W.norm(dim=-1))
+    ball_spread = (P * ball.square()).sum(-1).sqrt()
+    if M.W is not None:
+        TW = centred(M.W) * w[..., None]
+        ball_spread = torch.minimum(ball_spread, gram_norm(TW @ TW.mT if n <= TW.shape[-1] else TW.mT @ TW))
+    spread = spread + ball_spread
+    # the centred parts' rounding is at most a relative 1e-10 of the uncentred change, whose
+    # p-weighted root mean square the box's widths bound (Var_p ≤ E_p δ²)
+    slack = 1e-10 * (P * (box.linear.square() + box.centre.square())).sum(-1).sqrt()
+    spread = (spread * (1 + ROUND) / root + slack)
+    # the span: the G part and the shift pair by pair, the rest (the quadratic part with it) at twice
+    # its largest entry; ROUND covers the sums, a relative 1e-10 of the row's largest entry the centring
+    quad = (box.whole - box.linear).clamp_min(0)
+    rest = 2 * ((entry + ball) / root + quad).amax(-1)
+    spans = (pairs.amax((-1, -2)) / root + rest) * (1 + ROUND)
+    spans = spans + 2e-10 * (box.linear + box.centre.abs()).amax(-1)
+    return torch.minimum(spread, box.spread(P)), torch.minimum(spans, box.spans())
+
+
 def softmax_box(P: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
     """Entrywise bounds of softmax(s + δ) over lo ≤ δ ≤ hi for rows P = softmax(s), [..., n] each:
     p'_j = p_j e^{δ_j}/Σ_k p_k e^{δ_k} increases with δ_j and decreases with every other δ_k, so it is
@@ -155,7 +230,7 @@ def softmax_box(P: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def set_remainder(layer: DotMHA, parts, box: LogitBox, r: Tensor,
-                  own: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                  own: Tensor | None = None, spread: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Bounds of ‖F(X + Γ) − F(X) − J_F(X)[Γ]‖ over the set whose logits lie in ``box``, whose radius is
     at most ``r`` [B] and whose tokens' radii are at most ``own`` [B, n] (default r): the whole [B] and
     each output token's row [B, n] (docs/bounds.md §5.1, "Attention's remainder on the set"). With P'
@@ -166,7 +241,8 @@ def set_remainder(layer: DotMHA, parts, box: LogitBox, r: Tensor,
       :func:`softmax_box` and m_i ≥ the mass p' moves;
     * ‖(p'_i − p_i)ᵀΓC_l‖ ≤ min(‖u_i‖·r, Σ_j u_ij·own_j)·‖C_l‖ (over rows, ‖U‖_F·r·‖C_l‖);
     * ‖dP[Γ]_iᵀY‖ = ‖Cov_{p_i}(δ_i, Y)‖ ≤ std_{p_i}(δ_i)·σ_i, σ_i² = Σ_j p_ij‖Y_j − ȳ_i‖², the std
-      at most that of the box about its p_i-weighted centre and half the row's span.
+      at most ``spread`` [B, h, n] (:func:`set_rows`), or that of the box about its p_i-weighted
+      centre and half the row's span.
 
     Heads add; the whole takes each part's Frobenius norm over rows."""
     P = parts.P  # [B, h, n, n]
@@ -186,7 +262,8 @@ def set_remainder(layer: DotMHA, parts, box: LogitBox, r: Tensor,
     whole_second = norm(second)
     if own is not None:
         second = torch.minimum(second, (u * own[:, None, None]).sum(-1) * C)
-    third = box.spread(P) * (P * Yc.square()).sum(-1).sqrt()  # [B, h, n]
+    spread = box.spread(P) if spread is None else spread
+    third = spread * (P * Yc.square()).sum(-1).sqrt()  # [B, h, n]
     whole = (norm(first) + whole_second + norm(third)).sum(-1)
     rows = (first + second + third).sum(1)
     return whole * (1 + 1e-10), rows * (1 + 1e-10)

@@ -18,7 +18,7 @@ from test_taylor_net import perturbations, random_vit, true_stages
 
 from bounds.lofast import xi
 from bounds.network.stages.attention import attention_parts
-from bounds.network.stages.logits import logit_box, set_remainder, softmax_box
+from bounds.network.stages.logits import logit_box, set_remainder, set_rows, softmax_box
 from bounds.network.taylor_net import TaylorNet
 from bounds.remainder import remainder, row_remainders
 
@@ -97,15 +97,17 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
         stages = dict((name, S) for name, S, _ in tn.stages(eps, log=[] if refine else None, refine=refine))
         clean = attn_in(x)
         moved = [attn_in(x + d) for d in perturbations(x, eps, 8, gen)]
-    tighter = False
+    tighter = narrower = False
     for k, layer in enumerate(tn.layers):
         S, X = stages[f"{before}{k}"], clean[k]
         parts = dataclasses.replace(attention_parts(layer, X), xi=xi(layer, X))
         r = S.route
         box = logit_box(S, layer, parts, eps, r)
-        rows, set_tokens = set_remainder(layer, parts, box, r, S.token_radii(eps))
-        spans = remainder(layer, X, r, core=parts.xi, spans=box.spans())
-        tokens = row_remainders(layer, X, r, box.spans(), S.token_radii(eps), box.spread(parts.P))  # [B, n]
+        spread, row_spans = set_rows(S, layer, parts, eps, box)
+        rows, set_tokens = set_remainder(layer, parts, box, r, S.token_radii(eps), spread)
+        spans = remainder(layer, X, r, core=parts.xi, spans=row_spans)
+        tokens = row_remainders(layer, X, r, row_spans, S.token_radii(eps), spread)  # [B, n]
+        narrower = narrower or bool((spread < box.spread(parts.P) * (1 - 1e-6)).any())
         assert torch.isfinite(rows).all() and torch.isfinite(spans).all() and not tokens.isnan().any()
         Q, K = layer.queries_keys(X)
         devs = [m[k] - X for m in moved] + list(set_points(S, eps, 8, gen))
@@ -118,6 +120,11 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
             slack = 1e-9 * (1 + box.centre.abs())
             assert ((lin - box.centre).abs() <= box.linear + slack).all(), (k, "linear logits")
             assert ((whole - box.centre).abs() <= box.whole + slack).all(), (k, "logits")
+            P = parts.P
+            std = (P * (lin - (P * lin).sum(-1, keepdim=True)).square()).sum(-1).sqrt()
+            assert (std <= spread * (1 + 1e-9) + 1e-12).all(), (k, "spread")
+            span = whole.amax(-1) - whole.amin(-1)
+            assert (span <= row_spans * (1 + 1e-9) + 1e-12).all(), (k, "span")
             with torch.enable_grad():
                 per_token = remainder_norm(layer, X, dev)
             for bound in (tokens, set_tokens):
@@ -128,3 +135,4 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
         ball = remainder(layer, X, r, core=parts.xi)
         tighter = tighter or bool((torch.minimum(rows, spans) < ball * (1 - 1e-6)).any())
     assert tighter or not below
+    assert narrower  # the set's rows see what the box cannot, in every case
