@@ -220,14 +220,23 @@ def row_remainders(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = N
     if own is not None:  # std_p(ΓC) ≤ (Σ_k p_k ‖Γ_k C‖²)^½, each key's deviation within its own radius
         keys = (rows.P * torch.minimum(own, r[:, None]).square()[:, None, None]).sum(-1).sqrt()
         v = torch.minimum(v, keys * rows.C * (1 + ROUND_REL))
-    alpha = rows.sigma * curve_g2(s) + v * curve_g1(s)
-    beta = rows.sigma + alpha
     g = rr if own is None else torch.minimum(own, r[:, None])[:, None]  # [B, 1, n]: ‖Γ_i‖
     lam = rows.lam.sqrt()
     sd = (g * rows.a + lam * rows.Vn * rr) / math.sqrt(layer.d_h)  # ≥ std_p(δ) over the ball
     if spread is not None:
         sd = torch.minimum(sd, spread)
-    per = alpha * sd + beta * lam * rows.A[None, :, None] * rr * g / math.sqrt(layer.d_h)
+    # std_p(q_i) ≤ ‖A_l‖‖Γ_i‖·std_p(Γ_k) with std_p(Γ_k) ≤ √λ_i r (fact iv), or ≤ (Σ_k p_k‖Γ_k‖²)^½
+    keys = lam * rr
+    if own is not None:
+        keys = torch.minimum(keys, (rows.P * torch.minimum(own, r[:, None]).square()[:, None, None])
+                             .sum(-1).sqrt() * (1 + ROUND_REL))
+    sq = rows.A[None, :, None] * g * keys / math.sqrt(layer.d_h)
+    su = sd + sq  # ≥ std_p(u), u = δ + q
+    # the logits' second-order integral two ways: span·std_{p_t}(u)·std_{p_t}(Y) (g₂(s)·std(u)·σ), or
+    # Var_{p_t}(u)·max_k ‖Y_k − ȳ_t‖ ≤ e^{ts}Var_p(u)·diam(Y) (h₂(s)·Var(u)·diam), the smaller where the
+    # row's spread is well below its span
+    logits = torch.minimum(rows.sigma * curve_g2(s) * su, curve_h2(s) * rows.diamY[..., None] * su.square())
+    per = rows.sigma * sq + logits + v * curve_g1(s) * su
     # where e^s overflows a product may be ∞·0: NaN read as ∞ (no bound there)
     return nan_inf(per.sum(1) * (1 + ROUND_REL))
 
