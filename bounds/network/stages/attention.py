@@ -21,6 +21,7 @@ from ...remainder import FormCache, remainder, row_remainders
 from ..record import Step
 from ..zonotope import DeviationSet
 from .logits import logit_box, logit_change, map_logits, set_remainder, set_rows
+from .second_order import fits, second_order_rows
 
 # the share of the first order (‖J‖·r) below which attention's global remainder is taken as it is,
 # without the local and first-order ones (docs/bounds.md §5, "What a network certificate skips")
@@ -95,7 +96,8 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             core = torch.minimum(core, on_set)
             own = S.token_radii(eps)  # each token's radius: the box's quadratic part, the rows' bounds
             box = logit_box(S, layer, parts, eps, r, mapped, own)
-            spread, spans = set_rows(S, layer, parts, eps, box, mapped)
+            readings = set_rows(S, layer, parts, eps, box, mapped)
+            spread, spans = readings.spread, readings.spans
         enough = NEGLIGIBLE * bound * r
         rest = remainder(layer, X, r, core=core, quadratic=quadratic,
                          cache=None if cache is None else cache.forms, enough=enough,
@@ -106,6 +108,8 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             # each output token's share, for functionals that read a few tokens (§5.1)
             own_rows = row_remainders(layer, X, r, spans, own, spread)
             rows = torch.minimum(torch.minimum(own_rows, rows), rest[:, None])
+            if fits(layer, S):  # the second order exactly on the set's first generator (§5.1)
+                rows = torch.minimum(rows, second_order_rows(S, layer, parts, eps, box, readings, own))
             # ‖R‖_F² = Σ_t ‖R_t‖²: the rows' bounds bound the whole too (their root's rounding: 1e-12)
             rest = torch.minimum(rest, rows.norm(dim=-1) * (1 + 1e-12))
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,

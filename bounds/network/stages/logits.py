@@ -137,10 +137,22 @@ def logit_box(S: DeviationSet, layer: DotMHA, parts, eps: float, r: Tensor,
     return LogitBox(M.shift / root, linear, linear + quad)
 
 
+@dataclass(frozen=True)
+class RowReadings:
+    """:func:`set_rows`' bounds per head and row, [B, h, n]: ``spread`` and ``spans`` (each no larger
+    than the box's), and the spread's two shares before that minimum, ``first`` (the G part's) and
+    ``other`` (every other part's), whose sum bounds it too."""
+
+    spread: Tensor
+    spans: Tensor
+    first: Tensor
+    other: Tensor
+
+
 def set_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: LogitBox,
-             mapped: MappedLogits | None = None) -> tuple[Tensor, Tensor]:
-    """Two bounds per row of the logits over the set ``S``, each [B, h, n], each no larger than the box's
-    (docs/bounds.md §5.1, "The logits' rows on the set"):
+             mapped: MappedLogits | None = None) -> RowReadings:
+    """Two bounds per row of the logits over the set ``S`` (docs/bounds.md §5.1, "The logits' rows on
+    the set"):
 
     * ``spread``: std_{p_i}(δ_i) of the linear change under the clean weights p_i, the norm of
       diag(√p_i)(I − 1p_iᵀ)δ_i, a seminorm, so the parts add: the shift's own, ε‖·‖₂ of the centred and
@@ -170,8 +182,8 @@ def set_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: LogitBox,
     diag = gram.diagonal(dim1=-2, dim2=-1).clamp_min(0)  # [B, h, i, j]
     weighted = w[..., :, None] * gram * w[..., None, :]
     lam = torch.linalg.eigvalsh(weighted)[..., -1] + gamma * (P * diag).sum(-1)
+    first = eps * lam.clamp_min(0).sqrt()
     spread = (P * centred(M.shift[..., None])[..., 0].square()).sum(-1).sqrt()
-    spread = spread + eps * lam.clamp_min(0).sqrt()
     dist = diag[..., :, None] + diag[..., None, :] - 2 * gram
     dist = dist + 2 * gamma * (diag.sqrt()[..., :, None] + diag.sqrt()[..., None, :]).square()
     # [B, h, i, j, k]: a bound of u_ij − u_ik from the G part and the shift
@@ -202,14 +214,15 @@ def set_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: LogitBox,
     # the centred parts' rounding is at most a relative 1e-10 of the uncentred change, whose
     # p-weighted root mean square the box's widths bound (Var_p ≤ E_p δ²)
     slack = 1e-10 * (P * (box.linear.square() + box.centre.square())).sum(-1).sqrt()
-    spread = (spread * (1 + ROUND) / root + slack)
+    first, spread = first * (1 + ROUND) / root + slack, spread * (1 + ROUND) / root + slack
     # the span: the G part and the shift pair by pair, the rest (the quadratic part with it) at twice
     # its largest entry; ROUND covers the sums, a relative 1e-10 of the row's largest entry the centring
     quad = (box.whole - box.linear).clamp_min(0)
     rest = 2 * ((entry + ball) / root + quad).amax(-1)
     spans = (pairs.amax((-1, -2)) / root + rest) * (1 + ROUND)
     spans = spans + 2e-10 * (box.linear + box.centre.abs()).amax(-1)
-    return torch.minimum(spread, box.spread(P)), torch.minimum(spans, box.spans())
+    return RowReadings(torch.minimum(first + spread, box.spread(P)), torch.minimum(spans, box.spans()),
+                       first, spread)
 
 
 def softmax_box(P: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,120 @@
+"""Attention's remainder per output token from its second-order term on the set, exactly (docs/bounds.md
+§5.1, "Attention's second order on the set").
+
+Row i of the remainder is Q₂_i(Γ) + R₃_i(Γ): Q₂ = ½D²F[Γ, Γ], a quadratic form, and the rest, of third
+order. On the set's first generator, Γ = Gδ with ‖δ‖ ≤ ε, Q₂_i is a d-vector of quadratic forms
+δᵀM_{i,c}δ in P variables, formed here in closed form (:func:`row_forms`): its norm is at most
+ε²‖[M_{i,1} … M_{i,d}]‖₂, every head's share in one form, so the heads and the three terms (the pure
+logit term, the value term, the logits' own quadratic part) share δ's energy as the truth does. The
+set's other parts (symbols, groups, the shift, E) enter through the bilinear cross terms, bounded from
+their spread and radii, and the third order through §2.3.2's cumulant bounds on the set's own spread
+and span. Formed only where the forms are small (:data:`FORM_ENTRIES`): the d·P² entries per row."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from models import DotMHA
+
+from ...norms import gram_norm
+from ...remainder.row_bounds import curve_g2, curve_g3, curve_h2
+from ..zonotope import DeviationSet
+from .logits import LogitBox, RowReadings
+
+# the most entries h·n·d·P² of one image's forms for which the second order is formed: 2·17·32·64² on
+# the digits ViTs (4.5·10⁶); none of the Fashion-MNIST ones (P = 784)
+FORM_ENTRIES = 2**23
+# the fourth joint cumulant of a row is at most (1 + 3/(2√2))·s·diam(Y)·Var(u) (docs/bounds.md §2.3.2)
+CUMULANT4 = 1 + 3 / (2 * math.sqrt(2))
+# the forms' products and the eigenvalue: a relative 1e-10 of the flattening's Frobenius norm covers them
+ROUND = 1e-10
+
+
+def fits(layer: DotMHA, S: DeviationSet) -> bool:
+    """Whether :func:`second_order_rows` forms its forms for this layer and set."""
+    n, d, P = S.G.shape[1:]
+    return layer.h * n * d * P * max(P, d) <= FORM_ENTRIES
+
+
+def row_forms(S: DeviationSet, layer: DotMHA, parts, b: int) -> Tensor:
+    """M [n, d, P, P] of image b: Q₂_i(Gδ)[c] = δᵀM_{i,c}δ, summed over heads, with (docs/bounds.md §2.3.2)
+
+        Q₂_i = Σ_l [ ½Σ_k p_k δ̃_k² Ỹ_k + Σ_k p_k δ̃_k Γ_kC_l + Σ_k p_k q_k Ỹ_k ],
+
+    δ̃_k = g̃_kᵀδ the row's linear logit change centred under p (÷√d_h), Ỹ_k = Y_k − ȳ_i with Y = XC_l,
+    q_k = (G_iδ)ᵀA_l(G_kδ)/√d_h with A_l = W^Q_l W^K_lᵀ, and Γ_k = G_kδ."""
+    G = S.G[b]  # [n, d, P]
+    P = parts.P[b]  # [h, i, k]
+    root = math.sqrt(layer.d_h)
+    # the linear logit change's generators: √d_h δ_ik = ⟨Γ_i, W^Q_l k_k⟩ + ⟨W^K_l q_i, Γ_k⟩
+    kq = parts.K[b] @ layer.W_q.mT  # [h, k, d]: W^Q_l k_k
+    qk = parts.Q[b] @ layer.W_k.mT  # [h, i, d]: W^K_l q_i
+    g = (torch.einsum("idp,hkd->hikp", G, kq) + torch.einsum("hid,kdp->hikp", qk, G)) / root
+    gt = g - (P[..., None] * g).sum(-2, keepdim=True)  # [h, i, k, P]
+    Y = parts.V[b] @ layer.W_o  # [h, k, d]: X C_l (the value bias cancels under centring)
+    Yt = Y[:, None] - (P @ Y)[:, :, None]  # [h, i, k, d]
+    C = layer.W_v @ layer.W_o  # [h, d, d]
+    H = torch.einsum("hec,kep->hkcp", C, G)  # [h, k, c, P]: (Γ_k C_l)[c] = H_k[c]ᵀδ
+    w = P[..., None] * Yt  # [h, i, k, c]: p_k Ỹ_k
+    M = 0.5 * torch.einsum("hikc,hikp,hikq->icpq", w, gt, gt)
+    V = torch.einsum("hik,hikp,hkcq->icpq", P, gt, H)
+    A = layer.W_q @ layer.W_k.mT  # [h, d, d]
+    K = torch.einsum("hikc,kep->hicep", w, G)  # [h, i, c, e, P]: Σ_k p_k Ỹ_k[c] G_k
+    GA = torch.einsum("idp,hde->hiep", G, A)  # [h, i, e, P]: A_lᵀG_i, contracted first (the cheap order)
+    Qf = torch.einsum("hiep,hiceq->icpq", GA, K) / root
+    N = V + Qf
+    return M + 0.5 * (N + N.mT)
+
+
+def flattening_norm(M: Tensor) -> Tensor:
+    """An upper bound of sup_{‖w‖ = 1} ‖Σ_c w_c M_c‖₂ ≥ sup_{‖δ‖ = 1} ‖(δᵀM_cδ)_c‖ for M [..., d, P, P]:
+    ‖[M_1 … M_d]‖₂, the root of λ_max(Σ_c M_cM_cᵀ), raised by ROUND of the Frobenius norm."""
+    F = (M @ M.mT).sum(-3)
+    lam = torch.linalg.eigvalsh(F)[..., -1].clamp_min(0)
+    return lam.sqrt() + ROUND * M.flatten(-3).norm(dim=-1)
+
+
+def second_order_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: LogitBox,
+                      readings: RowReadings, own: Tensor) -> Tensor:
+    """A bound of ‖R_i(Γ)‖ per output token over the set, [B, n] (docs/bounds.md §5.1, "Attention's
+    second order on the set"): ε²‖M_i‖ for the G part of Q₂ (:func:`row_forms`), the cross terms of the
+    other parts, and the third order. ``own`` [B, n]: the set's token radii."""
+    B, n = S.G.shape[:2]
+    root = math.sqrt(layer.d_h)
+    P = parts.P  # [B, h, i, k]
+    first = torch.stack([flattening_norm(row_forms(S, layer, parts, b)) for b in range(B)]) * eps**2
+    # the G part's radius per token and every other part's: ‖c_t‖ + the box + the groups + E
+    g_tok = eps * gram_norm(S.token_grams())  # ε‖G_t‖₂
+    Qt = S.Q.transpose(2, 3)
+    groups = Qt.flatten(-2).norm(dim=-1) if S.Q.shape[-2] else S.Q.new_zeros(B, n, 0)  # ≥ ‖Q_{t,j}‖₂
+    o_tok = S.c.norm(dim=-1) + S.box_norms()[0] + S.grouped(groups) + S.token_ball()
+    g_tok, o_tok = torch.minimum(g_tok, own), torch.minimum(o_tok, own)
+    Y = parts.V @ layer.W_o[None]  # [B, h, k, d]
+    Yt = (Y[:, :, None] - (P @ Y)[:, :, :, None]).norm(dim=-1)  # [B, h, i, k]: ‖Y_k − ȳ_i‖
+    sigma = (P * Yt.square()).sum(-1).sqrt()
+    diam = Yt.amax(-1)  # max_k ‖Y_k − ȳ_i‖ under the clean weights
+    diamY = (Y[:, :, :, None] - Y[:, :, None]).norm(dim=-1).amax((-1, -2))[..., None]  # [B, h, 1]
+    Cn = layer.C_norm()[None, :, None]
+    An = layer.A_norm()[None, :, None]
+    keys = lambda r: (P * r[:, None, None].square()).sum(-1).sqrt()  # (Σ_k p_k r_k²)^½, [B, h, i]
+    v, v_o, v_g = Cn * keys(own), Cn * keys(o_tok), Cn * keys(g_tok)
+    sd, sd_g, sd_o = readings.spread, readings.first, readings.other
+    sq = An * own[:, None] * keys(own) / root  # ≥ std_p(q_i)
+    # the cross terms: Q₂_i(Γ_G + Γ_o) − Q₂_i(Γ_G) term by term (each |Σ_k p_k a_k b_k x_k| by
+    # Cauchy–Schwarz under p); the pure-logit term pays max_k ‖Ỹ_k‖ ≤ diam
+    cross = (diam * (sd_g * sd_o + 0.5 * sd_o.square()) + sd_g * v_o + sd_o * torch.minimum(v, v_g + v_o)
+             + sigma * An * (o_tok[:, None] * keys(own) + g_tok[:, None] * keys(o_tok)) / root)
+    # the third order (§2.3.2, on the set's spread and span): the fourth cumulant's integral, the
+    # logits' own quadratic part in the third cumulant, the value side's second-order integral, Cov(q, Z)
+    s, su = readings.spans, sd + sq
+    q_m = 2 * (box.whole - box.linear).clamp_min(0).amax(-1)  # ≥ max_k |q_k − q̄|
+    zmax = 2 * Cn * own.amax(-1)[:, None, None]  # ≥ max_k ‖Γ_kC_l − z̄_t‖
+    third = (CUMULANT4 * s * diamY * curve_g3(s) * su.square()
+             + 0.5 * sigma * torch.minimum(q_m * (2 * sd + sq), 3 * s * sq)
+             + torch.minimum(curve_g2(s) * su * v, curve_h2(s) * su.square() * zmax)
+             + sq * v)
+    out = first + (cross + third).sum(1)
+    return torch.nan_to_num(out * (1 + ROUND), nan=math.inf)
