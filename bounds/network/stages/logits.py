@@ -198,19 +198,31 @@ def set_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: LogitBox,
         TQ = centred(M.Q.reshape(B, h, n, n, k * g)).reshape(B, h, n, n, k, g)
         spread = spread + S.grouped((TQ * w[..., None, None]).square().sum((3, 5)).sqrt())
         entry = entry + S.grouped(TQ.norm(dim=-1))
-    # E: entry (i, j) of L(E) is at most ‖W^Q_l k_j‖‖E_i‖ + ‖W^K_l q_i‖‖E_j‖ (or its columns' norm), so
-    # Var_p ≤ E_p of its square; or the columns' centred spectral norm
+    # E: entry (i, j) of L(E) is ⟨E_i, a_j⟩ + ⟨b_i, E_j⟩ with a_j = W^Q_l k_j, b_i = W^K_l q_i, so it is at
+    # most ‖a_j‖‖E_i‖ + ‖b_i‖‖E_j‖ (or its columns' norm), and Var_p ≤ E_p of its square; or, the query's
+    # own share varying with j through a_j alone, std_p ≤ ‖E_i‖·‖Cov_{p_i}(a)‖^½ + ‖b_i‖(Σ_j p_ij‖E_j‖²)^½;
+    # or the columns' centred spectral norm
     tb = S.token_ball()
-    kq = (parts.K @ layer.W_q.mT[None]).norm(dim=-1)
-    qk = (parts.Q @ layer.W_k.mT[None]).norm(dim=-1)
+    a = parts.K @ layer.W_q.mT[None]  # [B, h, n, d]
+    kq, qk = a.norm(dim=-1), (parts.Q @ layer.W_k.mT[None]).norm(dim=-1)
     ball = tb[:, None, :, None] * kq[:, :, None, :] + qk[..., None] * tb[:, None, None, :]
     if M.W is not None:
         ball = torch.minimum(ball, M.W.norm(dim=-1))
     ball_spread = (P * ball.square()).sum(-1).sqrt()
+    ac = (a[:, :, None] - (P @ a)[:, :, :, None]) * w[..., None]  # [B, h, i, j, d]: √p_ij (a_j − ā_i)
+    cov = ac.mT @ ac  # [B, h, i, d, d]
+    own_cov = (torch.linalg.eigvalsh(cov)[..., -1]
+               + gamma * cov.diagonal(dim1=-2, dim2=-1).sum(-1)).clamp_min(0).sqrt()
+    keys = qk * (P * tb[:, None, None].square()).sum(-1).sqrt()
+    ball_spread = torch.minimum(ball_spread, tb[:, None] * own_cov + keys)
     if M.W is not None:
         TW = centred(M.W) * w[..., None]
         ball_spread = torch.minimum(ball_spread, gram_norm(TW @ TW.mT if n <= TW.shape[-1] else TW.mT @ TW))
     spread = spread + ball_spread
+    # E's share of a span: ⟨E_i, a_j − a_k⟩ + ⟨b_i, E_j − E_k⟩ ≤ ‖E_i‖·diam(a) + 2‖b_i‖ max_j ‖E_j‖
+    diam_a = (a[:, :, :, None] - a[:, :, None]).norm(dim=-1).amax((-1, -2))  # [B, h]
+    ball_span = torch.minimum(2 * ball.amax(-1), tb[:, None] * diam_a[..., None]
+                              + 2 * qk * tb.amax(-1)[:, None, None])
     # the centred parts' rounding is at most a relative 1e-10 of the uncentred change, whose
     # p-weighted root mean square the box's widths bound (Var_p ≤ E_p δ²)
     slack = 1e-10 * (P * (box.linear.square() + box.centre.square())).sum(-1).sqrt()
@@ -218,7 +230,7 @@ def set_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: LogitBox,
     # the span: the G part and the shift pair by pair, the rest (the quadratic part with it) at twice
     # its largest entry; ROUND covers the sums, a relative 1e-10 of the row's largest entry the centring
     quad = (box.whole - box.linear).clamp_min(0)
-    rest = 2 * ((entry + ball) / root + quad).amax(-1)
+    rest = 2 * (entry / root + quad).amax(-1) + ball_span / root
     spans = (pairs.amax((-1, -2)) / root + rest) * (1 + ROUND)
     spans = spans + 2e-10 * (box.linear + box.centre.abs()).amax(-1)
     return RowReadings(torch.minimum(first + spread, box.spread(P)), torch.minimum(spans, box.spans()),
