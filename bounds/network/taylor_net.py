@@ -441,7 +441,8 @@ class TaylorNet:
         S = S.plus(branch)
         out.append((f"attention{k}", S, None))
         mark(Fork())
-        S2, s = normalize(S, self.mids[k][images], block.norm2, eps, f"{k}b", log)
+        # the FFN's branch is per token: E's map across it is tracked from the fork (DeviationSet.fork)
+        S2, s = normalize(S.fork(), self.mids[k][images], block.norm2, eps, f"{k}b", log)
         out.append((f"norm{k}b", S2, s))
         branch, u = ffn(S2, block, self.mid_norms[k][images], self.lip[k] - 1.0, eps, log, refine,
                         residual=False)

@@ -57,6 +57,11 @@ class DeviationSet:
     # ‖J_{s→m}‖₂ρ_s where ρ crosses each stage at its norm, Π_k ‖J_k‖₂·ρ_s (docs/bounds.md §5.1, "The
     # balls as columns"). Both bound the same E: every support, radius and token radius takes the smaller
     W: Tensor | None = None
+    # since a residual's fork (:meth:`fork`), where every map was per token: E's map M_t [B, n, d, d] from
+    # the fork, and ``fresh`` [B, n] bounding the part of E_t born after it, so that the join bounds
+    # ‖E_t + M_tE_t + F_t‖ by ‖I + M_t‖₂‖E_t‖ + fresh_t (docs/bounds.md §5.1, "E across a residual")
+    emap: Tensor | None = None
+    fresh: Tensor | None = None
     # box_norms' value, formed at first use (``replace`` resets it: every map makes a new set)
     _box: tuple[Tensor, Tensor] | None = field(default=None, init=False, repr=False, compare=False)
     _cross: tuple[Tensor, Tensor] | None = field(default=None, init=False, repr=False, compare=False)
@@ -249,7 +254,8 @@ class DeviationSet:
         c = torch.einsum("bnde,bne->bnd", L, self.c) + (0 if shift is None else shift)
         gram = None if self.gram is None else L @ self.gram @ L.mT
         return replace(self, G=L @ self.G, A=L @ self.A, Q=torch.einsum("bnde,bnekg->bndkg", L, self.Q),
-                       c=c, gram=gram, W=None if self.W is None else L @ self.W)
+                       c=c, gram=gram, W=None if self.W is None else L @ self.W,
+                       emap=None if self.emap is None else L @ self.emap)
 
     def rank_one(self, scale: Tensor, coef: Tensor, u: Tensor, shift: Tensor) -> DeviationSet:
         """:meth:`per_token` for L_t = scale_t·I + coef_t·u_t u_tᵀ (scale, coef [B, n], u [B, n, d]), as
@@ -270,7 +276,8 @@ class DeviationSet:
                     + (c**2 * (u[..., None, :] @ w)[..., 0])[..., None] * u[..., None] * u[..., None, :])
         c_new = apply(self.c[..., None])[..., 0] + shift
         return replace(self, G=apply(self.G), A=apply(self.A), Q=apply(self.Q), c=c_new, gram=gram,
-                       W=None if self.W is None else apply(self.W))
+                       W=None if self.W is None else apply(self.W),
+                       emap=None if self.emap is None else apply(self.emap))
 
     def mixed(self, fn: Callable[[Tensor], Tensor],
               sparse: Callable[[Tensor, Tensor], Tensor] | None = None) -> DeviationSet:
@@ -317,7 +324,7 @@ class DeviationSet:
         G, A, Q, *W, c = outs
         # E's per-token bounds do not survive a map that mixes tokens: the caller sets them anew
         return replace(self, G=G, A=A, Q=Q.reshape(B, n, d, k, g), c=c[..., 0], gram=None, tok=None,
-                       W=W[0] if W else None)
+                       W=W[0] if W else None, emap=None, fresh=None)
 
     def plus(self, branch: DeviationSet) -> DeviationSet:
         """The set of Δ + B(Δ) (a residual around a branch) from this set and ``branch``, the branch's
@@ -333,13 +340,28 @@ class DeviationSet:
         rho = branch.rho.clone()
         rho[:, :self.rho.shape[1]] += self.rho
         tok = None if self.tok is None or branch.tok is None else self.tok + branch.tok
+        if tok is not None and branch.emap is not None and branch.fresh is not None:
+            # E_t + M_tE_t + F_t: the branch's map of this E and what it added (docs/bounds.md §5.1)
+            eye = torch.eye(branch.emap.shape[-1], dtype=tok.dtype, device=tok.device)
+            I_M = eye + branch.emap
+            joint = gram_norm(I_M.mT @ I_M) * (1 + 1e-12) * self.tok + branch.fresh
+            tok = torch.minimum(tok, joint)
         voids = [v for v in (self.void, branch.void) if v is not None]
         void = voids[0] | voids[-1] if voids else None
         W = None
         if self.W is not None and branch.W is not None:  # two ellipsoids whose sum is one (merge_balls)
             W = merge_balls(self.W, branch.W)
         return replace(branch, G=self.G + branch.G, A=A, Q=Q, c=self.c + branch.c, rho=rho, tok=tok,
-                       route=self.route + branch.route, gram=None, void=void, W=W)
+                       route=self.route + branch.route, gram=None, void=void, W=W, emap=None, fresh=None)
+
+    def fork(self) -> DeviationSet:
+        """The set at a residual's fork, E's map from here (the identity) and its part born after
+        (none) tracked until :meth:`plus` joins the branch (where the per-token bounds are known)."""
+        if self.tok is None:
+            return self
+        B, n, d = self.c.shape
+        eye = torch.eye(d, dtype=self.c.dtype, device=self.c.device).expand(B, n, d, d)
+        return replace(self, emap=eye, fresh=torch.zeros_like(self.tok))
 
     def token(self, t: int) -> DeviationSet:
         """The set of token t's deviation alone, as a set of one token."""
@@ -371,14 +393,16 @@ class DeviationSet:
     def add_ball(self, name: str, rho: Tensor, per_token: Tensor | None = None) -> DeviationSet:
         """The set plus a remainder ball of source ``name``, Frobenius radius ``rho`` [B], and where
         known its bound per token ``per_token`` [B, n] (else ``rho`` at every token)."""
-        tok = None if self.tok is None else self.tok + (rho[:, None] if per_token is None else per_token)
+        new = rho[:, None] if per_token is None else per_token
+        tok = None if self.tok is None else self.tok + new
+        fresh = None if self.fresh is None else self.fresh + new
         W = self.W
         if W is not None and bool((rho > 0).any()):  # the ball ρ·I joins the columns (merge_balls)
             n, d = self.c.shape[1:]
             eye = torch.eye(n * d, dtype=rho.dtype, device=rho.device).reshape(n, d, n * d)
             W = merge_balls(W, rho[:, None, None, None] * eye)
         return replace(self, rho=torch.cat([self.rho, rho[:, None]], -1), sources=[*self.sources, name],
-                       tok=tok, W=W)
+                       tok=tok, W=W, fresh=fresh)
 
 
 def merge_balls(W1: Tensor, W2: Tensor) -> Tensor:

@@ -41,7 +41,8 @@ def batch_norm(S: DeviationSet, norm: TokenBatchNorm, log: list | None = None,
     Q = S.Q * a[:, None, None] if S.Q is not None else None
     gram = None if S.gram is None else S.gram * a[:, None] * a[None, :]
     out = replace(S, G=S.G * a[:, None], A=S.A * a[:, None], Q=Q, c=S.c * a, gram=gram, rho=S.rho * top,
-                  route=S.route * top, tok=scale(S.tok), W=None if S.W is None else S.W * a[:, None])
+                  route=S.route * top, tok=scale(S.tok), W=None if S.W is None else S.W * a[:, None],
+                  fresh=scale(S.fresh), emap=None if S.emap is None else S.emap * a[:, None])
     if eps is not None:  # the residual stream's route adds every branch's norms; the set keeps directions
         out = replace(out, route=out.radius(eps))  # (radius is never above the route it is given)
     if log is not None:

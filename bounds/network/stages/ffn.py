@@ -96,8 +96,9 @@ def ffn(S: DeviationSet, block, Y: Tensor, lipschitz: float, eps: float,
         L = L + torch.eye(d, dtype=W1.dtype, device=W1.device)
     own = torch.minimum(gram_norm(L.mT @ L), torch.as_tensor(lipschitz, dtype=W1.dtype))  # [B, n]
     tok = None if S.tok is None else S.tok * own  # the FFN acts per token
-    out = Mapped(replace(S, rho=S.rho * own.amax(-1)[:, None], route=S.route * lipschitz, tok=tok), W1, W2,
-                 lam, beta @ W2.T, columns(idx // w, coef[..., None] * W2.T[idx % w], n, d), L)
+    fresh = None if S.fresh is None else S.fresh * own
+    kept = replace(S, rho=S.rho * own.amax(-1)[:, None], route=S.route * lipschitz, tok=tok, fresh=fresh)
+    out = Mapped(kept, W1, W2, lam, beta @ W2.T, columns(idx // w, coef[..., None] * W2.T[idx % w], n, d), L)
     return out.formed() if form else out, unstable.reshape(B, -1).sum(-1)
 
 

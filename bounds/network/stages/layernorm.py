@@ -115,7 +115,8 @@ def layer_norm(S: DeviationSet, raw: Tensor, norm: nn.LayerNorm, eps: float, k: 
     tok = None if S.tok is None else S.tok * own
     # the route: ‖LN(x + Δ) − LN(x)‖_F ≤ max_t Lip_t·‖Δ‖_F, LayerNorm's constant on each token's ball
     route = torch.minimum(S.route, whole) * lip.amax(-1)
-    out = replace(S.per_token(L), rho=S.rho * own.amax(-1)[:, None], tok=tok, route=route)
+    fresh = None if S.fresh is None else S.fresh * own
+    out = replace(S.per_token(L), rho=S.rho * own.amax(-1)[:, None], tok=tok, route=route, fresh=fresh)
     caps = torch.where(r > 0, r**2, 1.0)
     two = torch.where(use2, err, 0.0)
     one = torch.where(use2, 0.0, err)

@@ -98,6 +98,34 @@ def test_every_stage_holds_the_sampled_deviations(seed, qk, eps, act, refine):
                     assert (attained <= support + 1e-9 * (1 + support.abs())).all(), name
 
 
+@pytest.mark.parametrize("seed,qk,eps", [(3, 1.0, 0.05), (4, 2.0, 0.02)])
+def test_every_token_radius_holds_an_ascent_on_that_tokens_deviation(seed, qk, eps):
+    """Adam ascent (independent of the certificate: the dense construction's forward pass) on ‖Δ_t‖ at
+    every stage for the class token and the last one, never above the set's token radius: the
+    residual's E across the FFN branch (DeviationSet.fork) and attention's second order on the set
+    (bounds.network.stages.second_order) included."""
+    net = standard_vit(seed, qk)
+    x = torch.rand(2, 8, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    tn = TaylorNet(net, x, torch.arange(2))
+    with torch.no_grad():
+        stages = tn.stages(eps, log=[], refine=True)
+        clean = dense_forward(net, x)
+    for k, (name, S, _) in enumerate(stages):
+        radii = S.token_radii(eps)
+        for t in (0, radii.shape[1] - 1):
+            delta = torch.randn(x.shape, generator=torch.Generator().manual_seed(k * 7 + t), dtype=x.dtype)
+            delta = (delta * eps / delta.flatten(1).norm(dim=-1)[:, None, None]).requires_grad_()
+            opt = torch.optim.Adam([delta], lr=eps / 10)
+            for _ in range(40):
+                dev = (dense_forward(net, x + delta)[k] - clean[k])[:, t].norm(dim=-1)  # [B]
+                assert (dev <= radii[:, t] * (1 + 1e-9) + 1e-12).all(), (name, t)
+                opt.zero_grad()
+                (-dev.sum()).backward()
+                opt.step()
+                with torch.no_grad():
+                    delta.mul_(torch.clamp(eps / delta.flatten(1).norm(dim=-1), max=1.0)[:, None, None])
+
+
 @pytest.mark.parametrize("eps", [0.01, 0.05])
 def test_every_margin_change_is_above_its_lower_bound(eps):
     net = standard_vit(3, 0.5)
