@@ -108,7 +108,9 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             # each output token's share, for functionals that read a few tokens (§5.1)
             own_rows = row_remainders(layer, X, r, spans, own, spread)
             rows = torch.minimum(torch.minimum(own_rows, rows), rest[:, None])
-            if fits(layer, S):  # the second order exactly on the set's first generator (§5.1)
+            # the second order exactly on the set's first generator (§5.1): d·P² a row, the second pass
+            # only (3/5 of a first pass's time on the digits ViTs, where the first certifies most)
+            if quadratic and fits(layer, S):
                 rows = torch.minimum(rows, second_order_rows(S, layer, parts, eps, box, readings, own))
             # ‖R‖_F² = Σ_t ‖R_t‖²: the rows' bounds bound the whole too (their root's rounding: 1e-12)
             rest = torch.minimum(rest, rows.norm(dim=-1) * (1 + 1e-12))

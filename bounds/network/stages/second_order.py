@@ -8,7 +8,8 @@ order. On the set's first generator, Γ = Gδ with ‖δ‖ ≤ ε, Q₂_i is a 
 logit term, the value term, the logits' own quadratic part) share δ's energy as the truth does. The
 set's other parts (symbols, groups, the shift, E) enter through the bilinear cross terms, bounded from
 their spread and radii, and the third order through §2.3.2's cumulant bounds on the set's own spread
-and span. Formed only where the forms are small (:data:`FORM_ENTRIES`): the d·P² entries per row."""
+and span. Formed only where the forms are small (:data:`FORM_ENTRIES`): the d·P² entries per row; the
+attention stage forms them in its second pass alone."""
 
 from __future__ import annotations
 
