@@ -105,6 +105,19 @@ class LogitBox:
         return ((self.centre + self.whole).amax(-1) - (self.centre - self.whole).amin(-1)) * (1 + ROUND)
 
 
+def e_entries(S: DeviationSet, layer: DotMHA, parts, M: MappedLogits) -> tuple[Tensor, Tensor, Tensor]:
+    """E's share of every linear logit change, L(E)_ij = ⟨E_i, a_j⟩ + ⟨b_i, E_j⟩ with a_j = W^Q_l k_j and
+    b_i = W^K_l q_i: its entry bound ‖a_j‖‖E_i‖ + ‖b_i‖‖E_j‖ (E's per-token bounds), or the columns'
+    exact ‖L(W)_ij‖ where smaller, [B, h, n, n] (before ÷√d_h); with a [B, h, n, d] and ‖b_i‖ [B, h, n]."""
+    tb = S.token_ball()  # [B, n]
+    a = parts.K @ layer.W_q.mT[None]  # [B, h, n, d]: W^Q_l k_j
+    qk = (parts.Q @ layer.W_k.mT[None]).norm(dim=-1)  # ‖W^K_l q_i‖
+    ball = tb[:, None, :, None] * a.norm(dim=-1)[:, :, None, :] + qk[..., None] * tb[:, None, None, :]
+    if M.W is not None:
+        ball = torch.minimum(ball, M.W.norm(dim=-1))
+    return ball, a, qk
+
+
 def logit_box(S: DeviationSet, layer: DotMHA, parts, eps: float, r: Tensor,
               mapped: MappedLogits | None = None, own: Tensor | None = None) -> LogitBox:
     """The :class:`LogitBox` of the set ``S`` (radius ``r`` [B]) at the clean point ``parts``
@@ -119,12 +132,7 @@ def logit_box(S: DeviationSet, layer: DotMHA, parts, eps: float, r: Tensor,
     if M.Q.shape[-2]:
         width = width + S.grouped(M.Q.norm(dim=-1))
     # E per token: L(E)_ij = ⟨E_i, W^Q_l k_j⟩ + ⟨E_j, W^K_l q_i⟩
-    tb = S.token_ball()  # [B, n]
-    kq = (parts.K @ layer.W_q.mT[None]).norm(dim=-1)  # [B, h, n]: ‖W^Q_l k_j‖
-    qk = (parts.Q @ layer.W_k.mT[None]).norm(dim=-1)  # ‖W^K_l q_i‖
-    ball = tb[:, None, :, None] * kq[:, :, None, :] + qk[..., None] * tb[:, None, None, :]
-    if M.W is not None:
-        ball = torch.minimum(ball, M.W.norm(dim=-1))
+    ball = e_entries(S, layer, parts, M)[0]
     root = math.sqrt(layer.d_h)
     # L(c)'s own rounding is relative to its terms, which |L(c)| may not be: covered with the widths'
     linear = (width + ball + ROUND * M.shift.abs()) * (1 + ROUND) / root
@@ -202,12 +210,8 @@ def set_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: LogitBox,
     # most ‖a_j‖‖E_i‖ + ‖b_i‖‖E_j‖ (or its columns' norm), and Var_p ≤ E_p of its square; or, the query's
     # own share varying with j through a_j alone, std_p ≤ ‖E_i‖·‖Cov_{p_i}(a)‖^½ + ‖b_i‖(Σ_j p_ij‖E_j‖²)^½;
     # or the columns' centred spectral norm
+    ball, a, qk = e_entries(S, layer, parts, M)
     tb = S.token_ball()
-    a = parts.K @ layer.W_q.mT[None]  # [B, h, n, d]
-    kq, qk = a.norm(dim=-1), (parts.Q @ layer.W_k.mT[None]).norm(dim=-1)
-    ball = tb[:, None, :, None] * kq[:, :, None, :] + qk[..., None] * tb[:, None, None, :]
-    if M.W is not None:
-        ball = torch.minimum(ball, M.W.norm(dim=-1))
     ball_spread = (P * ball.square()).sum(-1).sqrt()
     ac = (a[:, :, None] - (P @ a)[:, :, :, None]) * w[..., None]  # [B, h, i, j, d]: √p_ij (a_j − ā_i)
     cov = ac.mT @ ac  # [B, h, i, d, d]

@@ -157,10 +157,11 @@ def test_the_second_order_forms_are_the_autograd_second_derivative_on_the_first_
     net, x, attn_in, before = inputs(kind, seed, qk)
     with torch.no_grad():
         y = net(x).argmax(-1)
-        stages = dict((name, S) for name, S, _ in TaylorNet(net, x, y).stages(0.01))
+        tn = TaylorNet(net, x, y)
+        stages = dict((name, S) for name, S, _ in tn.stages(0.01))
         clean = attn_in(x)
     gen = torch.Generator().manual_seed(seed)
-    for k, layer in enumerate(net_layers(net, x, y)):
+    for k, layer in enumerate(tn.layers):
         S, X = stages[f"{before}{k}"], clean[k]
         parts = attention_parts(layer, X)
         for b in range(X.shape[0]):
@@ -224,8 +225,3 @@ def row_remainder(f, delta: torch.Tensor) -> torch.Tensor:
     """f(δ) − f(0) − Df(0)[δ] (torch.func's jvp), [n, d]."""
     zero = torch.zeros_like(delta)
     return f(delta) - f(zero) - torch.func.jvp(f, (zero,), (delta,))[1]
-
-
-def net_layers(net, x, y):
-    """The network's attention layers as taylor_net reads them."""
-    return TaylorNet(net, x, y).layers
