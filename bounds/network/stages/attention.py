@@ -114,28 +114,47 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
                 rows = torch.minimum(rows, second_order_rows(S, layer, parts, eps, box, readings, own))
             # ‖R‖_F² = Σ_t ‖R_t‖²: the rows' bounds bound the whole too (their root's rounding: 1e-12)
             rest = torch.minimum(rest, rows.norm(dim=-1) * (1 + 1e-12))
+    blocks = None  # the d×d blocks' norms, which E's per-token bounds cross (of X alone: kept)
+    if S.tok is not None and split == "taylor" and dense is not None:
+        if cache is None:
+            blocks = block_norms(dense, X.shape[-2])
+        else:
+            if cache.blocks is None:
+                cache.blocks = block_norms(dense, X.shape[-2])
+            blocks = cache.blocks
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
-                  tok=mix_tokens(layer, parts, dense, S.tok, split))
+                  tok=mix_tokens(layer, parts, blocks, S.tok, split))
     if log is not None:
         log.append(AttentionRecord(f"attention{k}", layer, X, J, rest, parts, split, rows))
     return out.add_ball(f"attention{k}", rest, rows)
 
 
-def mix_tokens(layer: DotMHA, parts: AttentionParts, J: Tensor | None, tok: Tensor | None,
-                split: str) -> Tensor | None:
+def mix_tokens(layer: DotMHA, parts: AttentionParts, blocks: Tensor | None, tok: Tensor | None,
+               split: str) -> Tensor | None:
     """E's per-token bounds after attention's linear part, [B, n]: ‖(ME)_t‖ ≤ Σ_s ‖M_ts‖ ‖E_s‖ with
-    M_ts the d×d block of the linear part from token s to token t, ‖M_ts‖₂ ≤ ‖M_ts‖_F for the dense
-    Jacobian, ≤ ‖H‖δ_ts + Σ_l p_lts‖C_l‖ for LoFAST's Δ₁; None where neither is at hand (attention's
-    Jacobian as an operator)."""
-    if tok is None or (split == "taylor" and J is None):
+    M_ts the d×d block of the linear part from token s to token t: ``blocks`` [B, n, n] bounds
+    ‖M_ts‖₂ for the Jacobian (:func:`block_norms`), ‖H‖δ_ts + Σ_l p_lts‖C_l‖ bounds it for LoFAST's
+    Δ₁; None where neither is at hand (attention's Jacobian as an operator)."""
+    if tok is None or (split == "taylor" and blocks is None):
         return None
-    B, n = tok.shape
-    if split == "taylor":
-        blocks = J.reshape(B, n, -1, n, J.shape[-1] // n).square().sum((2, 4)).sqrt()
-    else:
+    n = tok.shape[1]
+    if split != "taylor":
         blocks = torch.einsum("bhts,h->bts", parts.P, layer.C_norm())
         blocks = blocks + layer.H_norm * torch.eye(n, dtype=tok.dtype, device=tok.device)
     return torch.einsum("bts,bs->bt", blocks, tok) * (1 + 1e-12)  # the sums' own rounding
+
+
+def block_norms(J: Tensor, n: int) -> Tensor:
+    """Upper bounds of ‖J_ts‖₂ for the d×d blocks of a dense Jacobian J [B, n·d, n·d], [B, n, n]: each
+    block's exact norm from its Gram's float64 eigenvalue (rounded up, as ``gram_norm``), or its
+    Frobenius norm where that is smaller. The spectral norm is what E's per-token bound needs; the
+    Frobenius norm it replaces is 4–6× larger on the d = 64–128 ViTs of the zoo (docs/bounds.md §5.1,
+    "E across attention"). n² eigenproblems of size d, once per image and block."""
+    B, N = J.shape[:2]
+    d = N // n
+    Jb = J.reshape(B, n, d, n, d).transpose(2, 3)  # [B, t, s, d, d]
+    fro = Jb.square().sum((-1, -2)).sqrt() * (1 + 1e-12)
+    return torch.minimum(fro, gram_norm(Jb.mT @ Jb))
 
 
 @dataclass
@@ -162,10 +181,12 @@ def attention_parts(layer: DotMHA, X: Tensor) -> AttentionParts:
 
 @dataclass
 class AttentionCache:
-    """What :func:`attention` keeps of one block's clean input for every ε: its Jacobian's bound and
-    the remainder's clean forms (bounds.remainder.FormCache). Pass the same (empty at first)."""
+    """What :func:`attention` keeps of one block's clean input for every ε: its Jacobian's bound, its
+    blocks' norms and the remainder's clean forms (bounds.remainder.FormCache). Pass the same (empty
+    at first)."""
 
     jacobian_bound: Tensor | None = None
+    blocks: Tensor | None = None  # block_norms of the dense Jacobian
     forms: FormCache = field(default_factory=FormCache)
 
 

@@ -237,11 +237,16 @@ def test_the_best_split_verifies_each_margin_that_either_split_verifies(monkeypa
     Taylor split's certificate. The second split runs on those images only, and the seconds it reports
     are within the wall time of the call. On the 4-head digits model at ε 0.1 the halved δ₂ verifies
     margins the Taylor split does not (3 on the first 10 images) when the Taylor split's second pass
-    skips images short by more than 100 margins, so the case is not trivial; at HOPELESS 1,000 the
-    second pass certifies those margins itself and the halved δ₂ adds none there."""
+    skips images short by more than 100 margins and E's per-token bounds cross attention at its blocks'
+    Frobenius norms (as before ``block_norms``: still sound, weaker), so the case is not trivial; with
+    the blocks' spectral norms, or at HOPELESS 1,000, the Taylor split verifies those margins itself
+    and the halved δ₂ adds none there."""
+    import bounds.network.stages.attention as stage
     import bounds.network.taylor_net as module
 
     monkeypatch.setattr(module, "HOPELESS", 100.0)
+    monkeypatch.setattr(stage, "block_norms", lambda J, n: J.reshape(len(J), n, -1, n, J.shape[-1] // n)
+                        .square().sum((2, 4)).sqrt() * (1 + 1e-12))
     net, _ = load_vit(ZOO / "digits-d32-b2-h4-c0.5-q1-m0.003.safetensors")
     x, y = first_test_images("digits", net, 10)
     x = x.double()
@@ -668,8 +673,9 @@ def test_the_per_token_error_bounds_hold_through_attention(split):
     """E's per-token bounds after attention's linear part (``mix_tokens``) against the worst E
     that lives on one token: E_s of norm e_s along the top right singular vector of the block
     M_ts, which attains e_s‖M_ts‖₂ at token t; M built densely (the Jacobian by autograd, Δ₁ as
-    I + Σ_l P_l ⊗ C_lᵀ), not by the code under test."""
-    from bounds.network.stages.attention import attention_parts, mix_tokens
+    I + Σ_l P_l ⊗ C_lᵀ), not by the code under test; and, for the Jacobian, no larger than
+    Σ_s ‖M_ts‖₂ e_s with each block's norm from an SVD (the spectral norms, not the Frobenius ones)."""
+    from bounds.network.stages.attention import attention_parts, block_norms, mix_tokens
     from models import DotMHA
 
     gen = torch.Generator().manual_seed(7)
@@ -684,8 +690,13 @@ def test_the_per_token_error_bounds_hold_through_attention(split):
         M = torch.eye(n * d, dtype=torch.float64) + sum(torch.kron(P[k].contiguous(), C[k].T.contiguous())
                                                         for k in range(h))
     tok = torch.rand(1, n, generator=gen, dtype=torch.float64) + 0.1
-    bound = mix_tokens(layer, attention_parts(layer, X), M[None], tok, split)[0]
+    norms = block_norms(M[None], n) if split == "taylor" else None
+    bound = mix_tokens(layer, attention_parts(layer, X), norms, tok, split)[0]
     blocks = M.reshape(n, d, n, d)
+    if split == "taylor":
+        spectral = torch.linalg.matrix_norm(blocks.transpose(1, 2), 2)  # [t, s]
+        assert torch.all(bound <= (spectral * tok[0]).sum(-1) * (1 + 1e-9))
+        assert torch.all(bound < (blocks.square().sum((1, 3)).sqrt() * tok[0]).sum(-1) * 0.99)
     for t in range(n):
         for s in range(n):
             top = torch.linalg.svd(blocks[t, :, s, :]).Vh[0]
