@@ -79,14 +79,23 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             out = S.mixed(lambda T: jacobian_apply(layer, parts, T),
                           lambda g, t: sparse_apply(layer, parts, g, t))
         parts.xi = xi(layer, X)  # ξ_l: the remainder's core and the Jacobian bound's, formed once
-    # for the norm alone between DENSE_J and NORM_J (the pass still applies the operator)
-    dense = J if J is not None or split != "taylor" or N > NORM_J else dot_jacobian(layer, X)
+    # for the norm alone between DENSE_J and NORM_J (the pass still applies the operator); formed only
+    # where something not yet kept in ``cache`` reads it (0.1 s an image and block at n·d 2,048)
+    full = J
+
+    def dense() -> Tensor | None:
+        nonlocal full
+        if full is None and split == "taylor" and N <= NORM_J:
+            full = dot_jacobian(layer, X)
+        return full
+
     if split == "taylor" and cache is not None:  # of the clean input alone: once per image and block
         if cache.jacobian_bound is None:  # its Gram's eigenvalue: the costliest part at large n·d
-            cache.jacobian_bound = jacobian_bound(layer, X, parts, dense)
+            cache.jacobian_bound = jacobian_bound(layer, X, parts, dense())
         bound = cache.jacobian_bound
     else:
-        bound = jacobian_bound(layer, X, parts, dense, logits=split == "taylor")
+        bound = jacobian_bound(layer, X, parts, dense() if split == "taylor" else None,
+                               logits=split == "taylor")
     if split == "taylor":
         core, box = parts.xi, None
         if eps is not None:  # ξ_l·r bounds the linear logit change over the ball; the set's own is smaller
@@ -115,12 +124,12 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             # ‖R‖_F² = Σ_t ‖R_t‖²: the rows' bounds bound the whole too (their root's rounding: 1e-12)
             rest = torch.minimum(rest, rows.norm(dim=-1) * (1 + 1e-12))
     blocks = None  # the d×d blocks' norms, which E's per-token bounds cross (of X alone: kept)
-    if S.tok is not None and split == "taylor" and dense is not None:
+    if S.tok is not None and split == "taylor" and N <= NORM_J:
         if cache is None:
-            blocks = block_norms(dense, X.shape[-2])
+            blocks = block_norms(dense(), X.shape[-2])
         else:
             if cache.blocks is None:
-                cache.blocks = block_norms(dense, X.shape[-2])
+                cache.blocks = block_norms(dense(), X.shape[-2])
             blocks = cache.blocks
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
                   tok=mix_tokens(layer, parts, blocks, S.tok, split))
