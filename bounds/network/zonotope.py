@@ -10,13 +10,22 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from ..norms import gram_norm
+from ..norms import dense_certified_norm, gram_norm
 
 # the largest N·min(N, P)² (flops of the Gram of G, N = n·d) for which the set's radius takes the exact
 # ‖G‖₂ (the joint first order) rather than the tokens' own (Σ_t ε²‖G_t‖²)^½: it covers Fashion-MNIST's
 # 28×28 images (N = 2048, P = 784: 1.3·10⁹), where the per-token radius was up to 1.5× the joint one
 # and the remainders it fed dominated the margins (docs/results.md)
 GRAM_LIMIT = 2 * 10**9
+
+
+
+def top_norm(G: Tensor) -> Tensor:
+    """√λ_max of each Gram G, rounded up: of a large one (side ≥ ``VERIFY_MIN``, on a CPU) certified
+    by a Cholesky factorisation at about half an eigendecomposition's time (the whole set's Grams
+    reach 2,048 on Fashion-MNIST, and were 30 % of a second pass there), else its exact eigenvalue
+    (docs/bounds.md §2.4: both deterministic, as every norm of ``taylor_net``'s certificate)."""
+    return dense_certified_norm(G)[0]
 
 
 @dataclass
@@ -135,7 +144,7 @@ class DeviationSet:
         if self._wnorm is None:
             B, n, d, K = self.W.shape
             W = self.W.reshape(B, n * d, K)
-            self._wnorm = gram_norm(W.mT @ W if K <= n * d else W @ W.mT)
+            self._wnorm = top_norm(W.mT @ W if K <= n * d else W @ W.mT)
         return torch.minimum(total, self._wnorm)
 
     def token_ball(self) -> Tensor:
@@ -226,7 +235,7 @@ class DeviationSet:
 
     def radius(self, eps: float, tokens: Tensor | None = None) -> Tensor:
         """An upper bound of ‖Δ‖_F, [B]: the smallest of the route, (Σ_t r_t²)^½ and, where its Gram
-        is small enough (:data:`GRAM_LIMIT`), the norm of the parts with ‖G‖₂ exact."""
+        is small enough (:data:`GRAM_LIMIT`), the norm of the parts with ‖G‖₂ from its Gram (:func:`top_norm`)."""
         tokens = self.token_radii(eps) if tokens is None else tokens
         out = torch.minimum(self.route, tokens.norm(dim=-1))
         B, n, d, P = self.G.shape
@@ -236,9 +245,9 @@ class DeviationSet:
             Q = self.Q.permute(0, 3, 1, 2, 4).reshape(B, k, n * d, g)
             gram = G.mT @ G if P <= n * d else G @ G.mT
             shifts = shift_terms(G, self.A.reshape(B, n * d, -1), self.c.reshape(B, n * d))
-            whole = (joint_norm(eps, eps * gram_norm(gram), self.box_norms()[1], self.cross_norms()[1],
+            whole = (joint_norm(eps, eps * top_norm(gram), self.box_norms()[1], self.cross_norms()[1],
                                 *shifts)
-                     + self.grouped_norm(gram_norm(Q.mT @ Q)) + self.ball())
+                     + self.grouped_norm(top_norm(Q.mT @ Q)) + self.ball())
             out = torch.minimum(out, whole)
         return out
 
