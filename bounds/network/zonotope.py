@@ -235,7 +235,8 @@ class DeviationSet:
 
     def radius(self, eps: float, tokens: Tensor | None = None) -> Tensor:
         """An upper bound of ‖Δ‖_F, [B]: the smallest of the route, (Σ_t r_t²)^½ and, where its Gram
-        is small enough (:data:`GRAM_LIMIT`), the norm of the parts with ‖G‖₂ from its Gram (:func:`top_norm`)."""
+        is small enough (:data:`GRAM_LIMIT`), the norm of the parts with ‖G‖₂ from its Gram
+        (:func:`top_norm`)."""
         tokens = self.token_radii(eps) if tokens is None else tokens
         out = torch.minimum(self.route, tokens.norm(dim=-1))
         B, n, d, P = self.G.shape
