@@ -148,8 +148,10 @@ class DeviationSet:
         return torch.minimum(total, self._wnorm)
 
     def token_ball(self) -> Tensor:
-        """An upper bound of ‖E_t‖ per token, [B, n]: the smallest of ``tok``, ‖E‖_F and ‖W_t‖₂."""
-        whole = self.ball()[:, None].expand(*self.c.shape[:2])
+        """An upper bound of ‖E_t‖ per token, [B, n]: the smallest of ``tok``, Σ_s ρ_s and ‖W_t‖₂. Not
+        :meth:`ball`'s ‖W‖₂: W_t is some of W's rows, so ‖W_t‖₂ ≤ ‖W‖₂, and that n·d-wide Gram (its
+        formation and its norm, 0.7 s on Fashion-MNIST) would buy nothing but rounding."""
+        whole = self.rho.sum(-1)[:, None].expand(*self.c.shape[:2])
         out = whole if self.tok is None else torch.minimum(whole, self.tok)
         if self.W is not None and self.W.shape[-1]:
             if self._wtok is None:
@@ -408,16 +410,15 @@ class DeviationSet:
         fresh = None if self.fresh is None else self.fresh + new
         W = self.W
         if W is not None and bool((rho > 0).any()):  # the ball ρ·I joins the columns (merge_balls)
-            n, d = self.c.shape[1:]
-            eye = torch.eye(n * d, dtype=rho.dtype, device=rho.device).reshape(n, d, n * d)
-            W = merge_balls(W, rho[:, None, None, None] * eye)
+            W = merge_balls(W, rho=rho)
         return replace(self, rho=torch.cat([self.rho, rho[:, None]], -1), sources=[*self.sources, name],
                        tok=tok, W=W, fresh=fresh)
 
 
-def merge_balls(W1: Tensor, W2: Tensor) -> Tensor:
+def merge_balls(W1: Tensor, W2: Tensor | None = None, *, rho: Tensor | None = None) -> Tensor:
     """Columns W [B, n, d, K] with {Wv : ‖v‖₂ ≤ 1} ⊇ {W₁v₁ + W₂v₂ : ‖v₁‖₂, ‖v₂‖₂ ≤ 1} (docs/bounds.md
-    §5.1, "The balls as columns"), for W₁ [B, n, d, K₁] and W₂ [B, n, d, K₂].
+    §5.1, "The balls as columns"), for W₁ [B, n, d, K₁] and W₂ [B, n, d, K₂], or W₂ = ρ·I_{n·d} for
+    ``rho`` [B] (a new remainder's ball: its Gram ρ²I and its norm ρ are known, so neither is computed).
 
     For any p > 0, W₁v₁ + W₂v₂ = [aW₁, bW₂]w with w = (v₁/a, v₂/b), a² = 1 + 1/p, b² = 1 + p, and
     ‖w‖² ≤ 1/a² + 1/b² = 1; p = s₁/s₂ (s_i an estimate of ‖W_i‖₂, 20 power steps: any p is sound)
@@ -428,29 +429,41 @@ def merge_balls(W1: Tensor, W2: Tensor) -> Tensor:
     ‖bW₂‖_F²) (Thm 3.5), so τ at twice their sum makes LLᵀ ⪰ a²W₁W₁ᵀ + b²W₂W₂ᵀ, whose ellipsoid holds
     that of [aW₁, bW₂]. Where a factorisation fails (in any image: the columns' count is the batch's)
     the columns stay side by side."""
-    if not W1.shape[-1]:
-        return W2
     B, n, d = W1.shape[:3]
     N = n * d
-    flat = [W.reshape(B, N, W.shape[-1]) for W in (W1, W2)]
-    s1, s2 = (_top_singular(W) for W in flat)
+    eye = None if W2 is not None else torch.eye(N, dtype=rho.dtype, device=rho.device)
+    if not W1.shape[-1]:
+        return W2 if W2 is not None else rho[:, None, None, None] * eye.reshape(n, d, N)
+    flat1 = W1.reshape(B, N, W1.shape[-1])
+    s1 = _top_singular(flat1)
+    s2 = rho if W2 is None else _top_singular(W2.reshape(B, N, W2.shape[-1]))
     # where one part is zero the other is taken as it is (a or b = 1)
     both = (s1 > 0) & (s2 > 0)
     p = torch.where(both, s1 / torch.where(both, s2, 1.0), 1.0)
     a = torch.where(both, (1 + 1 / p).sqrt(), 1.0)
     b = torch.where(both, (1 + p).sqrt(), 1.0)
-    side = torch.cat([flat[0] * a[:, None, None], flat[1] * b[:, None, None]], -1)  # [B, N, K]
-    K = side.shape[-1]
-    if K <= N:
-        return side.reshape(B, n, d, K)
-    M = side @ side.mT
-    fro = side.square().sum((-1, -2))
+    side1 = flat1 * a[:, None, None]
+    K = W1.shape[-1] + (N if W2 is None else W2.shape[-1])
+    if K <= N:  # (never with ρ·I, whose N columns come on top of W₁'s)
+        return torch.cat([side1, W2.reshape(B, N, -1) * b[:, None, None]], -1).reshape(B, n, d, K)
+    if W2 is None:  # a²W₁W₁ᵀ + b²ρ²I: the identity's half of the product is known (each entry's error
+        # still within γ_{K+2} of its products' magnitudes: one scaling and one sum more than W₁W₁ᵀ's)
+        M = side1 @ side1.mT
+        M.diagonal(dim1=-2, dim2=-1).add_((b * rho).square()[:, None])
+        fro = side1.square().sum((-1, -2)) + N * (b * rho).square()
+        side = None
+    else:
+        side = torch.cat([side1, W2.reshape(B, N, -1) * b[:, None, None]], -1)  # [B, N, K]
+        M = side @ side.mT
+        fro = side.square().sum((-1, -2))
     trace = M.diagonal(dim1=-2, dim2=-1).sum(-1)
     # ‖L‖_F² = tr(M + τI + ΔM) ≤ 1.01·(tr M + Nτ), and Nτ ≤ 1e-6·N·‖side‖_F² for any τ this makes
     tau = 2 * (rounding(K + 2, M.dtype) * fro + rounding(N + 1, M.dtype) * 1.01 * (trace + N * fro * 1e-6))
     tau = tau + torch.finfo(M.dtype).tiny
     L, info = torch.linalg.cholesky_ex(M + tau[:, None, None] * torch.eye(N, dtype=M.dtype, device=M.device))
     if bool((info != 0).any()):  # side by side: the same set, more columns
+        if side is None:
+            side = torch.cat([side1, (b * rho)[:, None, None] * eye], -1)
         return side.reshape(B, n, d, K)
     return L.reshape(B, n, d, N)
 

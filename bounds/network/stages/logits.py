@@ -74,7 +74,9 @@ def logit_change(S: DeviationSet, layer: DotMHA, parts, eps: float,
         grouped = torch.stack([S.grouped(groups[:, i]) for i in range(h)], 1)
     else:
         grouped = torch.zeros_like(shift)
-    ball = parts.xi * S.ball()[:, None]
+    # Σρ, not S.ball()'s ‖W‖₂ where the columns are carried: ‖L(W)‖₂ ≤ ξ_l‖W‖₂ already (ξ_l bounds L_l
+    # in the Frobenius norm), so that n·d-wide Gram would buy nothing but rounding
+    ball = parts.xi * S.rho.sum(-1)[:, None]
     if M.W is not None:  # E as columns: ‖L(W)‖₂ per head where it is smaller
         LW = M.W.reshape(B, h, n * n, -1)
         ball = torch.minimum(ball, gram_norm(LW @ LW.mT if n * n <= LW.shape[-1] else LW.mT @ LW))

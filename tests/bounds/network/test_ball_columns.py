@@ -39,10 +39,29 @@ def test_merged_columns_hold_every_sum(n, d, k1, k2, seed):
     assert (ellipsoid_gauge(W.reshape(N, -1), x) <= 1 + 1e-9).all()
 
 
+@pytest.mark.parametrize("n,d,k1,seed", [(2, 3, 4, 0), (3, 4, 20, 1), (4, 2, 1, 2), (2, 5, 10, 3)])
+def test_a_merged_ball_holds_every_sum(n, d, k1, seed):
+    # W₂ = ρ·I given by its radius alone (a remainder's ball), ρ per image from 0 (nothing added) up
+    gen = torch.Generator().manual_seed(seed)
+    N = n * d
+    W1 = torch.randn(3, n, d, k1, generator=gen, dtype=torch.float64)
+    rho = torch.tensor([0.0, 0.3, 30.0], dtype=torch.float64) * 10 ** (seed - 2)
+    W = merge_balls(W1, rho=rho)
+    assert W.shape[-1] == N
+    for i in range(3):
+        v1 = torch.randn(k1, 400, generator=gen, dtype=torch.float64)
+        v1 = torch.cat([v1 / v1.norm(dim=0), torch.linalg.svd(W1[i].reshape(N, k1)).Vh[:1].mT], 1)
+        e = torch.randn(N, 401, generator=gen, dtype=torch.float64)
+        x = W1[i].reshape(N, k1) @ v1 + rho[i] * e / e.norm(dim=0)
+        assert (ellipsoid_gauge(W[i].reshape(N, -1), x) <= 1 + 1e-9).all()
+
+
 def test_a_merge_with_a_zero_part_keeps_the_other():
     W1 = torch.randn(1, 2, 3, 2, dtype=torch.float64)  # 4 columns of 6 rows: side by side
     assert torch.equal(merge_balls(W1, torch.zeros(1, 2, 3, 2, dtype=torch.float64))[..., :2], W1)
     assert torch.equal(merge_balls(W1[..., :0], W1), W1)
+    rho = torch.tensor([2.0], dtype=torch.float64)
+    assert torch.equal(merge_balls(W1[..., :0], rho=rho).reshape(6, 6), 2 * torch.eye(6, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("seed,qk,eps", [(0, 4.0, 0.1), (1, 20.0, 0.3), (2, 1.0, 0.5)])
