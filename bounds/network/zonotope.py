@@ -431,9 +431,9 @@ def merge_balls(W1: Tensor, W2: Tensor | None = None, *, rho: Tensor | None = No
     the columns stay side by side."""
     B, n, d = W1.shape[:3]
     N = n * d
-    eye = None if W2 is not None else torch.eye(N, dtype=rho.dtype, device=rho.device)
     if not W1.shape[-1]:
-        return W2 if W2 is not None else rho[:, None, None, None] * eye.reshape(n, d, N)
+        return W2 if W2 is not None else rho[:, None, None, None] * torch.eye(
+            N, dtype=rho.dtype, device=rho.device).reshape(n, d, N)
     flat1 = W1.reshape(B, N, W1.shape[-1])
     s1 = _top_singular(flat1)
     s2 = rho if W2 is None else _top_singular(W2.reshape(B, N, W2.shape[-1]))
@@ -443,28 +443,28 @@ def merge_balls(W1: Tensor, W2: Tensor | None = None, *, rho: Tensor | None = No
     a = torch.where(both, (1 + 1 / p).sqrt(), 1.0)
     b = torch.where(both, (1 + p).sqrt(), 1.0)
     side1 = flat1 * a[:, None, None]
-    K = W1.shape[-1] + (N if W2 is None else W2.shape[-1])
+    side2 = None if W2 is None else W2.reshape(B, N, -1) * b[:, None, None]  # ρ·I's: formed only if returned
+    K = W1.shape[-1] + (N if side2 is None else side2.shape[-1])
     if K <= N:  # (never with ρ·I, whose N columns come on top of W₁'s)
-        return torch.cat([side1, W2.reshape(B, N, -1) * b[:, None, None]], -1).reshape(B, n, d, K)
-    if W2 is None:  # a²W₁W₁ᵀ + b²ρ²I: the identity's half of the product is known (each entry's error
+        return torch.cat([side1, side2], -1).reshape(B, n, d, K)
+    eye = torch.eye(N, dtype=W1.dtype, device=W1.device)
+    if side2 is None:  # a²W₁W₁ᵀ + b²ρ²I: the identity's half of the product is known (each entry's error
         # still within γ_{K+2} of its products' magnitudes: one scaling and one sum more than W₁W₁ᵀ's)
         M = side1 @ side1.mT
         M.diagonal(dim1=-2, dim2=-1).add_((b * rho).square()[:, None])
         fro = side1.square().sum((-1, -2)) + N * (b * rho).square()
-        side = None
     else:
-        side = torch.cat([side1, W2.reshape(B, N, -1) * b[:, None, None]], -1)  # [B, N, K]
+        side = torch.cat([side1, side2], -1)  # [B, N, K]
         M = side @ side.mT
         fro = side.square().sum((-1, -2))
     trace = M.diagonal(dim1=-2, dim2=-1).sum(-1)
     # ‖L‖_F² = tr(M + τI + ΔM) ≤ 1.01·(tr M + Nτ), and Nτ ≤ 1e-6·N·‖side‖_F² for any τ this makes
     tau = 2 * (rounding(K + 2, M.dtype) * fro + rounding(N + 1, M.dtype) * 1.01 * (trace + N * fro * 1e-6))
     tau = tau + torch.finfo(M.dtype).tiny
-    L, info = torch.linalg.cholesky_ex(M + tau[:, None, None] * torch.eye(N, dtype=M.dtype, device=M.device))
+    L, info = torch.linalg.cholesky_ex(M + tau[:, None, None] * eye)
     if bool((info != 0).any()):  # side by side: the same set, more columns
-        if side is None:
-            side = torch.cat([side1, (b * rho)[:, None, None] * eye], -1)
-        return side.reshape(B, n, d, K)
+        side2 = (b * rho)[:, None, None] * eye if side2 is None else side2
+        return torch.cat([side1, side2], -1).reshape(B, n, d, K)
     return L.reshape(B, n, d, N)
 
 
