@@ -96,7 +96,12 @@ ZOO: list[Entry] = [
     # nothing capped, trained as its recipe is
     Entry({"d": 32, "ffn": 64, "variant": "standard", "constraint": None, "ffn_constraint": None,
            "activation": "gelu", "depth": 2, "heads": 2}),
-    # its Fashion-MNIST sibling (#56), d 64, 3 blocks, 4 heads, patch 7 (16 tokens and the class token):
+    # the same with every per-head ‖W^Q_l‖₂, ‖W^K_l‖₂ capped at 1 (#56): attention after LayerNorm no
+    # longer saturates, and the cap costs no accuracy (0.964 against 0.940)
+    Entry({"d": 32, "ffn": 64, "variant": "standard", "constraint": None, "ffn_constraint": None,
+           "qk_constraint": 1.0, "activation": "gelu", "depth": 2, "heads": 2}),
+    # the standard ViT's Fashion-MNIST sibling (#56), d 64, 3 blocks, 4 heads, patch 7 (16 tokens and
+    # the class token):
     # 0.8838 after 20 epochs at lr 0.003 and batch 128 (0.8419 after 2, 0.8736 after 9; the card)
     Entry({"d": 64, "ffn": 128, "variant": "standard", "constraint": None, "ffn_constraint": None,
            "activation": "gelu", "depth": 3, "heads": 4, "patch": 7}, 20,
