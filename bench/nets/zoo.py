@@ -106,6 +106,10 @@ ZOO: list[Entry] = [
     Entry({"d": 64, "ffn": 128, "variant": "standard", "constraint": None, "ffn_constraint": None,
            "activation": "gelu", "depth": 3, "heads": 4, "patch": 7}, 20,
           "fashion-mnist-d64-b3-h4-p7-standard-gelu", 0.0, "fashion-mnist", 128, 0.003, 1),
+    # and with its queries' and keys' weights capped at 1 (#56), as the digits one above
+    Entry({"d": 64, "ffn": 128, "variant": "standard", "constraint": None, "ffn_constraint": None,
+           "qk_constraint": 1.0, "activation": "gelu", "depth": 3, "heads": 4, "patch": 7}, 20,
+          "fashion-mnist-d64-b3-h4-p7-standard-q1-gelu", 0.0, "fashion-mnist", 128, 0.003, 1),
     # VNN-COMP's ViT shape (#56): the standard block with BatchNorm for LayerNorm, a ReLU MLP, a class
     # token and biases on the attention, nothing capped
     Entry({"d": 32, "ffn": 64, "variant": "standard", "constraint": None, "ffn_constraint": None,
