@@ -106,7 +106,8 @@ ZOO: list[Entry] = [
     Entry({"d": 64, "ffn": 128, "variant": "standard", "constraint": None, "ffn_constraint": None,
            "activation": "gelu", "depth": 3, "heads": 4, "patch": 7}, 20,
           "fashion-mnist-d64-b3-h4-p7-standard-gelu", 0.0, "fashion-mnist", 128, 0.003, 1),
-    # and with its queries' and keys' weights capped at 1 (#56), as the digits one above
+    # and with its queries' and keys' weights capped at 1 (#56), as the digits one above: 0.8794 after
+    # 20 epochs (the uncapped one 0.8838), just short of #56's 0.88
     Entry({"d": 64, "ffn": 128, "variant": "standard", "constraint": None, "ffn_constraint": None,
            "qk_constraint": 1.0, "activation": "gelu", "depth": 3, "heads": 4, "patch": 7}, 20,
           "fashion-mnist-d64-b3-h4-p7-standard-q1-gelu", 0.0, "fashion-mnist", 128, 0.003, 1),
