@@ -189,8 +189,9 @@ python -m bench certify --model zoo/NAME.safetensors --dataset digits --eps 0.00
 attention logits sit at the cap, ‖W^Q_l W^K_lᵀ‖₂ = 4.0 in every head of both blocks. LoFAST's slack
 δ₂ is of the order of ε itself, Taylor's remainder O(ε²) (docs/bounds.md §2.3): at ε = 0.005 Taylor
 (and best, which takes it) certifies 63% of the images and LoFAST none; from ε = 0.01 on nothing
-certifies. The quick profile's sweep `certify_disagree` is this model at ε = 0.005 on 50 images
-(measured: Taylor = best 0.54, every LoFAST variant and naive 0; CROWN 0.92).
+certifies. The quick profile's sweep `certify_disagree` is this model at ε = 0.005 on the first 20
+images (the baseline of e917a39: Taylor = best 0.75, every LoFAST variant and naive 0; CROWN and
+taylor_net 0.95, PGD's robust accuracy).
 
 `digits-d32-b2-h2-c0.5-q1` is kept as well: the tightest cap on plain cross-entropy, its logits
 again at the cap (‖W^Q_l W^K_lᵀ‖₂ = 1.0 in every head), so the attention stays nonlinear but
