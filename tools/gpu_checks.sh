@@ -1,10 +1,10 @@
 #!/bin/bash
 # The GPU checks of a short device lease (docs/scale.md, "On a GPU"): the CUDA tests, the certify speed
 # and scale benchmarks on the GPU, a slice of the paper profile (tools/gpu-check.toml) and the whole
-# test suite on that machine's own packages, and whole cells of a profile (`cells`: the sweeps named in
-# CELL_SWEEPS, under the profile's own name, so that each cell's file is the one the full profile
-# names). Steps: STEPS="tests speed batch scale paper cells probe suite" (each with its own timeout,
-# T_TESTS ...). Run from the repository root with $OUT set (the device tool's); it reads .dev/
+# test suite on that machine's own packages, and whole cells of a profile (`cells`: `run --sweeps
+# $CELL_SWEEPS`, continuing .dev/prior where it is there; the lease's .git is the session's first
+# checkout, so the rows' git_commit can name an older commit than the tree that was sent).
+# Steps: STEPS="tests speed batch scale paper cells probe suite" (each with its own timeout, T_TESTS ...). Run from the repository root with $OUT set (the device tool's); it reads .dev/
 # (excluded in .git/info/exclude, carried), prepared once here:
 #   mkdir -p .dev/fmnist && cp ../shared/wheels/*.whl .dev/ && pip download --no-deps --only-binary=:all:
 #     --python-version 3.12 --platform manylinux2014_x86_64 -d .dev appdirs==1.4.4 graphviz==0.20.3
@@ -36,13 +36,9 @@ for step in ${STEPS:-tests speed scale paper}; do
            --benchmark-enable --benchmark-only --benchmark-json=$OUT/scale.json --benchmark-columns=median,rounds 2>&1 | tee $OUT/scale.txt | tail -12 ;;
   paper) timeout ${T_PAPER:-110} python3 -m bench run --profile tools/gpu-check.toml --device cuda --out /tmp/gpu-run --fresh 2>&1 | tail -15 | tee $OUT/paper_slice.txt
          tar czf $OUT/gpu-run.tgz -C /tmp gpu-run ;;
-  cells) mkdir -p /tmp/sub && python3 -c "import sys, tomllib, json; d = tomllib.load(open('bench/profiles/$PROFILE.toml', 'rb'))
-keep = '${CELL_SWEEPS:-certify certify_crown}'.split(); sw = [x for x in d['sweep'] if x['name'] in keep]
-v = lambda x: json.dumps(x)
-print('[run]'); [print(k, '=', v(x)) for k, x in d['run'].items()]
-for x in sw: print(); print('[[sweep]]'); [print(k, '=', v(y)) for k, y in x.items()]" > /tmp/sub/$PROFILE.toml
-         BENCH_THREADS=1 timeout ${T_CELLS:-300} python3 -m bench run --profile /tmp/sub/$PROFILE.toml --device cuda --out /tmp/cells \
-           --workers ${WORKERS:-14} 2>&1 | tr '\r' '\n' | tail -20 | tee $OUT/cells.txt
+  cells) [ -d .dev/prior ] && cp -r .dev/prior /tmp/cells  # a run carried over (its run.json and cells/)
+         BENCH_THREADS=1 timeout ${T_CELLS:-300} python3 -m bench run --profile $PROFILE --sweeps "${CELL_SWEEPS:-certify_crown}" \
+           --device cuda --out /tmp/cells --workers ${WORKERS:-14} 2>&1 | tr '\r' '\n' | tail -20 | tee $OUT/cells.txt
          tar czf $OUT/cells.tgz -C /tmp cells ;;
   probe) timeout ${T_PROBE:-100} python3 -m bench certify --model zoo/$PROBE_MODEL.safetensors --dataset fashion-mnist --eps 0.02 --limit 3 \
            --bounds taylor_net,crown --pgd-steps 20 --device cuda --json > $OUT/probe.json 2> $OUT/probe.err; tail -3 $OUT/probe.err ;;

@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, field in OVERRIDES.items():
         rn.add_argument(f"--{flag.replace('_', '-')}", dest=f"ov_{flag}", default=None,
                         metavar="V[,V...]", help=f"override the {field} axis of every sweep")
+    rn.add_argument("--sweeps", default=None, metavar="NAME[,NAME...]",
+                    help="run only these sweeps' cells now; the others stay to do, and a later run "
+                         "without it continues them (a GPU for the CROWN sweeps, say)")
     rn.add_argument("--list", action="store_true", help="list the cells and exit")
     rn.add_argument("--fresh", action="store_true",
                     help="discard the finished cells in --out instead of resuming from them")
@@ -148,7 +151,7 @@ def _run(args) -> int:
 
     from ..core.plugins import load
     from ..sweep.profiles import load_profile, parse_list
-    from ..sweep.runner import Interrupted, run_profile
+    from ..sweep.runner import Interrupted, parse_sweeps, run_profile
 
     overrides = {f: parse_list(f, getattr(args, f"ov_{f}")) for f in OVERRIDES
                  if getattr(args, f"ov_{f}") is not None}
@@ -162,7 +165,7 @@ def _run(args) -> int:
     out = Path(args.out) if args.out is not None else ROOT / "results" / profile.name
     try:
         table, violations = run_profile(profile, out, args.device, args.dtype, overrides, args.fresh,
-                                        args.workers, args.scheduler)
+                                        args.workers, args.scheduler, parse_sweeps(args.sweeps))
     except Interrupted as e:  # Ctrl-C: the finished cells are kept, and the same run resumes them
         print(f"interrupted: {e}; resume with: {resume_command(args, e.out)}", file=sys.stderr)
         return 130
@@ -199,6 +202,8 @@ def resume_command(args, out) -> str:
     for flag in OVERRIDES:
         if getattr(args, f"ov_{flag}") is not None:
             parts += [f"--{flag.replace('_', '-')}", getattr(args, f"ov_{flag}")]
+    if args.sweeps is not None:
+        parts += ["--sweeps", args.sweeps]
     if args.workers is not None:
         parts += ["--workers", str(args.workers)]
     if args.scheduler is not None:

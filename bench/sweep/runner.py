@@ -46,6 +46,7 @@ from .profiles import Profile
 from .tasks import CROWN_TASKS, CertifyMemo, run_cell
 
 if TYPE_CHECKING:
+    from .cases import Cell
     from .distributed import Cluster
 
 # what a run directory may hold besides run.json and cells/ (results, compare, report, the lock, the
@@ -122,13 +123,16 @@ def _discard(out: Path) -> None:
 
 def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg: str | None = None,
                 overrides: dict | None = None, fresh: bool = False, workers: int | None = None,
-                scheduler: str | None = None) -> tuple[Path, int]:
-    """Runs (or resumes) every cell into ``out``; returns (results table, violations found).
+                scheduler: str | None = None, sweeps: frozenset[str] | None = None) -> tuple[Path, int]:
+    """Runs (or resumes) every cell into ``out``, or only the cells of ``sweeps`` (the run stays the
+    whole profile's: its manifest, the cells' indices, and a later run that continues it); returns
+    (results table, violations found).
 
     Cells run in this process, or as Dask tasks on ``workers`` local processes or the cluster at
     ``scheduler`` (bench/sweep/distributed.py); either way this process writes every file.
     Everything that can be checked is checked before anything is written.
     """
+    _check_sweeps(profile, sweeps)
     dask = workers is not None or scheduler is not None
     device = None if dask else resolve_device(device_arg)  # Dask workers resolve their own
     run = dict(profile.run)
@@ -136,7 +140,7 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
         run["dtype"] = dtype_arg
     dtype = resolve_dtype(run["dtype"])
     if scheduler is None:  # a --scheduler's workers are other machines, whose memory is not ours to see
-        check_memory(profile.cells(), run["pgd_restarts"], device)
+        check_memory(_selected(profile, sweeps), run["pgd_restarts"], device)
     want = _manifest(profile, run, overrides)
     if any(c.task == "pretrained" for _, c in profile.cells()):
         from models.pretrained import require  # the study's extras, before anything is written
@@ -156,7 +160,7 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
                 remove_stale_temps(out)
                 _check_resume(out, want)
                 try:
-                    table = run_cells(profile, out, run, want, device, dtype, cluster, device_arg)
+                    table = run_cells(profile, out, run, want, device, dtype, cluster, device_arg, sweeps)
                 except KeyboardInterrupt:
                     shield()
                     remove_stale_temps(out)  # a write cut short; we hold the lock, so none is live
@@ -187,6 +191,27 @@ def _shielded_cleanup():
             signal.signal(signal.SIGINT, saved[0])
 
 
+def parse_sweeps(text: str | None) -> frozenset[str] | None:
+    """``run --sweeps``'s names (comma-separated), or None for every sweep."""
+    if text is None:
+        return None
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise InputError("--sweeps names no sweep")
+    return names
+
+
+def _check_sweeps(profile: Profile, sweeps: frozenset[str] | None) -> None:
+    unknown = sorted(sweeps - set(profile.sweeps)) if sweeps is not None else []
+    if unknown:
+        raise InputError(f"--sweeps: profile {profile.name} has no sweep {unknown[0]!r} "
+                         f"(its sweeps: {', '.join(profile.sweeps)})")
+
+
+def _selected(profile: Profile, sweeps: frozenset[str] | None) -> list[tuple[str, Cell]]:
+    return [(s, c) for s, c in profile.cells() if sweeps is None or s in sweeps]
+
+
 def _cluster(workers: int | None, scheduler: str | None):
     from .distributed import cluster  # Dask is optional: imported only when asked for
 
@@ -194,7 +219,8 @@ def _cluster(workers: int | None, scheduler: str | None):
 
 
 def run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: torch.device | None,
-               dtype: torch.dtype, cluster: Cluster | None = None, device_arg: str = "auto") -> Path:
+               dtype: torch.dtype, cluster: Cluster | None = None, device_arg: str = "auto",
+               sweeps: frozenset[str] | None = None) -> Path:
     _, dirty = git_state()
     where = device_name(device) if device is not None else cluster.where
     # on Dask, device, device_name and torch_version are each worker's, set per cell below
@@ -208,8 +234,10 @@ def run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: to
     # a resume keeps the seal of the results.csv still there, until consolidate() seals the new one
     write_json(out / MANIFEST, manifest | sealed(out))
     cells = profile.cells()
-    todo = [(i, s, c) for i, (s, c) in enumerate(cells) if not cell_file(out, s, c.id).exists()]
-    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=f"{profile.name} on {where}",
+    todo = [(i, s, c) for i, (s, c) in enumerate(cells)
+            if (sweeps is None or s in sweeps) and not cell_file(out, s, c.id).exists()]
+    chosen = len(_selected(profile, sweeps))  # the bar counts the cells this run was asked for
+    bar = tqdm(total=chosen, initial=chosen - len(todo), desc=f"{profile.name} on {where}",
                unit="cell", file=sys.stderr, mininterval=5)
     if cluster is None:
         memo = CertifyMemo()  # this run's: each certify cell shares the norms of the one before it

@@ -185,6 +185,37 @@ def test_resuming_a_run_made_at_another_commit_is_refused(tmp_path, capsys):
     assert code == 2 and "holds a run made at commit 000000000000" in err and "--fresh" in err
 
 
+def test_a_run_of_some_sweeps_is_continued_by_a_run_of_all(tmp_path, capsys):
+    """``run --sweeps``: only the named sweeps' cells now, under the whole profile's indices and
+    manifest, so that a run without it continues the same directory into the whole profile's table."""
+    (tmp_path / "p.toml").write_text(TINY)
+    profile, out = load_profile(str(tmp_path / "p.toml")), tmp_path / "r"
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "p.toml", "--out", out,
+                                  "--device", "cpu", "--sweeps", "stack")
+    assert code == 0, err
+    part = load(out)
+    assert set(part["sweep"]) == {"stack"}
+    everything = [s for s, _ in profile.cells()]
+    assert set(part["cell_index"]) == {i for i, s in enumerate(everything) if s == "stack"}
+    finished = {f: f.stat().st_mtime_ns for f in (out / "cells").glob("*.csv")}
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "p.toml", "--out", out,
+                                  "--device", "cpu")
+    assert code == 0, err
+    assert all(f.stat().st_mtime_ns == t for f, t in finished.items()), "finished cells recomputed"
+    whole, fresh = load(out), load(run_profile(profile, tmp_path / "fresh", "cpu")[0])
+    cols = ["cell_index", "sweep", "cell_id", "bound", "sample", "head", "value", "certified"]
+    pd.testing.assert_frame_equal(whole[cols], fresh[cols])
+
+
+@pytest.mark.parametrize("names, words", [("stack,nope", "has no sweep 'nope'"), (" , ", "names no sweep")])
+def test_run_refuses_unknown_sweeps_before_any_work(tmp_path, capsys, names, words):
+    (tmp_path / "p.toml").write_text(TINY)
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "p.toml", "--out",
+                                    tmp_path / "r", "--sweeps", names)
+    assert code == 2 and words in err and err.startswith("error:") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory):
     d = tmp_path_factory.mktemp("cmp")
