@@ -2,8 +2,7 @@
 # The GPU checks of a short device lease (docs/scale.md, "On a GPU"): the CUDA tests, the certify speed
 # and scale benchmarks on the GPU, a slice of the paper profile (tools/gpu-check.toml) and the whole
 # test suite on that machine's own packages, and whole cells of a profile (`cells`: `run --sweeps
-# $CELL_SWEEPS`, continuing .dev/prior where it is there; the lease's .git is the session's first
-# checkout, so the rows' git_commit can name an older commit than the tree that was sent).
+# $CELL_SWEEPS`, continuing the run in .dev/prior, a copy of results/paper-pending, at its commit).
 # Steps: STEPS="tests speed batch scale paper cells probe suite" (each with its own timeout, T_TESTS ...). Run from the repository root with $OUT set (the device tool's); it reads .dev/
 # (excluded in .git/info/exclude, carried), prepared once here:
 #   mkdir -p .dev/fmnist && cp ../shared/wheels/*.whl .dev/ && pip download --no-deps --only-binary=:all:
@@ -36,9 +35,14 @@ for step in ${STEPS:-tests speed scale paper}; do
            --benchmark-enable --benchmark-only --benchmark-json=$OUT/scale.json --benchmark-columns=median,rounds 2>&1 | tee $OUT/scale.txt | tail -12 ;;
   paper) timeout ${T_PAPER:-110} python3 -m bench run --profile tools/gpu-check.toml --device cuda --out /tmp/gpu-run --fresh 2>&1 | tail -15 | tee $OUT/paper_slice.txt
          tar czf $OUT/gpu-run.tgz -C /tmp gpu-run ;;
-  cells) [ -d .dev/prior ] && cp -r .dev/prior /tmp/cells  # a run carried over (its run.json and cells/)
-         BENCH_THREADS=1 timeout ${T_CELLS:-300} python3 -m bench run --profile $PROFILE --sweeps "${CELL_SWEEPS:-certify_crown}" \
-           --device cuda --out /tmp/cells --workers ${WORKERS:-14} 2>&1 | tr '\r' '\n' | tail -20 | tee $OUT/cells.txt
+  cells) # a run carried over in .dev/prior (its run.json and cells/) continues at its own commit, from a
+         # worktree of it (this tree is the session's HEAD; the lease's .git holds that commit's history)
+         where=$PWD; [ -d .dev/prior ] && rm -rf /tmp/cells && cp -r .dev/prior /tmp/cells && rm -f /tmp/cells/.lock \
+           && commit=$(python3 -c "import json; print(json.load(open('.dev/prior/run.json'))['git_commit'])") \
+           && git worktree add -f --detach /tmp/at-run "$commit" >/dev/null && where=/tmp/at-run
+         (cd $where && BENCH_THREADS=1 timeout ${T_CELLS:-300} python3 -m bench run --profile $PROFILE \
+           --sweeps "${CELL_SWEEPS:-certify_accurate_crown,certify_crown}" --device ${CELL_DEVICE:-cuda} --out /tmp/cells \
+           --workers ${WORKERS:-4}) 2>&1 | tr '\r' '\n' | tail -20 | tee $OUT/cells.txt
          tar czf $OUT/cells.tgz -C /tmp cells ;;
   probe) timeout ${T_PROBE:-100} python3 -m bench certify --model zoo/$PROBE_MODEL.safetensors --dataset fashion-mnist --eps 0.02 --limit 3 \
            --bounds taylor_net,crown --pgd-steps 20 --device cuda --json > $OUT/probe.json 2> $OUT/probe.err; tail -3 $OUT/probe.err ;;
