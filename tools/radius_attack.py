@@ -1,0 +1,98 @@
+"""Block k's attention on one test image (docs/results.md, "Accurate ViTs"): taylor_net's radius of the
+set entering it (second pass) and its parts, and the remainder bound it pays there, against an attack on
+the true deviation ‖X_k(x + δ) − X_k(x)‖ and on the true remainder ‖F(X_k + Δ) − F(X_k) − JΔ‖ over
+‖δ‖ ≤ ε (Adam, projected, from ±ε along the top singular vector of the input-to-X_k Jacobian and from
+random starts), and §2.3's remainder on the plain ball at both radii. Says which of the two, the radius
+or the remainder's constant, a bound loses to. A lower bound from an attack, never a certificate.
+
+    python tools/radius_attack.py zoo/digits-d32-b3-h2-c0.5-q2.safetensors --dataset digits \\
+        --eps 0.05 --image 15 --block 2
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from bench.nets.accuracy import load_model
+from bounds.network.taylor_net import TaylorNet
+from bounds.network.zonotope import top_norm
+from bounds.remainder import remainder
+from models.data import load_dataset
+from models.structured import dot_jacobian
+
+
+def attack(f, x: torch.Tensor, eps: float, starts: list[torch.Tensor], steps: int) -> float:
+    """The largest f(δ) found over ‖δ‖ ≤ ε by projected Adam from each start."""
+    best = 0.0
+    for start in starts:
+        d = start.clone().requires_grad_(True)
+        opt = torch.optim.Adam([d], lr=eps / 50)
+        for _ in range(steps):
+            value = f(d)
+            best = max(best, float(value.detach()))
+            opt.zero_grad()
+            (-value).backward()
+            opt.step()
+            with torch.no_grad():
+                d.mul_(torch.clamp(eps / d.norm(), max=1.0))
+    return best
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("--dataset", default="digits")
+    p.add_argument("--eps", type=float, default=0.05)
+    p.add_argument("--image", type=int, default=0)
+    p.add_argument("--block", type=int, default=0)
+    p.add_argument("--steps", type=int, default=150)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = load_model(a.model)[0].double().eval().requires_grad_(False)
+    _, _, images, labels = load_dataset(a.dataset)
+    x, k, eps = images[a.image:a.image + 1].double(), a.block, a.eps
+    tn = TaylorNet(net, x, labels[a.image:a.image + 1])
+    log: list = []
+    stages = tn.stages(eps, slice(None), log, refine=True)
+    names = [name for name, _, _ in stages]
+    S = stages[names.index(f"attention{k}") - 1][1]  # the set attention k reads
+    record = next(r for r in log if getattr(r, "name", None) == f"attention{k}")
+    layer, Xk = tn.layers[k], tn.inputs[k][0:1]
+    J = dot_jacobian(layer, Xk)[0]
+    clean = net.trace(x).inputs[k]
+    out0 = layer.forward(clean)
+
+    def deviation(d: torch.Tensor) -> torch.Tensor:
+        return net.trace(x + d).inputs[k] - clean
+
+    def true_remainder(d: torch.Tensor) -> torch.Tensor:
+        D = deviation(d)
+        return (layer.forward(clean + D) - out0 - (J @ D.flatten()).reshape(D.shape)).norm()
+
+    Jx = torch.autograd.functional.jacobian(lambda z: net.trace(z).inputs[k].flatten(), x)
+    v = torch.linalg.svd(Jx.reshape(-1, x.numel()))[2][0].reshape(x.shape)
+    starts = [eps * v, -eps * v] + [eps * (g := torch.randn_like(x)) / g.norm() for _ in range(2)]
+    radius = attack(lambda d: deviation(d).norm(), x, eps, starts, a.steps)
+    rest = attack(true_remainder, x, eps, starts, a.steps)
+    B, n, d, P = S.G.shape
+    G = S.G.reshape(B, n * d, P)
+    linear = eps * float(torch.linalg.matrix_norm(Jx.reshape(-1, x.numel()), 2))
+    first = float(eps * top_norm(G.mT @ G if P <= n * d else G @ G.mT)[0])
+    print(f"{a.model} image {a.image}, ε {eps}, attention{k}:")
+    print(f"  radius: the set's {float(S.radius(eps)[0]):.4g} (route {float(S.route[0]):.4g}); "
+          f"an attack reaches {radius:.4g}; ε‖J_x‖₂ at the clean image {linear:.4g}")
+    print(f"  its parts: first order ε‖G‖₂ {first:.4g}, symbols' box {float(S.box_norms()[1][0]):.4g}, "
+          f"shift ‖c‖ {float(S.c.norm()):.4g}, balls E {float(S.ball()[0]):.4g} (LayerProject's groups: "
+          f"the rest)")
+    print(f"  remainder: taylor_net's {float(record.rho[0]):.4g}; an attack on the true one reaches "
+          f"{rest:.4g}")
+    for r in (radius, float(S.route[0])):
+        value = float(remainder(layer, Xk, torch.tensor([r], dtype=torch.float64), quadratic=True)[0])
+        print(f"  §2.3 on the ball of radius {r:.4g}: {value:.4g}")
+
+
+if __name__ == "__main__":
+    main()
