@@ -151,21 +151,24 @@ def _run(args) -> int:
 
     from ..core.plugins import load
     from ..sweep.profiles import load_profile, parse_list
-    from ..sweep.runner import Interrupted, parse_sweeps, run_profile
+    from ..sweep.runner import Interrupted, check_sweeps, parse_sweeps, run_profile
 
     overrides = {f: parse_list(f, getattr(args, f"ov_{f}")) for f in OVERRIDES
                  if getattr(args, f"ov_{f}") is not None}
     profile = load_profile(args.profile, overrides)
     if args.plugin:  # --plugin beside the profile's plugins = [...]: the run records both
         profile = replace(profile, plugins=tuple(load([*(p.path for p in profile.plugins), *args.plugin])))
+    sweeps = parse_sweeps(args.sweeps)
+    check_sweeps(profile, sweeps)
     if args.list:
         for sweep, cell in profile.cells():
-            print(f"{sweep}\t{cell.id}")
+            if sweeps is None or sweep in sweeps:
+                print(f"{sweep}\t{cell.id}")
         return 0
     out = Path(args.out) if args.out is not None else ROOT / "results" / profile.name
     try:
         table, violations = run_profile(profile, out, args.device, args.dtype, overrides, args.fresh,
-                                        args.workers, args.scheduler, parse_sweeps(args.sweeps))
+                                        args.workers, args.scheduler, sweeps)
     except Interrupted as e:  # Ctrl-C: the finished cells are kept, and the same run resumes them
         print(f"interrupted: {e}; resume with: {resume_command(args, e.out)}", file=sys.stderr)
         return 130

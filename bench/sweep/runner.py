@@ -132,7 +132,7 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
     ``scheduler`` (bench/sweep/distributed.py); either way this process writes every file.
     Everything that can be checked is checked before anything is written.
     """
-    _check_sweeps(profile, sweeps)
+    check_sweeps(profile, sweeps)
     dask = workers is not None or scheduler is not None
     device = None if dask else resolve_device(device_arg)  # Dask workers resolve their own
     run = dict(profile.run)
@@ -201,7 +201,8 @@ def parse_sweeps(text: str | None) -> frozenset[str] | None:
     return names
 
 
-def _check_sweeps(profile: Profile, sweeps: frozenset[str] | None) -> None:
+def check_sweeps(profile: Profile, sweeps: frozenset[str] | None) -> None:
+    """Refuses a ``--sweeps`` name the profile does not hold, naming the ones it does."""
     unknown = sorted(sweeps - set(profile.sweeps)) if sweeps is not None else []
     if unknown:
         raise InputError(f"--sweeps: profile {profile.name} has no sweep {unknown[0]!r} "

@@ -216,6 +216,16 @@ def test_run_refuses_unknown_sweeps_before_any_work(tmp_path, capsys, names, wor
     assert not (tmp_path / "r").exists()
 
 
+def test_list_shows_the_chosen_sweeps_only(tmp_path, capsys):
+    (tmp_path / "p.toml").write_text(TINY)
+    args = ("run", "--profile", tmp_path / "p.toml", "--list", "--sweeps")
+    code, out, _ = main_inprocess(capsys, *args, "stack")
+    listed = [line.split("\t")[0] for line in out.strip().splitlines()]
+    assert code == 0 and listed and set(listed) == {"stack"}
+    code, _, err = main_inprocess(capsys, *args, "nope")
+    assert code == 2 and "has no sweep 'nope'" in err
+
+
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory):
     d = tmp_path_factory.mktemp("cmp")
