@@ -139,14 +139,15 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
     if dtype_arg is not None:
         run["dtype"] = dtype_arg
     dtype = resolve_dtype(run["dtype"])
+    chosen = _selected(profile, sweeps)  # what this run computes: its needs alone are checked
     if scheduler is None:  # a --scheduler's workers are other machines, whose memory is not ours to see
-        check_memory(_selected(profile, sweeps), run["pgd_restarts"], device)
+        check_memory(chosen, run["pgd_restarts"], device)
     want = _manifest(profile, run, overrides)
-    if any(c.task == "pretrained" for _, c in profile.cells()):
+    if any(c.task == "pretrained" for _, c in chosen):
         from models.pretrained import require  # the study's extras, before anything is written
 
         require()
-    if any(c.task in CROWN_TASKS for _, c in profile.cells()) and "crown" in unavailable():
+    if any(c.task in CROWN_TASKS for _, c in chosen) and "crown" in unavailable():
         print(f"note: the CROWN rows are left out: {crown.INSTALL}", file=sys.stderr)
     # the cluster first: a missing Dask or an unreachable scheduler then leaves nothing written; the
     # plugins' bounds join the registry here (their workers register the same text themselves)

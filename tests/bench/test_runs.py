@@ -216,6 +216,18 @@ def test_run_refuses_unknown_sweeps_before_any_work(tmp_path, capsys, names, wor
     assert not (tmp_path / "r").exists()
 
 
+def test_a_run_of_some_sweeps_checks_only_their_memory(tmp_path, capsys):
+    """A sweep left for another machine (its cells too large here) does not stop the ones run now."""
+    big = TINY + "\n[[sweep]]\nname = \"big\"\nkind = \"dot\"\nn = 100000000\nd = 4\nh = 2\n"
+    (tmp_path / "p.toml").write_text(big)
+    args = ("run", "--profile", tmp_path / "p.toml", "--device", "cpu", "--out")
+    code, _, err = main_inprocess(capsys, *args, tmp_path / "all")
+    assert code == 2 and "sweep 'big'" in err
+    code, _, err = main_inprocess(capsys, *args, tmp_path / "some", "--sweeps", "tiny,stack")
+    assert code == 0, err
+    assert set(load(tmp_path / "some")["sweep"]) == {"tiny", "stack"}
+
+
 def test_list_shows_the_chosen_sweeps_only(tmp_path, capsys):
     (tmp_path / "p.toml").write_text(TINY)
     args = ("run", "--profile", tmp_path / "p.toml", "--list", "--sweeps")
