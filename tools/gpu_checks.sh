@@ -3,8 +3,9 @@
 # and scale benchmarks on the GPU, a slice of the paper profile (tools/gpu-check.toml) and the whole
 # test suite on that machine's own packages, and whole cells of a profile (`cells`: `run --sweeps
 # $CELL_SWEEPS`, continuing the run in .dev/prior, a copy of results/paper-pending, at its commit).
-# Steps: STEPS="tests speed batch scale paper cells probe suite" (each with its own timeout, T_TESTS ...). Run from the repository root with $OUT set (the device tool's); it reads .dev/
-# (excluded in .git/info/exclude, carried), prepared once here:
+# Steps: STEPS="tests speed batch scale paper cells probe suite" (each with its own timeout, T_TESTS
+# ...). Run from the repository root with $OUT set (the device tool's); it reads .dev/ (excluded in
+# .git/info/exclude, carried), prepared once here:
 #   mkdir -p .dev/fmnist && cp ../shared/wheels/*.whl .dev/ && pip download --no-deps --only-binary=:all:
 #     --python-version 3.12 --platform manylinux2014_x86_64 -d .dev appdirs==1.4.4 graphviz==0.20.3
 #     dask==2026.8.0 distributed==2026.8.0 partd==1.4.2 locket==1.0.0 tblib==3.2.2 zict==3.0.0

@@ -12,6 +12,7 @@ or the remainder's constant, a bound loses to. A lower bound from an attack, nev
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -19,11 +20,12 @@ from bench.nets.accuracy import load_model
 from bounds.network.taylor_net import TaylorNet
 from bounds.network.zonotope import top_norm
 from bounds.remainder import remainder
+from models import InputError, check_eps
 from models.data import load_dataset
 from models.structured import dot_jacobian
 
 
-def attack(f, x: torch.Tensor, eps: float, starts: list[torch.Tensor], steps: int) -> float:
+def attack(f, eps: float, starts: list[torch.Tensor], steps: int) -> float:
     """The largest f(δ) found over ‖δ‖ ≤ ε by projected Adam from each start."""
     best = 0.0
     for start in starts:
@@ -51,8 +53,19 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    net = load_model(a.model)[0].double().eval().requires_grad_(False)
-    _, _, images, labels = load_dataset(a.dataset)
+    try:  # what needs no work first: ε and the steps, then the model, the data and the indices
+        check_eps(a.eps)
+        if a.steps < 1:
+            raise InputError(f"--steps must be at least 1, got {a.steps}")
+        net = load_model(a.model)[0].double().eval().requires_grad_(False)
+        _, _, images, labels = load_dataset(a.dataset)
+        if not 0 <= a.image < len(labels):
+            raise InputError(f"--image must be an index below {len(labels)}, got {a.image}")
+        if not 0 <= a.block < len(net.blocks):
+            raise InputError(f"--block must be below the model's {len(net.blocks)} blocks, got {a.block}")
+    except InputError as e:
+        print(f"error: {e}".replace("\n", " "), file=sys.stderr)
+        sys.exit(2)
     x, k, eps = images[a.image:a.image + 1].double(), a.block, a.eps
     tn = TaylorNet(net, x, labels[a.image:a.image + 1])
     log: list = []
@@ -73,13 +86,14 @@ def main() -> None:
         return (layer.forward(clean + D) - out0 - (J @ D.flatten()).reshape(D.shape)).norm()
 
     Jx = torch.autograd.functional.jacobian(lambda z: net.trace(z).inputs[k].flatten(), x)
-    v = torch.linalg.svd(Jx.reshape(-1, x.numel()))[2][0].reshape(x.shape)
+    _, sigma, Vh = torch.linalg.svd(Jx.reshape(-1, x.numel()))  # its top pair: ε‖J_x‖₂ and a start
+    v = Vh[0].reshape(x.shape)
     starts = [eps * v, -eps * v] + [eps * (g := torch.randn_like(x)) / g.norm() for _ in range(2)]
-    radius = attack(lambda d: deviation(d).norm(), x, eps, starts, a.steps)
-    rest = attack(true_remainder, x, eps, starts, a.steps)
+    radius = attack(lambda d: deviation(d).norm(), eps, starts, a.steps)
+    rest = attack(true_remainder, eps, starts, a.steps)
     B, n, d, P = S.G.shape
     G = S.G.reshape(B, n * d, P)
-    linear = eps * float(torch.linalg.matrix_norm(Jx.reshape(-1, x.numel()), 2))
+    linear = eps * float(sigma[0])
     first = float(eps * top_norm(G.mT @ G if P <= n * d else G @ G.mT)[0])
     print(f"{a.model} image {a.image}, ε {eps}, attention{k}:")
     print(f"  radius: the set's {float(S.radius(eps)[0]):.4g} (route {float(S.route[0]):.4g}); "

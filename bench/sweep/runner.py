@@ -236,10 +236,10 @@ def run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: to
     # a resume keeps the seal of the results.csv still there, until consolidate() seals the new one
     write_json(out / MANIFEST, manifest | sealed(out))
     cells = profile.cells()
-    todo = [(i, s, c) for i, (s, c) in enumerate(cells)
-            if (sweeps is None or s in sweeps) and not cell_file(out, s, c.id).exists()]
-    chosen = len(_selected(profile, sweeps))  # the bar counts the cells this run was asked for
-    bar = tqdm(total=chosen, initial=chosen - len(todo), desc=f"{profile.name} on {where}",
+    # the cells this run was asked for, each with its index in the whole profile (the bar counts these)
+    chosen = [(i, s, c) for i, (s, c) in enumerate(cells) if sweeps is None or s in sweeps]
+    todo = [(i, s, c) for i, s, c in chosen if not cell_file(out, s, c.id).exists()]
+    bar = tqdm(total=len(chosen), initial=len(chosen) - len(todo), desc=f"{profile.name} on {where}",
                unit="cell", file=sys.stderr, mininterval=5)
     if cluster is None:
         memo = CertifyMemo()  # this run's: each certify cell shares the norms of the one before it
