@@ -7,15 +7,16 @@ from __future__ import annotations
 import torch
 
 # what to make smaller when a command runs out of memory; whole-network α-CROWN is the usual cause
-# (≈ 8 GB an image at one block, > 20 GB at three), in certify and in a profile's certify sweeps alike
+# (≈ 8 GB an image at one block, > 11 GB at two, > 20 GB at three), in certify and in a profile's certify
+# sweeps alike
 SMALLER = {
     "point": "the layer and its input do not fit this machine's memory: give a layer with a smaller d or "
              "fewer heads, an input with fewer tokens or a smaller batch, or fewer --bounds",
     "run": "a cell of the profile does not fit this machine's memory: make the cells smaller (--n, --d, "
            "--depth, --samples), run fewer --workers, or leave out the profile's largest sweeps "
-           "(whole-network alpha_crown needs about 8 GB an image)",
+           "(whole-network alpha_crown needs 8 GB or more an image)",
     "certify": "the images do not fit this machine's memory: certify fewer of them (--limit), a smaller "
-               "model, or leave out alpha_crown (about 8 GB an image)",
+               "model, or leave out alpha_crown (8 GB or more an image)",
     "train": "the model does not fit this machine's memory: train a smaller one (--d, --depth, --heads, "
              "--ffn) or with a smaller --batch-size",
     "baseline": "the quick profile does not fit this machine's memory: run it on a larger machine and "
