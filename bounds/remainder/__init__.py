@@ -36,21 +36,31 @@ from ..lofast import xi
 from .quadratic import FormCache, quadratic_remainder
 from .row_bounds import (
     ROUND_ABS,
+    RowFactors,
+    RowStats,
     first_order_remainder,
+    functional_rows,
     global_remainder,
     local_remainder,
+    row_bound,
+    row_factors,
     row_remainders,
     row_stats,
 )
 
 __all__ = [
     "FormCache",
+    "RowFactors",
+    "RowStats",
     "first_order_remainder",
+    "functional_rows",
     "global_remainder",
     "local_remainder",
     "logit_form_norm",
     "quadratic_remainder",
     "remainder",
+    "row_bound",
+    "row_factors",
     "row_remainders",
 ]
 

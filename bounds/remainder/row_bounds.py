@@ -204,15 +204,24 @@ def weighted_x(layer: DotMHA, rows: RowStats, spread: Spread, w: Tensor, r: Tens
     return spread(w).sqrt() * r + var_q.sqrt() * r**2
 
 
-def row_remainders(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None,
-                   own: Tensor | None = None, spread: Tensor | None = None) -> Tensor:
-    """A bound of each output row's ‖R(Γ)_i‖ over ‖Γ‖_F ≤ r, summed over heads, [B, n] (docs/bounds.md
-    §5.1, "Attention's remainder per token"): §2.3.1's row bound α_i std_p(δ) + β_i std_p(q) with
-    ‖Γ_i‖ ≤ ``own`` [B, n] (the token's own radius; default r) where the assembly over rows took
-    Σ_i ‖Γ_i‖² ≤ r², and std_p(ΓC_l) ≤ ‖C_l‖(Σ_k p_ik own_k²)^½ where it is below √λ_i‖C_l‖r.
-    ``spans`` [B, h, n] as in :func:`bounds.remainder.remainder`; ``spread`` [B, h, n] an upper bound
-    of std_{p_i}(δ_i) over the deviations considered, where it is below the ball's. A functional that
-    reads one token (a class token's head) pays that token's row alone."""
+@dataclass(frozen=True)
+class RowFactors:
+    """What :func:`row_remainders` bounds each row with, apart from the values' spread (docs/bounds.md
+    §5.1, "Attention's remainder along a functional"), each [B, h, n]: ``s`` ≥ the span of the row's
+    logit change, ``sq`` ≥ std_p(q_i), ``su`` ≥ std_p(u_i) (u = δ + q), and ``keys`` with
+    std_{p_i}(Γ_k w) ≤ keys_i·‖w‖ over the deviations considered, for every fixed d-vector w."""
+
+    s: Tensor
+    sq: Tensor
+    su: Tensor
+    keys: Tensor
+
+
+def row_factors(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None,
+                own: Tensor | None = None, spread: Tensor | None = None
+                ) -> tuple[RowStats, RowFactors, Tensor]:
+    """:func:`row_remainders`' parts: the clean point's :class:`RowStats` at radius ``r`` [B], the rows'
+    :class:`RowFactors`, and v [B, h, n] ≥ std_{p_i}(Γ C_l) over the deviations considered."""
     rr = r[:, None, None]
     rows = row_stats(layer, X, rr)
     s = rows.s if spans is None else torch.minimum(rows.s, spans)
@@ -232,6 +241,24 @@ def row_remainders(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = N
                              .sum(-1).sqrt() * (1 + ROUND_REL))
     sq = rows.A[None, :, None] * g * keys / math.sqrt(layer.d_h)
     su = sd + sq  # ≥ std_p(u), u = δ + q
+    return rows, RowFactors(s, sq, su, keys.expand_as(su)), v
+
+
+def row_remainders(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None,
+                   own: Tensor | None = None, spread: Tensor | None = None) -> Tensor:
+    """A bound of each output row's ‖R(Γ)_i‖ over ‖Γ‖_F ≤ r, summed over heads, [B, n] (docs/bounds.md
+    §5.1, "Attention's remainder per token"): §2.3.1's row bound α_i std_p(δ) + β_i std_p(q) with
+    ‖Γ_i‖ ≤ ``own`` [B, n] (the token's own radius; default r) where the assembly over rows took
+    Σ_i ‖Γ_i‖² ≤ r², and std_p(ΓC_l) ≤ ‖C_l‖(Σ_k p_ik own_k²)^½ where it is below √λ_i‖C_l‖r.
+    ``spans`` [B, h, n] as in :func:`bounds.remainder.remainder`; ``spread`` [B, h, n] an upper bound
+    of std_{p_i}(δ_i) over the deviations considered, where it is below the ball's. A functional that
+    reads one token (a class token's head) pays that token's row alone."""
+    return row_bound(*row_factors(layer, X, r, spans, own, spread))
+
+
+def row_bound(rows: RowStats, f: RowFactors, v: Tensor) -> Tensor:
+    """:func:`row_remainders` from its parts (:func:`row_factors`), [B, n]."""
+    s, sq, su = f.s, f.sq, f.su
     # the logits' second-order integral two ways: span·std_{p_t}(u)·std_{p_t}(Y) (g₂(s)·std(u)·σ), or
     # Var_{p_t}(u)·max_k ‖Y_k − ȳ_t‖ ≤ e^{ts}Var_p(u)·diam(Y) (h₂(s)·Var(u)·diam), the smaller where the
     # row's spread is well below its span
@@ -239,6 +266,31 @@ def row_remainders(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = N
     per = rows.sigma * sq + logits + v * curve_g1(s) * su
     # where e^s overflows a product may be ∞·0: NaN read as ∞ (no bound there)
     return nan_inf(per.sum(1) * (1 + ROUND_REL))
+
+
+def functional_rows(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam: Tensor) -> Tensor:
+    """A bound of |⟨Λ_i, R(Γ)_i⟩| for functionals Λ [B, C, n, d] on attention's output, per functional
+    and output row, summed over heads, [B, C, n] (docs/bounds.md §5.1, "Attention's remainder along a
+    functional"): :func:`row_remainders`' row bound with the values X C_l read along Λ_i, σ_i(Λ_i) =
+    std_{p_i}(X C_l Λ_i) and diam(X C_l Λ_i) in place of σ_i‖Λ_i‖ and diam(X C_l)‖Λ_i‖, and keys_i‖C_lΛ_i‖
+    in place of v_i‖Λ_i‖. Each is at most its counterpart, so the bound never exceeds ‖Λ_i‖ times the
+    row's; it is far below where Λ_i reads directions the values barely spread along."""
+    V = torch.einsum("bnd,hde->bhne", X, layer.W_v)  # [B, h, k, e]
+    w = torch.einsum("hef,bcif->bchie", layer.W_o, Lam)  # W^O_l Λ_i: [B, C, h, i, e]
+    y = torch.einsum("bhke,bchie->bchik", V, w)  # (X C_l Λ_i)_k
+    P = rows.P[:, None]  # [B, 1, h, i, k]
+    centred = y - (P * y).sum(-1, keepdim=True)
+    sigma = (P * centred.square()).sum(-1).clamp_min(0).sqrt()  # [B, C, h, i]
+    diam = y.amax(-1) - y.amin(-1)
+    # ‖C_l Λ_i‖ = ‖W^V_l (W^O_l Λ_i)‖ = ‖R_l W^O_l Λ_i‖ with W^V_l = Q_l R_l: d_h-wide
+    Rv = torch.linalg.qr(layer.W_v, mode="r").R  # [h, e, e]
+    along = torch.einsum("hfe,bchie->bchif", Rv, w).norm(dim=-1)
+    s, sq, su = (t[:, None] for t in (f.s, f.sq, f.su))
+    logits = torch.minimum(sigma * curve_g2(s) * su, curve_h2(s) * diam * su.square())
+    per = sigma * sq + logits + f.keys[:, None] * along * curve_g1(s) * su
+    # a row Λ_i = 0 reads nothing, even where e^s overflowed (0·∞ would be NaN, read as ∞)
+    per = torch.where((Lam != 0).any(-1)[:, :, None], per, 0.0)
+    return nan_inf(per.sum(2) * (1 + ROUND_REL))
 
 
 def local_remainder(layer: DotMHA, X: Tensor, eps, rows: RowStats | None = None) -> Tensor:

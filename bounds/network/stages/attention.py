@@ -17,7 +17,15 @@ from models.structured import dot_jacobian
 from ...certificates import Ledger
 from ...lofast import delta2_xi, xi
 from ...norms import gram_norm
-from ...remainder import FormCache, remainder, row_remainders
+from ...remainder import (
+    FormCache,
+    RowFactors,
+    RowStats,
+    functional_rows,
+    remainder,
+    row_bound,
+    row_factors,
+)
 from ..record import Step
 from ..zonotope import DeviationSet, top_norm
 from .logits import logit_box, logit_change, map_logits, set_remainder, set_rows
@@ -64,6 +72,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     backward pass and E's per-token bounds take (docs/bounds.md §5.1)."""
     r = S.route  # the radius LayerProject left (bounds.network.zonotope.DeviationSet.radius)
     rows = None  # the remainder per output token, where the set is known (eps)
+    along = None  # its rows' factors, for the remainder along a backward pass's functionals
     parts = attention_parts(layer, X)
     N = X.shape[-2] * X.shape[-1]
     J = None
@@ -115,7 +124,9 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             whole, rows = set_remainder(layer, parts, box, r, own, spread)
             rest = torch.minimum(rest, whole)
             # each output token's share, for functionals that read a few tokens (§5.1)
-            own_rows = row_remainders(layer, X, r, spans, own, spread)
+            stats, factors, v_rows = row_factors(layer, X, r, spans, own, spread)
+            own_rows = row_bound(stats, factors, v_rows)
+            along = (stats, factors)  # the same rows along each functional of the backward pass (§5.1)
             rows = torch.minimum(torch.minimum(own_rows, rows), rest[:, None])
             # the second order exactly on the set's first generator (§5.1): d·P² a row, the second pass
             # only (3/5 of a first pass's time on the digits ViTs, where the first certifies most)
@@ -134,7 +145,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
                   tok=mix_tokens(layer, parts, blocks, S.tok, split))
     if log is not None:
-        log.append(AttentionRecord(f"attention{k}", layer, X, J, rest, parts, split, rows))
+        log.append(AttentionRecord(f"attention{k}", layer, X, J, rest, parts, split, rows, along))
     return out.add_ball(f"attention{k}", rest, rows)
 
 
@@ -343,13 +354,19 @@ class AttentionRecord:
     parts: AttentionParts
     split: str
     rows: Tensor | None = None  # [B, n]: the remainder's bound per output token, where known
+    # the rows' statistics and factors that bound the remainder along a functional, where known
+    along: tuple[RowStats, RowFactors] | None = None
 
     def step(self, Lam: Tensor) -> Step:
         """Λ ↦ JᵀΛ (or Δ₁ᵀΛ for LoFAST's split), the remainder charged at ‖Λ‖_F·ρ, or at Σ_t ‖Λ_t‖ρ_t
-        with the rows' own bounds where that is smaller (⟨Λ, R⟩ ≤ Σ_t ‖Λ_t‖‖R_t‖)."""
+        with the rows' own bounds where that is smaller (⟨Λ, R⟩ ≤ Σ_t ‖Λ_t‖‖R_t‖), or along Λ
+        (``bounds.remainder.functional_rows``) where that is smaller still."""
         charge = Lam.flatten(2).norm(dim=-1) * self.rho[:, None]
         if self.rows is not None:
             charge = torch.minimum(charge, (Lam.norm(dim=-1) * self.rows[:, None]).sum(-1) * (1 + 1e-12))
+        if self.along is not None:  # each row's bound along its own Λ_i (docs/bounds.md §5.1)
+            rows = functional_rows(self.layer, self.X, *self.along, Lam)
+            charge = torch.minimum(charge, rows.sum(-1) * (1 + 1e-12))
         if self.split == "taylor":
             moved = transpose_apply(self.layer, self.X, self.J, Lam, self.parts)
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from bounds.network.stages.attention import attention_parts
 from bounds.network.stages.logits import logit_box, set_remainder, set_rows, softmax_box
 from bounds.network.stages.second_order import fits, row_forms, second_order_rows
 from bounds.network.taylor_net import TaylorNet
-from bounds.remainder import remainder, row_remainders
+from bounds.remainder import functional_rows, remainder, row_bound, row_factors, row_remainders
 
 
 @pytest.mark.parametrize("n,width,seed", [(1, 3.0, 0), (5, 0.1, 1), (9, 4.0, 2), (17, 20.0, 3)])
@@ -60,15 +61,19 @@ def set_points(S, eps: float, count: int, gen: torch.Generator) -> torch.Tensor:
     return torch.stack(out)
 
 
-def remainder_norm(layer, X: torch.Tensor, dev: torch.Tensor) -> torch.Tensor:
-    """‖F(X + Γ) − F(X) − J_F(X)[Γ]‖ per image and output token [B, n], J from torch.autograd on the
-    layer's forward."""
+def remainder_rows(layer, X: torch.Tensor, dev: torch.Tensor) -> torch.Tensor:
+    """F(X + Γ) − F(X) − J_F(X)[Γ] per image [B, n, d], J from torch.autograd on the layer's forward."""
     out = []
     for b in range(X.shape[0]):
         J = torch.autograd.functional.jacobian(lambda Z: layer(Z[None])[0], X[b])  # [n, d, n, d]
         lin = torch.einsum("ndme,me->nd", J, dev[b])
-        out.append((layer((X[b] + dev[b])[None])[0] - layer(X[b][None])[0] - lin).norm(dim=-1))
+        out.append(layer((X[b] + dev[b])[None])[0] - layer(X[b][None])[0] - lin)
     return torch.stack(out)
+
+
+def remainder_norm(layer, X: torch.Tensor, dev: torch.Tensor) -> torch.Tensor:
+    """‖F(X + Γ) − F(X) − J_F(X)[Γ]‖ per image and output token [B, n]."""
+    return remainder_rows(layer, X, dev).norm(dim=-1)
 
 
 # (norm, seed, q/k scale, ε, whether the set's bound is below the ball's somewhere, whether the second
@@ -148,6 +153,140 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
     assert tighter or not below
     assert narrower  # the set's rows see what the box cannot, in every case
     assert sharper or not second_below
+
+
+def functionals(B: int, n: int, d: int, layer, gen: torch.Generator) -> torch.Tensor:
+    """[B, 8, n, d]: Gaussian functionals on every token, one on a single token, one along a head's
+    output directions (the rows of W^O: where the values do spread) and one against them."""
+    gauss = torch.randn(B, 5, n, d, generator=gen, dtype=torch.float64)
+    one = torch.zeros(B, 1, n, d, dtype=torch.float64)
+    one[:, 0, n // 2] = torch.randn(B, d, generator=gen, dtype=torch.float64)
+    Wo = layer.W_o[0].detach()  # [d_h, d]
+    along = (torch.randn(B, n, Wo.shape[0], generator=gen, dtype=torch.float64) @ Wo)[:, None]
+    basis = torch.linalg.qr(layer.W_o.detach().reshape(-1, d).mT).Q  # [d, h·d_h]
+    rest = torch.randn(B, 1, n, d, generator=gen, dtype=torch.float64)
+    against = rest - (rest @ basis) @ basis.mT  # W^O's rows' complement: R reads 0 there, if h·d_h < d
+    return torch.cat([gauss, one, along, against], 1)
+
+
+@pytest.mark.parametrize("kind,seed,qk,eps,below,second_below", CASES)
+def test_the_remainder_along_a_functional_holds_the_true_deviations_and_never_exceeds_the_rows(
+        kind, seed, qk, eps, below, second_below):
+    """|⟨Λ_i, R(Γ)_i⟩| ≤ functional_rows on the set's points and sampled perturbations, with the set's
+    own radii, spans and spread (docs/bounds.md §5.1, "Attention's remainder along a functional"); the
+    bound is at most ‖Λ_i‖ times the row's (row_remainders), and below it for some functional."""
+    net, x, attn_in, before = inputs(kind, seed, qk)
+    gen = torch.Generator().manual_seed(seed + 200)
+    with torch.no_grad():
+        y = net(x).argmax(-1)
+        tn = TaylorNet(net, x, y)
+        stages = dict((name, S) for name, S, _ in tn.stages(eps))
+        clean = attn_in(x)
+        moved = [attn_in(x + d) for d in perturbations(x, eps, 6, gen)]
+    below_rows = False
+    for k, layer in enumerate(tn.layers):
+        S, X = stages[f"{before}{k}"], clean[k]
+        parts = dataclasses.replace(attention_parts(layer, X), xi=xi(layer, X))
+        r = S.route
+        box = logit_box(S, layer, parts, eps, r)
+        readings = set_rows(S, layer, parts, eps, box)
+        own = S.token_radii(eps)
+        stats, factors, v = row_factors(layer, X, r, readings.spans, own, readings.spread)
+        rows = row_bound(stats, factors, v)
+        assert torch.equal(rows, row_remainders(layer, X, r, readings.spans, own, readings.spread))
+        Lam = functionals(*X.shape[:1], *X.shape[1:], layer, gen)
+        along = functional_rows(layer, X, stats, factors, Lam)  # [B, C, n]
+        norm = Lam.norm(dim=-1)
+        scaled = torch.where(norm > 0, norm * rows[:, None], 0.0)  # a row read by nothing costs nothing
+        assert (along <= scaled * (1 + 1e-9) + 1e-15).all(), k
+        below_rows = below_rows or bool((along < scaled * 0.5).any())
+        for dev in [m[k] - X for m in moved] + list(set_points(S, eps, 6, gen)):
+            with torch.enable_grad():
+                R = remainder_rows(layer, X, dev)  # [B, n, d]
+            true = torch.einsum("bcnd,bnd->bcn", Lam, R).abs()
+            assert (true <= along * (1 + 1e-9) + 1e-12).all(), (k, float((true - along).max()))
+    assert below_rows
+
+
+@pytest.mark.parametrize("kind,seed,qk,eps", [("project", 15, 2.0, 0.05), ("layer", 16, 1.0, 0.02)])
+def test_the_remainder_along_a_functional_reads_the_values_as_a_dense_construction_does(kind, seed, qk, eps):
+    """functional_rows against the same row bound assembled from dense float64 quantities (C_l = W^V_l W^O_l
+    formed, σ_i(λ) from pairwise differences, ‖C_lλ‖ and the span of X C_l λ directly), each head and row
+    apart, to 1e-9."""
+    from bounds.remainder.row_bounds import curve_g1, curve_g2, curve_h2
+
+    net, x, attn_in, before = inputs(kind, seed, qk)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        y = net(x).argmax(-1)
+        tn = TaylorNet(net, x, y)
+        stages = dict((name, S) for name, S, _ in tn.stages(eps))
+        clean = attn_in(x)
+        for k, layer in enumerate(tn.layers):
+            S, X = stages[f"{before}{k}"], clean[k]
+            stats, f, _ = row_factors(layer, X, S.route, None, S.token_radii(eps))
+            Lam = functionals(X.shape[0], *X.shape[1:], layer, gen)
+            got = functional_rows(layer, X, stats, f, Lam)
+            want = torch.zeros_like(got)
+            for b, c, i in itertools.product(*map(range, got.shape)):
+                lam = Lam[b, c, i]
+                for head in range(layer.h):
+                    C = layer.W_v[head] @ layer.W_o[head]  # [d, d]
+                    yk, p = X[b] @ C @ lam, stats.P[b, head, i]  # [n]: (X C λ)_k
+                    sigma = (0.5 * (p[:, None] * p[None] * (yk[:, None] - yk[None]).square()).sum()).sqrt()
+                    s, sq, su = f.s[b, head, i], f.sq[b, head, i], f.su[b, head, i]
+                    span = yk.max() - yk.min()
+                    logits = torch.minimum(sigma * curve_g2(s) * su, curve_h2(s) * span * su**2)
+                    keys = f.keys[b, head, i] * (C @ lam).norm()
+                    want[b, c, i] += sigma * sq + logits + keys * curve_g1(s) * su
+            assert torch.allclose(got, want, rtol=2e-9, atol=1e-14), (k, float((got - want).abs().max()))
+
+
+def ascend_along(layer, X: torch.Tensor, lam: torch.Tensor, i: int, r: float, gen: torch.Generator,
+                 steps: int = 50) -> float:
+    """The largest |⟨λ, R(Γ)_i⟩| found by projected Adam over ‖Γ‖_F ≤ r from a random start (one image,
+    X [n, d]), R from the layer's forward and its autograd Jacobian at X."""
+    J = torch.autograd.functional.jacobian(lambda Z: layer(Z[None])[0], X)  # [n, d, n, d]
+    clean = layer(X[None])[0].detach()
+    G = torch.randn(X.shape, generator=gen, dtype=torch.float64)
+    G = (G * r / G.norm()).requires_grad_()
+    opt = torch.optim.Adam([G], lr=r / 10)
+    best = 0.0
+    for _ in range(steps):
+        R = layer((X + G)[None])[0] - clean - torch.einsum("ndme,me->nd", J, G)
+        value = (lam * R[i]).sum().abs()
+        best = max(best, float(value))
+        opt.zero_grad()
+        (-value).backward()
+        opt.step()
+        with torch.no_grad():
+            G.mul_(torch.clamp(r / G.norm(), max=1.0))
+    return best
+
+
+@pytest.mark.parametrize("kind,seed,qk,eps", [("project", 11, 1.0, 0.05), ("project", 12, 4.0, 0.1),
+                                               ("batch", 13, 2.0, 0.01), ("layer", 14, 3.0, 0.02)])
+def test_the_remainder_along_a_functional_holds_an_ascent_on_the_ball(kind, seed, qk, eps):
+    """An independent attack: Adam ascent on |⟨Λ_i, R(Γ)_i⟩| over the whole ball ‖Γ‖_F ≤ r (the
+    factors taken without the set's readings), the remainder from an autograd Jacobian of the layer,
+    never above functional_rows."""
+    net, x, attn_in, before = inputs(kind, seed, qk)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        y = net(x).argmax(-1)
+        tn = TaylorNet(net, x, y)
+        stages = dict((name, S) for name, S, _ in tn.stages(eps))
+        clean = attn_in(x)
+    for k, layer in enumerate(tn.layers):
+        X, r = clean[k], stages[f"{before}{k}"].route
+        stats, factors, _ = row_factors(layer, X, r)
+        Lam = functionals(X.shape[0], *X.shape[1:], layer, gen)[:, [0, 5, 6]]
+        bound = functional_rows(layer, X, stats, factors, Lam)  # [B, 3, n]
+        for b in range(X.shape[0]):
+            for c in range(Lam.shape[1]):
+                i = int(torch.randint(X.shape[1], (1,), generator=gen))
+                best = ascend_along(layer, X[b], Lam[b, c, i], i, float(r[b]), gen)
+                assert best <= float(bound[b, c, i]) * (1 + 1e-9) + 1e-12, (k, b, c, best)
 
 
 @pytest.mark.parametrize("kind,seed,qk", [("project", 3, 2.0), ("batch", 4, 1.0), ("layer", 5, 3.0)])
