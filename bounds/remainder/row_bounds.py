@@ -268,6 +268,10 @@ def row_bound(rows: RowStats, f: RowFactors, v: Tensor) -> Tensor:
     return nan_inf(per.sum(1) * (1 + ROUND_REL))
 
 
+# the most functionals :func:`functional_rows` reads at once ([B, C, h, n, n] and [B, C, h, n, d_h] each)
+FUNCTIONALS = 2048
+
+
 def functional_rows(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam: Tensor) -> Tensor:
     """A bound of |⟨Λ_i, R(Γ)_i⟩| for functionals Λ [B, C, n, d] on attention's output, per functional
     and output row, summed over heads, [B, C, n] (docs/bounds.md §5.1, "Attention's remainder along a
@@ -275,6 +279,8 @@ def functional_rows(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam
     std_{p_i}(X C_l Λ_i) and diam(X C_l Λ_i) in place of σ_i‖Λ_i‖ and diam(X C_l)‖Λ_i‖, and keys_i‖C_lΛ_i‖
     in place of v_i‖Λ_i‖. Each is at most its counterpart, so the bound never exceeds ‖Λ_i‖ times the
     row's; it is far below where Λ_i reads directions the values barely spread along."""
+    if Lam.shape[1] > FUNCTIONALS:  # its tensors are a few times Λ's: at most so many functionals at once
+        return torch.cat([functional_rows(layer, X, rows, f, part) for part in Lam.split(FUNCTIONALS, 1)], 1)
     V = torch.einsum("bnd,hde->bhne", X, layer.W_v)  # [B, h, k, e]
     w = torch.einsum("hef,bcif->bchie", layer.W_o, Lam)  # W^O_l Λ_i: [B, C, h, i, e]
     y = torch.einsum("bhke,bchie->bchik", V, w)  # (X C_l Λ_i)_k

@@ -242,6 +242,22 @@ def test_the_remainder_along_a_functional_reads_the_values_as_a_dense_constructi
             assert torch.allclose(got, want, rtol=2e-9, atol=1e-14), (k, float((got - want).abs().max()))
 
 
+def test_the_remainder_along_functionals_in_chunks_is_the_same_bit_for_bit(monkeypatch):
+    """functional_rows over many functionals, a few at a time (its memory cap), equals one pass."""
+    import bounds.remainder.row_bounds as row_bounds
+
+    net, x, attn_in, before = inputs("project", 15, 2.0)
+    with torch.no_grad():
+        tn = TaylorNet(net, x, net(x).argmax(-1))
+        S, X = dict((name, S) for name, S, _ in tn.stages(0.05))[f"{before}0"], attn_in(x)[0]
+        stats, f, _ = row_factors(tn.layers[0], X, S.route, None, S.token_radii(0.05))
+        Lam = torch.randn(X.shape[0], 50, *X.shape[1:], generator=torch.Generator().manual_seed(0),
+                          dtype=torch.float64)
+        whole = functional_rows(tn.layers[0], X, stats, f, Lam)
+        monkeypatch.setattr(row_bounds, "FUNCTIONALS", 7)
+        assert torch.equal(functional_rows(tn.layers[0], X, stats, f, Lam), whole)
+
+
 def ascend_along(layer, X: torch.Tensor, lam: torch.Tensor, i: int, r: float, gen: torch.Generator,
                  steps: int = 50) -> float:
     """The largest |⟨λ, R(Γ)_i⟩| found by projected Adam over ‖Γ‖_F ≤ r from a random start (one image,
