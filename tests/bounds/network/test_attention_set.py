@@ -96,6 +96,22 @@ def inputs(kind: str, seed: int, qk: float):
     return net, x, lambda z: attention_inputs(net, z), "norm"
 
 
+def staged(kind: str, seed: int, qk: float, eps: float):
+    """(taylor_net on :func:`inputs`' network and images, its stages' sets by name, attention's clean
+    inputs per block, the name of the stage before attention) at ``eps``, first pass."""
+    net, x, attn_in, before = inputs(kind, seed, qk)
+    with torch.no_grad():
+        tn = TaylorNet(net, x, net(x).argmax(-1))
+        return tn, dict((name, S) for name, S, _ in tn.stages(eps)), attn_in(x), before
+
+
+def read_on_set(S, layer, X: torch.Tensor, eps: float):
+    """(attention's parts with ξ, the set's radius, its logit box, its rows' readings) at block input X."""
+    parts = dataclasses.replace(attention_parts(layer, X), xi=xi(layer, X))
+    box = logit_box(S, layer, parts, eps, S.route)
+    return parts, S.route, box, set_rows(S, layer, parts, eps, box)
+
+
 @pytest.mark.parametrize("refine", [False, True], ids=["first", "second"])
 @pytest.mark.parametrize("kind,seed,qk,eps,below,second_below", CASES)
 def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind, seed, qk, eps, below,
@@ -111,10 +127,7 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
     tighter = narrower = sharper = False
     for k, layer in enumerate(tn.layers):
         S, X = stages[f"{before}{k}"], clean[k]
-        parts = dataclasses.replace(attention_parts(layer, X), xi=xi(layer, X))
-        r = S.route
-        box = logit_box(S, layer, parts, eps, r)
-        readings = set_rows(S, layer, parts, eps, box)
+        parts, r, box, readings = read_on_set(S, layer, X, eps)
         spread, row_spans = readings.spread, readings.spans
         rows, set_tokens = set_remainder(layer, parts, box, r, S.token_radii(eps), spread)
         spans = remainder(layer, X, r, core=parts.xi, spans=row_spans)
@@ -175,21 +188,15 @@ def test_the_remainder_along_a_functional_holds_the_true_deviations_and_never_ex
     """|⟨Λ_i, R(Γ)_i⟩| ≤ functional_rows on the set's points and sampled perturbations, with the set's
     own radii, spans and spread (docs/bounds.md §5.1, "Attention's remainder along a functional"); the
     bound is at most ‖Λ_i‖ times the row's (row_remainders), and below it for some functional."""
-    net, x, attn_in, before = inputs(kind, seed, qk)
+    _, x, attn_in, _ = inputs(kind, seed, qk)
+    tn, stages, clean, before = staged(kind, seed, qk, eps)
     gen = torch.Generator().manual_seed(seed + 200)
     with torch.no_grad():
-        y = net(x).argmax(-1)
-        tn = TaylorNet(net, x, y)
-        stages = dict((name, S) for name, S, _ in tn.stages(eps))
-        clean = attn_in(x)
         moved = [attn_in(x + d) for d in perturbations(x, eps, 6, gen)]
     below_rows = False
     for k, layer in enumerate(tn.layers):
         S, X = stages[f"{before}{k}"], clean[k]
-        parts = dataclasses.replace(attention_parts(layer, X), xi=xi(layer, X))
-        r = S.route
-        box = logit_box(S, layer, parts, eps, r)
-        readings = set_rows(S, layer, parts, eps, box)
+        _, r, _, readings = read_on_set(S, layer, X, eps)
         own = S.token_radii(eps)
         stats, factors, v = row_factors(layer, X, r, readings.spans, own, readings.spread)
         rows = row_bound(stats, factors, v)
@@ -215,13 +222,9 @@ def test_the_remainder_along_a_functional_reads_the_values_as_a_dense_constructi
     apart, to 1e-9."""
     from bounds.remainder.row_bounds import curve_g1, curve_g2, curve_h2
 
-    net, x, attn_in, before = inputs(kind, seed, qk)
+    tn, stages, clean, before = staged(kind, seed, qk, eps)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        y = net(x).argmax(-1)
-        tn = TaylorNet(net, x, y)
-        stages = dict((name, S) for name, S, _ in tn.stages(eps))
-        clean = attn_in(x)
         for k, layer in enumerate(tn.layers):
             S, X = stages[f"{before}{k}"], clean[k]
             stats, f, _ = row_factors(layer, X, S.route, None, S.token_radii(eps))
@@ -246,10 +249,9 @@ def test_the_remainder_along_functionals_in_chunks_is_the_same_bit_for_bit(monke
     """functional_rows over many functionals, a few at a time (its memory cap), equals one pass."""
     import bounds.remainder.row_bounds as row_bounds
 
-    net, x, attn_in, before = inputs("project", 15, 2.0)
+    tn, stages, clean, before = staged("project", 15, 2.0, 0.05)
+    S, X = stages[f"{before}0"], clean[0]
     with torch.no_grad():
-        tn = TaylorNet(net, x, net(x).argmax(-1))
-        S, X = dict((name, S) for name, S, _ in tn.stages(0.05))[f"{before}0"], attn_in(x)[0]
         stats, f, _ = row_factors(tn.layers[0], X, S.route, None, S.token_radii(0.05))
         Lam = torch.randn(X.shape[0], 50, *X.shape[1:], generator=torch.Generator().manual_seed(0),
                           dtype=torch.float64)
@@ -286,13 +288,8 @@ def test_the_remainder_along_a_functional_holds_an_ascent_on_the_ball(kind, seed
     """An independent attack: Adam ascent on |⟨Λ_i, R(Γ)_i⟩| over the whole ball ‖Γ‖_F ≤ r (the
     factors taken without the set's readings), the remainder from an autograd Jacobian of the layer,
     never above functional_rows."""
-    net, x, attn_in, before = inputs(kind, seed, qk)
+    tn, stages, clean, before = staged(kind, seed, qk, eps)
     gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        y = net(x).argmax(-1)
-        tn = TaylorNet(net, x, y)
-        stages = dict((name, S) for name, S, _ in tn.stages(eps))
-        clean = attn_in(x)
     for k, layer in enumerate(tn.layers):
         X, r = clean[k], stages[f"{before}{k}"].route
         stats, factors, _ = row_factors(layer, X, r)
