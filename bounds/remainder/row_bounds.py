@@ -225,10 +225,10 @@ def row_factors(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None
     rr = r[:, None, None]
     rows = row_stats(layer, X, rr)
     s = rows.s if spans is None else torch.minimum(rows.s, spans)
-    v = rows.v
-    if own is not None:  # std_p(ΓC) ≤ (Σ_k p_k ‖Γ_k C‖²)^½, each key's deviation within its own radius
-        keys = (rows.P * torch.minimum(own, r[:, None]).square()[:, None, None]).sum(-1).sqrt()
-        v = torch.minimum(v, keys * rows.C * (1 + ROUND_REL))
+    v, own_keys = rows.v, None
+    if own is not None:  # (Σ_k p_k own_k²)^½ ≥ std_p of what each key moves within its own radius
+        own_keys = (rows.P * torch.minimum(own, r[:, None]).square()[:, None, None]).sum(-1).sqrt()
+        v = torch.minimum(v, own_keys * rows.C * (1 + ROUND_REL))  # std_p(ΓC) ≤ (Σ_k p_k ‖Γ_k C‖²)^½
     g = rr if own is None else torch.minimum(own, r[:, None])[:, None]  # [B, 1, n]: ‖Γ_i‖
     lam = rows.lam.sqrt()
     sd = (g * rows.a + lam * rows.Vn * rr) / math.sqrt(layer.d_h)  # ≥ std_p(δ) over the ball
@@ -237,8 +237,7 @@ def row_factors(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None
     # std_p(q_i) ≤ ‖A_l‖‖Γ_i‖·std_p(Γ_k) with std_p(Γ_k) ≤ √λ_i r (fact iv), or ≤ (Σ_k p_k‖Γ_k‖²)^½
     keys = lam * rr
     if own is not None:
-        keys = torch.minimum(keys, (rows.P * torch.minimum(own, r[:, None]).square()[:, None, None])
-                             .sum(-1).sqrt() * (1 + ROUND_REL))
+        keys = torch.minimum(keys, own_keys * (1 + ROUND_REL))
     sq = rows.A[None, :, None] * g * keys / math.sqrt(layer.d_h)
     su = sd + sq  # ≥ std_p(u), u = δ + q
     return rows, RowFactors(s, sq, su, keys.expand_as(su)), v
@@ -279,17 +278,21 @@ def functional_rows(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam
     std_{p_i}(X C_l Λ_i) and diam(X C_l Λ_i) in place of σ_i‖Λ_i‖ and diam(X C_l)‖Λ_i‖, and keys_i‖C_lΛ_i‖
     in place of v_i‖Λ_i‖. Each is at most its counterpart, so the bound never exceeds ‖Λ_i‖ times the
     row's; it is far below where Λ_i reads directions the values barely spread along."""
-    if Lam.shape[1] > FUNCTIONALS:  # its tensors are a few times Λ's: at most so many functionals at once
-        return torch.cat([functional_rows(layer, X, rows, f, part) for part in Lam.split(FUNCTIONALS, 1)], 1)
     V = torch.einsum("bnd,hde->bhne", X, layer.W_v)  # [B, h, k, e]
+    # ‖C_l Λ_i‖ = ‖W^V_l (W^O_l Λ_i)‖ = ‖R_l W^O_l Λ_i‖ with W^V_l = Q_l R_l: d_h-wide
+    Rv = torch.linalg.qr(layer.W_v, mode="r").R  # [h, e, e]
+    # its tensors are a few times Λ's: at most so many functionals at once
+    return torch.cat([_along(layer, rows, f, V, Rv, part) for part in Lam.split(FUNCTIONALS, 1)], 1)
+
+
+def _along(layer: DotMHA, rows: RowStats, f: RowFactors, V: Tensor, Rv: Tensor, Lam: Tensor) -> Tensor:
+    """:func:`functional_rows` on a few functionals, with X W^V_l (``V``) and W^V_l's R factor (``Rv``)."""
     w = torch.einsum("hef,bcif->bchie", layer.W_o, Lam)  # W^O_l Λ_i: [B, C, h, i, e]
     y = torch.einsum("bhke,bchie->bchik", V, w)  # (X C_l Λ_i)_k
     P = rows.P[:, None]  # [B, 1, h, i, k]
     centred = y - (P * y).sum(-1, keepdim=True)
     sigma = (P * centred.square()).sum(-1).clamp_min(0).sqrt()  # [B, C, h, i]
     diam = y.amax(-1) - y.amin(-1)
-    # ‖C_l Λ_i‖ = ‖W^V_l (W^O_l Λ_i)‖ = ‖R_l W^O_l Λ_i‖ with W^V_l = Q_l R_l: d_h-wide
-    Rv = torch.linalg.qr(layer.W_v, mode="r").R  # [h, e, e]
     along = torch.einsum("hfe,bchie->bchif", Rv, w).norm(dim=-1)
     s, sq, su = (t[:, None] for t in (f.s, f.sq, f.su))
     logits = torch.minimum(sigma * curve_g2(s) * su, curve_h2(s) * diam * su.square())
