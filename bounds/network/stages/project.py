@@ -13,6 +13,7 @@ from ...norms import gram_norm
 from ..record import Step
 from ..zonotope import DeviationSet, along_u, columns, relu_relaxation, symbols
 from .ffn import Refine, relu_bounds
+from .projection_error import exact_error
 
 # A straddling token needs its radius below its clean norm (the decomposition's remainder blows up at
 # the origin); beyond it the token is bounded by LayerProject's 1-Lipschitz property alone.
@@ -74,10 +75,19 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     # b²/(2g) + |a|b/g ≤ 0.809‖Δ‖²/g (g = ν − r)
     err_tangential = (R / (math.sqrt(3) * gap**2)
                       + torch.where(tangential[2] > 0, (0.25 + math.sqrt(5) / 4) / gap, 0.0)) * r**2
-    use_t = (nu > R) & (err_tangential < err_radial)
+    # each form's error bounded through its symmetry on the ball, cut to a's range (exact_error): up to
+    # 2.6× below the closed forms above on the digits ViTs' straddling tokens (docs/bounds.md §5.1)
+    off = inside | wild
+    far = torch.full_like(nu, torch.inf)
+    exact_r, K_r = exact_error(nu, R, r, a_lo, a_hi, tangential=False)
+    exact_t, K_t = exact_error(nu, R, r, a_lo, a_hi, tangential=True)
+    exact_r, exact_t = torch.where(off, far, exact_r), torch.where(off | (nu <= R), far, exact_t)
+    use_t = (nu > R) & (torch.minimum(err_tangential, exact_t) < torch.minimum(err_radial, exact_r))
     lam, beta, half = (torch.where(use_t, t, q) for t, q in zip(tangential, radial, strict=True))
     err = torch.where(use_t, err_tangential, err_radial)
-    off = inside | wild
+    exact, K_exact = torch.where(use_t, exact_t, exact_r), torch.where(use_t, K_t, K_r)
+    symmetric = (exact < err) & ~off  # the token takes its error's bounds through the symmetry
+    err = torch.minimum(err, exact)
     lam, beta, half, err = (torch.where(off, 0.0, t) for t in (lam, beta, half, err))
     straddle = half > 0
     # linear part per token: scale·I + coef·uuᵀ; the radial form's w − w₀ ∈ λa + β + μζ enters as −u·(…),
@@ -94,13 +104,22 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     # the budget is shared by the second-order part only: the first-order (ν − R)⁺ r/R' is ≤ 1e-3 of it
     # on the zoo's tokens, and is kept apart from it in the smooth ball below
     first = torch.where(use_t | off, 0.0, (nu - R).clamp_min(0) * r / Rp)
+    # each token's error ≤ its level while ‖e_t‖ ≤ (level/cap)·‖Δ_t‖², so that the levels share the
+    # ball's budget Σ_t ‖Δ_t‖² ≤ whole² through the caps (DeviationSet.grouped): the closed forms'
+    # second-order part at cap r², or a bound through the symmetry, E at cap E/K (K ≥ ‖e‖/‖Δ‖²,
+    # exact_error). Where K is infinite (a first-order part, ν > R in the radial form) E is the token's
+    # own ball, its budget not shared (kept with the first-order parts)
+    shares = symmetric & torch.isfinite(K_exact) & (K_exact > 0)
+    first = torch.where(symmetric, torch.where(shares, 0.0, err), first)
+    level = torch.where(off, 0.0, err - first)
+    cap = torch.where(shares, err / torch.where(shares, K_exact, 1.0), r**2)
     grouped = ~off if every else straddle
     # each group's error ball in its frame's columns (R^d, or the first block's span), and the part of
     # the error the frame can miss by rounding (κ of its size), which joins the smooth ball below
     frame, kappa = error_frame(u, span, grouped | wild)
     pick = lambda idx: frame.gather(1, idx[..., None, None].expand(-1, -1, *frame.shape[2:]))
-    idx, radius = symbols(grouped, err - first)
-    _, caps = symbols(grouped, r**2)
+    idx, radius = symbols(grouped, level)
+    _, caps = symbols(grouped, cap)
     out = out.with_groups(f"project{k}", columns(idx, radius[..., None, None] * pick(idx), n, d),
                           torch.where(caps > 0, caps, 1.0), whole**2)
     idx, radius = symbols(wild, r)
@@ -116,10 +135,11 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
                           torch.ones_like(radius))
     miss = kappa * torch.where(wild, r, torch.where(grouped, err, 0.0))  # [B, n]
     order1, first = first, torch.where(carried, 0.0, first)  # what stays in the ball below
-    # the other tokens: ‖e‖_F ≤ (Σ_t K_t² ‖Δ_t‖⁴)^½ ≤ max_t K_t · ‖Δ‖_F² (they share the ball's budget)
-    K = torch.where(grouped | off, 0.0, (err - first) / r.clamp_min(torch.finfo(raw.dtype).tiny) ** 2)
-    smooth = (torch.minimum((K * r**2).norm(dim=-1), K.amax(-1) * whole**2) + first.norm(dim=-1)
-              + miss.norm(dim=-1))
+    # the other tokens: ‖e‖_F ≤ (Σ_t K_t² ‖Δ_t‖⁴)^½ ≤ max_t K_t · ‖Δ‖_F² (they share the ball's budget),
+    # and ≤ ‖(level_t)‖ at every token's own radius
+    K = torch.where(grouped | off, 0.0, level / cap.clamp_min(torch.finfo(raw.dtype).tiny))
+    smooth = (torch.minimum(torch.where(grouped | off, 0.0, level).norm(dim=-1), K.amax(-1) * whole**2)
+              + first.norm(dim=-1) + miss.norm(dim=-1))
     if log is not None:  # what the backward pass needs (:func:`backward`)
         sign = torch.where(use_t, -1.0, 1.0).to(raw.dtype)
         lo = torch.where(use_t, tangential_lo, radial_lo)
@@ -129,7 +149,7 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
         base = torch.where(wild, 0.0, torch.where(use_t, R / nu, 1.0))
         log.append(ProjectRecord(f"project{k}", base, use_t.to(raw.dtype), u, sign, sign * (nu - R), lo, hi,
                                  ~off, torch.where(off, 0.0, err - order1), order1,
-                                 torch.where(off, 1.0, r**2), whole**2, torch.where(wild, r, 0.0)))
+                                 torch.where(off, 1.0, cap), whole**2, torch.where(wild, r, 0.0)))
     # LayerProject is 1-Lipschitz per token: the projected set's radius is at most the input's
     # per token, a smooth token's error is its own err (a grouped token's error, both its parts, and a
     # wild token's are groups); E crosses the
