@@ -65,7 +65,7 @@ def test_the_remainder_holds_sampled_and_attacked_deviations(d, eps, share):
     norm = layer_norm(d, eps, d)
     X = tokens(d, 9, d + 1)
     r = share * (X - X.mean(-1, keepdim=True)).norm(dim=-1)
-    bound, _, _ = norm_remainder(norm, X, r)
+    bound, _, _, _ = norm_remainder(norm, X, r)
     if eps == 0 and share >= 1:
         assert torch.isinf(bound).all()
         return
@@ -207,3 +207,48 @@ def test_the_normalisations_second_derivative_is_within_two_over_root_three_and_
     H = torch.func.hessian(lambda z: z / (z @ z).sqrt())(z)
     assert abs(float(torch.einsum("ijk,j,k->i", H, v, v).norm()) - 2 / math.sqrt(3)) < 1e-3
     assert worst > 0.5  # the random cases reach a good part of it
+
+
+@pytest.mark.parametrize("d,eps", [(2, 1e-5), (8, 1e-5), (16, 0.0), (32, 1e-3)])
+@pytest.mark.parametrize("share", [0.1, 0.5, 0.9])
+def test_the_error_through_the_symmetry_holds_sampled_errors_and_ratios(d, eps, share):
+    """norm_error's E ≥ ‖e‖ and K ≥ ‖e‖/‖Δ‖² (γ = 1, so that max|γ| is no slack) for deviations on and
+    inside the ball, e from nn.LayerNorm and torch.func's Jacobian; and E within 6 % of the largest
+    error on the ball's sphere (in z₀'s plane) where r ≤ ‖z₀‖/2."""
+    from bounds.network.stages.layernorm import norm_error
+
+    norm = nn.LayerNorm(d, eps=eps, elementwise_affine=False).double()
+    X = tokens(d, 9, d + 3)
+    m = (X - X.mean(-1, keepdim=True)).norm(dim=-1)
+    r = share * m
+    E, K = norm_error(m, d * eps, math.sqrt(d), r)
+    gen = torch.Generator().manual_seed(11)
+    worst, ratio = torch.zeros_like(E), torch.zeros_like(E)
+    for k in range(200):
+        v = torch.randn(X.shape, generator=gen, dtype=X.dtype)
+        v = v - v.mean(-1, keepdim=True)  # the centred directions: C removes the rest
+        size = r * (1.0 if k % 2 else torch.rand(1, generator=gen, dtype=X.dtype))
+        v = v / v.norm(dim=-1, keepdim=True) * size[..., None]
+        e = errors(norm, X, v) - 1e-13  # the sample's own rounding
+        if k % 2:
+            worst = torch.maximum(worst, e)
+        ratio = torch.maximum(ratio, e / v.norm(dim=-1).square())
+    assert (worst <= E).all() and (ratio <= K).all()
+    if d == 2:  # the centred directions are one line: no w ⊥ z₀
+        return
+    # on the sphere in the plane of z₀ and one centred direction w ⊥ z₀, 400 angles: near the top
+    z = X - X.mean(-1, keepdim=True)
+    zhat = z / m[..., None]
+    w = torch.randn(X.shape, generator=gen, dtype=X.dtype)
+    w = w - w.mean(-1, keepdim=True)
+    w = w - (w * zhat).sum(-1, keepdim=True) * zhat
+    w = w / w.norm(dim=-1, keepdim=True)
+    for theta in torch.linspace(0, math.pi, 400, dtype=X.dtype):
+        v = r[..., None] * (theta.cos() * zhat + theta.sin() * w)
+        e = errors(norm, X, v) - 1e-13
+        worst = torch.maximum(worst, e)
+        ratio = torch.maximum(ratio, e / r.square())
+    assert (worst <= E).all() and (ratio <= K).all()
+    if share <= 0.5:  # nearer σ = 0 the error bends faster than 96 cells follow (0.9: 16 % above)
+        clear = (m - r) > 10 * math.sqrt(d * eps + 1e-300)
+        assert (E[clear] <= 1.06 * worst[clear] + 1e-12).all()

@@ -142,7 +142,7 @@ def test_radial_form_outside_the_sphere_has_no_quadratic_constant():
 
 
 def test_chunks_give_the_same_bits(monkeypatch):
-    import bounds.network.stages.projection_error as pe
+    import bounds.network.stages.symmetric as pe
 
     g = torch.Generator().manual_seed(3)
     nu = 0.8 + torch.rand(4, 16, generator=g, dtype=F64)
