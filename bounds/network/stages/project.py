@@ -1,5 +1,6 @@
 """LayerProject as a stage of ``taylor_net`` (docs/bounds.md §5.1): its radial and tangential forms per
-token, the ReLU of a token's radial change, and the second-order errors as groups of their own."""
+token, the ReLU of a token's radial change, and the second-order errors as groups of their own, each
+bounded by the closed forms or through the map's symmetry (:mod:`.projection_error`)."""
 
 from __future__ import annotations
 
@@ -204,7 +205,8 @@ class ProjectRecord:
     """LayerProject for the backward pass, per token [B, n]: the linear part L_t = base_t·(I −
     [tangential]·u_tu_tᵀ) as its two scalars and u_t [B, n, d], the radial change's ReLU (its sign,
     clean value, range, and whether it is relaxed at all), and the errors: second-order (sharing the
-    ball's budget over caps = r²), first-order and a wild token's."""
+    ball's budget over caps: r², or E/K where the error is bounded through the symmetry), first-order
+    (and a symmetric bound with no quadratic constant) and a wild token's."""
 
     name: str
     base: Tensor
