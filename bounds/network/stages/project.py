@@ -88,6 +88,10 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     err = torch.where(use_t, err_tangential, err_radial)
     exact, K_exact = torch.where(use_t, exact_t, exact_r), torch.where(use_t, K_t, K_r)
     symmetric = (exact < err) & ~off  # the token takes its error's bounds through the symmetry
+    # the closed form's quadratic constant is a second K where it has no first-order part (the
+    # tangential form, and the radial one inside the sphere: there err/r² is exactly that constant)
+    closed_K = err / r.clamp_min(torch.finfo(r.dtype).tiny) ** 2
+    K_exact = torch.minimum(K_exact, torch.where(use_t | (nu <= R), closed_K, torch.inf))
     err = torch.minimum(err, exact)
     lam, beta, half, err = (torch.where(off, 0.0, t) for t in (lam, beta, half, err))
     straddle = half > 0
