@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ...norms import gram_norm
 from ..record import Step
 from ..zonotope import DeviationSet
-from .symmetric import on_half_disc
+from .symmetric import abs_low, hyp, on_half_disc
 
 # rings and sectors of LayerNorm's half-disc (:func:`norm_error`): its error changes along a and b alike,
 # so its bound converges as 1/cells (48: 10 % above a fine grid at r = ‖z₀‖/2, 96: 5 %, 192: 2.5 %)
@@ -97,14 +97,13 @@ def norm_error(m: Tensor, c: float, g: float, r: Tensor, cells: int = NORM_CELLS
         E ≥ sup ‖e‖ and K ≥ sup ‖e‖/‖Δ‖² over the ball, [B, n] each.
     """
     rho0 = (m.square() + c).sqrt()
-    hyp = lambda x, y: (x.square() + y.square()).sqrt()
 
     def box(m_: Tensor, a1: Tensor, a2: Tensor, b1: Tensor, b2: Tensor) -> Tensor:
         # with t = m + a, ρ = (t² + b² + c)^½, ρ_a = (t² + c)^½: e_ẑ = t(1/ρ − 1/ρ_a) + [ψ(t) − ψ(m) −
         # aψ'(m)] (ψ(t) = t/(t² + c)^½, ψ'' = −3ct/(t² + c)^{5/2}) and e_w = b(1/ρ − 1/ρ₀)
         r0 = (m_.square() + c).sqrt()
         t1, t2 = m_ + a1, m_ + a2
-        lo = torch.where((t1 <= 0) & (t2 >= 0), 0.0, torch.minimum(t1.abs(), t2.abs()))
+        lo = abs_low(t1, t2)
         hi = torch.maximum(t1.abs(), t2.abs())
         rho_lo = (lo.square() + b1.square() + c).sqrt()
         rho_hi = (hi.square() + b2.square() + c).sqrt()
@@ -112,7 +111,7 @@ def norm_error(m: Tensor, c: float, g: float, r: Tensor, cells: int = NORM_CELLS
         bend = hi * b2.square() / (rho_lo * ra_lo * (rho_lo + ra_lo))  # |t|·b²/(ρρ_a(ρ + ρ_a))
         # ξ between m and m + a: |ψ''(ξ)| ≤ 3c·|ξ|_max/(ξ²_min + c)^{5/2}
         x1, x2 = torch.minimum(t1, m_), torch.maximum(t2, m_)
-        xlo = torch.where((x1 <= 0) & (x2 >= 0), 0.0, torch.minimum(x1.abs(), x2.abs()))
+        xlo = abs_low(x1, x2)
         xhi = torch.maximum(x1.abs(), x2.abs())
         amax = torch.maximum(a1.abs(), a2.abs())
         curve = 1.5 * c * xhi * amax.square() / (xlo.square() + c) ** 2.5 if c > 0 else torch.zeros_like(xhi)

@@ -79,10 +79,8 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     # each form's error bounded through its symmetry on the ball, cut to a's range (exact_error): up to
     # 2.6× below the closed forms above on the digits ViTs' straddling tokens (docs/bounds.md §5.1)
     off = inside | wild
-    far = torch.full_like(nu, torch.inf)
-    exact_r, K_r = exact_error(nu, R, r, a_lo, a_hi, tangential=False)
-    exact_t, K_t = exact_error(nu, R, r, a_lo, a_hi, tangential=True)
-    exact_r, exact_t = torch.where(off, far, exact_r), torch.where(off | (nu <= R), far, exact_t)
+    exact_r, K_r = _exact_on(~off, nu, R, r, a_lo, a_hi, tangential=False)
+    exact_t, K_t = _exact_on(~off & (nu > R), nu, R, r, a_lo, a_hi, tangential=True)
     use_t = (nu > R) & (torch.minimum(err_tangential, exact_t) < torch.minimum(err_radial, exact_r))
     lam, beta, half = (torch.where(use_t, t, q) for t, q in zip(tangential, radial, strict=True))
     err = torch.where(use_t, err_tangential, err_radial)
@@ -245,3 +243,15 @@ class ProjectRecord:
         along = (self.tangent[:, None] * gam)[..., None] * u
         moved = self.base[:, None, :, None] * (Lam + along) + radial
         return Step(moved, (gam * b).sum(-1), (gam * b).abs().sum(-1), charge)
+
+
+def _exact_on(keep: Tensor, nu: Tensor, R: float, r: Tensor, a_lo: Tensor, a_hi: Tensor,
+              tangential: bool) -> tuple[Tensor, Tensor]:
+    """:func:`exact_error` on the tokens ``keep`` [B, n] alone (2·CELLS² cells a token; the
+    others' bounds are masked anyway), +inf elsewhere."""
+    E, K = torch.full_like(nu, torch.inf), torch.full_like(nu, torch.inf)
+    if bool(keep.any()):
+        E_kept, K_kept = exact_error(nu[keep][None], R, r[keep][None], a_lo[keep][None],
+                                     a_hi[keep][None], tangential)
+        E[keep], K[keep] = E_kept[0], K_kept[0]
+    return E, K

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .symmetric import CELLS, on_half_disc
+from .symmetric import CELLS, abs_low, hyp, on_half_disc
 
 
 def exact_error(nu: Tensor, R: float, r: Tensor, a_lo: Tensor, a_hi: Tensor, tangential: bool,
@@ -70,9 +70,8 @@ def _error_box(nu: Tensor, R: float, a1: Tensor, a2: Tensor, b1: Tensor, b2: Ten
     cases the box meets of each case's closed form, every one monotone in c = ν + a, b and
     s = (c² + b²)^½ on the part of the box where the case holds (docs/bounds.md §5.1)."""
     c1, c2 = nu + a1, nu + a2
-    hyp = lambda x, y: (x.square() + y.square()).sqrt()
     # |c| over the box, and over its part below the sphere's radius (c ≤ R)
-    low = torch.where((c1 <= 0) & (c2 >= 0), 0.0, torch.minimum(c1.abs(), c2.abs()))
+    low = abs_low(c1, c2)
     top_below = torch.maximum(c1.abs(), c2.clamp_max(R).abs())
     s1 = hyp(low, b1)
     zero = torch.zeros_like(s1)

@@ -56,6 +56,16 @@ def on_half_disc(box: Box, closed: Closed, nu: Tensor, r: Tensor, a_lo: Tensor, 
     return tuple(torch.cat(part).reshape(shape) for part in zip(*out, strict=True))
 
 
+def abs_low(x1: Tensor, x2: Tensor) -> Tensor:
+    """min |x| over [x1, x2] (x1 ≤ x2): 0 where the interval holds 0, else the end nearer 0."""
+    return torch.where((x1 <= 0) & (x2 >= 0), 0.0, torch.minimum(x1.abs(), x2.abs()))
+
+
+def hyp(x: Tensor, y: Tensor) -> Tensor:
+    """(x² + y²)^½, nondecreasing in |x| and |y|, as the boxes' closed forms use it."""
+    return (x.square() + y.square()).sqrt()
+
+
 def _slack(U: Tensor, scale: Tensor) -> Tensor:
     """U with the rounding of its closed forms: every operation is monotone in the cell's corners, and
     its rounding, a few ulps of the quantities each is built from, is covered by 64u of their size
@@ -76,7 +86,7 @@ def _largest(box: Box, nu: Tensor, r: Tensor, a_lo: Tensor, a_hi: Tensor, rv: Te
     edges = lo[:, None] + (hi - lo)[:, None] * k  # [m, K+1], the last edge set to hi exactly
     edges = torch.cat([edges[:, :-1], hi[:, None]], -1)
     a1, a2 = edges[:, :-1], edges[:, 1:]  # [m, K]: consecutive cells share their computed edge
-    near = torch.where((a1 <= 0) & (a2 >= 0), 0.0, torch.minimum(a1.square(), a2.square()))
+    near = abs_low(a1, a2).square()
     top = (r[:, None].square() - near).clamp_min(0).sqrt() * (1 + 4 * u)  # b's top, rounded up
     b = top[..., None] * k  # [m, K, K+1]
     b1, b2 = b[..., :-1], b[..., 1:]
