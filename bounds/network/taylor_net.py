@@ -70,6 +70,7 @@ from .stages.attention import (
     AttentionParts,
     attention,
     attention_parts,
+    curved_log,
     delta1_transpose,
     jacobian_apply,
     jacobian_bound,
@@ -377,7 +378,7 @@ class TaylorNet:
         unstable = [count for name, _, count in stages if name.startswith("ffn")]
         straddling = [count for name, _, count in stages if re.fullmatch(r"(project|norm)\d+", name)]
         return self._margins(stages[-1][1], eps, unstable, straddling, images, log,
-                             optimize=refine and bool(tuned))
+                             optimize=refine and bool(tuned), curved=refine)
 
     def stages(self, eps: float, images: slice | Tensor = slice(None), log: list | None = None,
                refine: bool = False, split: str = "taylor",
@@ -480,8 +481,31 @@ class TaylorNet:
             return torch.maximum(lo, both[:, :k]), torch.minimum(hi, -both[:, k:])
         return refine
 
+    def _curved(self, log: list, Lam: Tensor, eps: float, margins: Tensor, scale: Tensor, back: Tensor,
+                mag: Tensor, losses: Losses, done: Tensor) -> tuple[Tensor, Tensor]:
+        """The margins [B, C] that neither the backward bound ``back`` nor the forward one (``done``)
+        verifies, bounded again by a backward pass whose attention steps take the second order exactly
+        along them (``curved_log``; docs/bounds.md §5.1, "Attention's remainder along a functional, its
+        second order exact"): each margin the better of the two sound bounds, ``losses`` the better's.
+        Only the classes left short pay the Hessians."""
+        again = curved_log(log)
+        short = ((margins + back <= ROUND * (scale + mag)) & ~done).any(0).nonzero()[:, 0]  # any image's
+        if again is None or not len(short):
+            return back, mag
+        more = Losses()
+        back2, mag2 = backward(again, Lam[:, short], self.embed, eps, more)
+        take = back2 - ROUND * mag2 > back[:, short] - ROUND * mag[:, short]
+        pick = lambda new, old: old.index_copy(1, short, torch.where(take, new, old[:, short]))
+        losses.first_order = pick(more.first_order, losses.first_order)
+        losses.kinks = pick(more.kinks, losses.kinks)
+        zero = torch.zeros_like(back)
+        for name in dict.fromkeys([*losses.remainders, *more.remainders]):
+            new = more.remainders.get(name, zero[:, short])
+            losses.remainders[name] = pick(new, losses.remainders.get(name, zero))
+        return pick(back2, back), pick(mag2, mag)
+
     def _margins(self, S: DeviationSet | Mapped, eps: float, unstable, straddling, images: slice | Tensor,
-                 log: list, optimize: bool = False):
+                 log: list, optimize: bool = False, curved: bool = False):
         W = self.net.head_matrix()
         y = self.labels[images]
         logits = self.logits[images]
@@ -533,6 +557,10 @@ class TaylorNet:
         if N != n:  # the class token's functional, zero at every other token
             Lam = torch.cat([Lam, Lam.new_zeros(*Lam.shape[:2], N - n, Lam.shape[-1])], 2)
         back, mag = backward(log, Lam, self.embed, eps, losses)
+        if curved:  # the margins left short, again with attention's second order exact along them
+            done = margins + lower > slack  # the forward set's bound already verifies these
+            back, mag = self._curved(log, Lam, eps, margins, own.abs() + logits_j.abs(), back, mag, losses,
+                                     done)
         if optimize:  # the slopes tuned: each margin the better of the two (the diagnostics CROWN's)
             tuned, tuned_mag = optimized_backward(log, Lam, self.embed, eps, ROUND)
             take = tuned - ROUND * tuned_mag > back - ROUND * mag

@@ -7,8 +7,6 @@ clean point alone is in :mod:`bounds.remainder.clean_forms`, its terms beyond th
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -20,15 +18,12 @@ from ..estimate import Estimate
 from ..forms import ROUND_REL, Deferred, logit_gram, nan_inf
 from ..lofast import layer_key
 from .clean_forms import CleanForms, FormCache, Spreads, clean_forms, cubic_crude, value_pairs
-from .row_bounds import RowStats, assemble_rows, curve_g2, curve_g3, row_stats, weighted_x
+from .row_bounds import CUMULANT4, RowStats, assemble_rows, curve_g2, curve_g3, row_stats, weighted_x
 from .value_side import CubicRest, ValueFactors, shared_value, value_c
 
 __all__ = ["QUAD_LIMIT", "FormCache", "QuadraticRemainder", "quadratic_remainder"]
 
 QUAD_LIMIT = 1536  # h·n² above which the quadratic form's eigenproblem is skipped (§2.3.2)
-# the fourth joint cumulant E[ũ³Ỹ] − 3E[ũ²]E[ũỸ] of a row over the ball is at most
-# (1 + 3/(2√2))·s·diam(Y)·Var(u) (docs/bounds.md §2.3.2)
-CUMULANT4 = 1 + 3 / (2 * math.sqrt(2))
 
 
 def quadratic_remainder(layer: DotMHA, X: Tensor, eps, cache: FormCache | None = None,

@@ -285,8 +285,33 @@ def functional_rows(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam
     return torch.cat([_along(layer, rows, f, V, Rv, part) for part in Lam.split(FUNCTIONALS, 1)], 1)
 
 
-def _along(layer: DotMHA, rows: RowStats, f: RowFactors, V: Tensor, Rv: Tensor, Lam: Tensor) -> Tensor:
-    """:func:`functional_rows` on a few functionals, with X W^V_l (``V``) and W^V_l's R factor (``Rv``)."""
+# the fourth joint cumulant E[ũ³Ỹ] − 3E[ũ²]E[ũỸ] of a row over the ball is at most
+# (1 + 3/(2√2))·s·diam(Y)·Var(u) (docs/bounds.md §2.3.2)
+CUMULANT4 = 1 + 3 / (2 * math.sqrt(2))
+
+
+def functional_beyond(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam: Tensor) -> Tensor:
+    """A bound of |⟨Λ_i, (R − Q₂)(Γ)_i⟩| for functionals Λ [B, C, n, d] on attention's output, per
+    functional and output row, summed over heads, [B, C, n], where Q₂ = ½D²F(X)[Γ, Γ] is the whole
+    second-order term (docs/bounds.md §5.1, "Attention's remainder along a functional, its second order
+    exact"): with the values read along Λ_i as in :func:`functional_rows` (y = X C_l Λ_i, σ_i(Λ_i), its
+    diameter, and keys_i‖C_lΛ_i‖ ≥ std_p(Γ C_l Λ_i)), each row and head pays
+
+        (3/2)s·σ_i(Λ_i)·sq + min((7/4)s²g₃(s)σ_i(Λ_i)su, (1 + 3/(2√2))s·diam·g₃(s)su²)
+        + keys_i‖C_lΛ_i‖·(sq + g₂(s)su),
+
+    the change of the logits' third cumulant from δ to u, the fourth cumulant's integral, and the value
+    side's terms beyond Cov_p(δ, ΓC_l). Every term is of order r³."""
+    V = torch.einsum("bnd,hde->bhne", X, layer.W_v)
+    Rv = torch.linalg.qr(layer.W_v, mode="r").R
+    return torch.cat([_along(layer, rows, f, V, Rv, part, beyond=True)
+                      for part in Lam.split(FUNCTIONALS, 1)], 1)
+
+
+def _along(layer: DotMHA, rows: RowStats, f: RowFactors, V: Tensor, Rv: Tensor, Lam: Tensor,
+           beyond: bool = False) -> Tensor:
+    """:func:`functional_rows` on a few functionals, with X W^V_l (``V``) and W^V_l's R factor (``Rv``);
+    with ``beyond``, :func:`functional_beyond`."""
     w = torch.einsum("hef,bcif->bchie", layer.W_o, Lam)  # W^O_l Λ_i: [B, C, h, i, e]
     y = torch.einsum("bhke,bchie->bchik", V, w)  # (X C_l Λ_i)_k
     P = rows.P[:, None]  # [B, 1, h, i, k]
@@ -295,8 +320,13 @@ def _along(layer: DotMHA, rows: RowStats, f: RowFactors, V: Tensor, Rv: Tensor, 
     diam = y.amax(-1) - y.amin(-1)
     along = torch.einsum("hfe,bchie->bchif", Rv, w).norm(dim=-1)
     s, sq, su = (t[:, None] for t in (f.s, f.sq, f.su))
-    logits = torch.minimum(sigma * curve_g2(s) * su, curve_h2(s) * diam * su.square())
-    per = sigma * sq + logits + f.keys[:, None] * along * curve_g1(s) * su
+    if beyond:
+        g3 = curve_g3(s)
+        logits = torch.minimum(1.75 * s.square() * g3 * sigma * su, CUMULANT4 * s * diam * g3 * su.square())
+        per = 1.5 * s * sigma * sq + logits + f.keys[:, None] * along * (sq + curve_g2(s) * su)
+    else:
+        logits = torch.minimum(sigma * curve_g2(s) * su, curve_h2(s) * diam * su.square())
+        per = sigma * sq + logits + f.keys[:, None] * along * curve_g1(s) * su
     # a row Λ_i = 0 reads nothing, even where e^s overflowed (0·∞ would be NaN, read as ∞)
     per = torch.where((Lam != 0).any(-1)[:, :, None], per, 0.0)
     return nan_inf(per.sum(2) * (1 + ROUND_REL))

@@ -21,6 +21,7 @@ from ...remainder import (
     FormCache,
     RowFactors,
     RowStats,
+    functional_beyond,
     functional_rows,
     remainder,
     row_bound,
@@ -28,6 +29,7 @@ from ...remainder import (
 )
 from ..record import Step
 from ..zonotope import DeviationSet, top_norm
+from .curvature import CURVED_MAX, CURVED_ND, negative_curvature
 from .logits import logit_box, logit_change, map_logits, set_remainder, set_rows
 from .second_order import fits, second_order_rows
 
@@ -145,7 +147,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
                   tok=mix_tokens(layer, parts, blocks, S.tok, split))
     if log is not None:
-        log.append(AttentionRecord(f"attention{k}", layer, X, J, rest, parts, split, rows, along))
+        log.append(AttentionRecord(f"attention{k}", layer, X, J, rest, parts, split, rows, along, r))
     return out.add_ball(f"attention{k}", rest, rows)
 
 
@@ -356,6 +358,11 @@ class AttentionRecord:
     rows: Tensor | None = None  # [B, n]: the remainder's bound per output token, where known
     # the rows' statistics and factors that bound the remainder along a functional, where known
     along: tuple[RowStats, RowFactors] | None = None
+    radius: Tensor | None = None  # [B]: the ball ‖Γ‖_F ≤ r that holds the set the remainder was read on
+    # the second order exactly along each functional (curvature.py): asked by :func:`curved_log` for the
+    # second pass's margins that its backward pass leaves short, as a Hessian per functional costs more
+    # than the rest of a backward step
+    curved: bool = False
 
     def step(self, Lam: Tensor) -> Step:
         """Λ ↦ JᵀΛ (or Δ₁ᵀΛ for LoFAST's split), the remainder charged at ‖Λ‖_F·ρ, or at Σ_t ‖Λ_t‖ρ_t
@@ -367,8 +374,24 @@ class AttentionRecord:
         if self.along is not None:  # each row's bound along its own Λ_i (docs/bounds.md §5.1)
             rows = functional_rows(self.layer, self.X, *self.along, Lam)
             charge = torch.minimum(charge, rows.sum(-1) * (1 + 1e-12))
+            if self.curved and Lam.shape[1] <= CURVED_MAX:
+                # the second order exactly along Λ, the rest row by row (docs/bounds.md §5.1)
+                second = 0.5 * negative_curvature(self.layer, self.X, Lam) * self.radius[:, None] ** 2
+                beyond = functional_beyond(self.layer, self.X, *self.along, Lam).sum(-1)
+                charge = torch.minimum(charge, (second + beyond) * (1 + 1e-12))
         if self.split == "taylor":
             moved = transpose_apply(self.layer, self.X, self.J, Lam, self.parts)
         else:
             moved = delta1_transpose(self.layer, self.parts, Lam)
         return Step(moved, charge=charge)
+
+
+def curved_log(log: list) -> list | None:
+    """``log`` with every attention record that can take the second order exactly along its functionals
+    (:class:`AttentionRecord`'s ``curved``: the set's rows known, n·d at most CURVED_ND) set to take it;
+    None where no record can."""
+    can = lambda r: (isinstance(r, AttentionRecord) and r.along is not None and r.radius is not None
+                     and r.X.shape[-2] * r.X.shape[-1] <= CURVED_ND)
+    if not any(can(r) for r in log):
+        return None
+    return [replace(r, curved=True) if can(r) else r for r in log]
