@@ -489,7 +489,13 @@ class TaylorNet:
         second order exact"): each margin the better of the two sound bounds, ``losses`` the better's.
         Only the classes left short pay the Hessians."""
         again = curved_log(log)
-        short = ((margins + back <= ROUND * (scale + mag)) & ~done).any(0).nonzero()[:, 0]  # any image's
+        need = (margins + back <= ROUND * (scale + mag)) & ~done
+        # the pass lowers only attention's charges, each at least 0: a margin short by more than they
+        # sum to stays short, and so does its image, whose other margins are then not asked either
+        att = sum((v for k, v in losses.remainders.items() if k.startswith("attention")),
+                  torch.zeros_like(back))
+        hopeful = (~need | (margins + back + att > ROUND * (scale + mag - att))).all(-1)
+        short = (need & hopeful[:, None]).any(0).nonzero()[:, 0]  # any image's
         if again is None or not len(short):
             return back, mag
         more = Losses()
