@@ -7,7 +7,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_attention_set import CASES, functionals, inputs, read_on_set, remainder_rows, set_points, staged
+from test_attention_set import (
+    CASES,
+    ascend,
+    functionals,
+    inputs,
+    read_on_set,
+    remainder_of,
+    remainder_rows,
+    rows_hold_an_ascent,
+    set_points,
+    staged,
+)
 from test_taylor_net import ZOO, attacked_margins_hold, margins_hold, perturbations
 
 import bounds.network.stages.attention as attention
@@ -59,24 +70,10 @@ def second_order(layer, X: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
 
 def ascend_beyond(layer, X: torch.Tensor, lam: torch.Tensor, i: int, r: float, gen: torch.Generator,
                   steps: int = 40) -> float:
-    """The largest |⟨λ, (R − Q₂)(Γ)_i⟩| found by projected Adam over ‖Γ‖_F ≤ r from a random start (one
-    image), R from the layer's autograd Jacobian, Q₂ from torch.func (not the suite's forms)."""
-    J = torch.autograd.functional.jacobian(lambda Z: layer(Z[None])[0], X)  # [n, d, n, d]
-    clean = layer(X[None])[0].detach()
-    G = torch.randn(X.shape, generator=gen, dtype=torch.float64)
-    G = (G * r / G.norm()).requires_grad_()
-    opt = torch.optim.Adam([G], lr=r / 10)
-    best = 0.0
-    for _ in range(steps):
-        R = layer((X + G)[None])[0] - clean - torch.einsum("ndme,me->nd", J, G) - second_order(layer, X, G)
-        value = (lam * R[i]).sum().abs()
-        best = max(best, float(value.detach()))
-        opt.zero_grad()
-        (-value).backward()
-        opt.step()
-        with torch.no_grad():
-            G.mul_(torch.clamp(r / G.norm(), max=1.0))
-    return best
+    """The largest |⟨λ, (R − Q₂)(Γ)_i⟩| found over ‖Γ‖_F ≤ r (one image), R from the layer's autograd
+    Jacobian, Q₂ from torch.func (not the suite's forms)."""
+    R = remainder_of(layer, X)
+    return ascend(lambda G: (lam * (R(G) - second_order(layer, X, G))[i]).sum().abs(), X, r, gen, steps)
 
 
 @pytest.mark.parametrize("kind,seed,qk,eps", [("project", 11, 1.0, 0.05), ("project", 12, 4.0, 0.1),
@@ -84,18 +81,7 @@ def ascend_beyond(layer, X: torch.Tensor, lam: torch.Tensor, i: int, r: float, g
 def test_the_terms_beyond_the_second_order_hold_an_ascent_on_the_ball(kind, seed, qk, eps):
     """An independent attack: Adam ascent on |⟨Λ_i, (R − Q₂)(Γ)_i⟩| over the ball ‖Γ‖_F ≤ r (the
     factors without the set's readings), never above functional_beyond's row."""
-    tn, stages, clean, before = staged(kind, seed, qk, eps)
-    gen = torch.Generator().manual_seed(seed)
-    for k, layer in enumerate(tn.layers):
-        X, r = clean[k], stages[f"{before}{k}"].route
-        stats, factors, _ = row_factors(layer, X, r)
-        Lam = functionals(X.shape[0], *X.shape[1:], layer, gen)[:, [0, 5, 6]]
-        bound = functional_beyond(layer, X, stats, factors, Lam)  # [B, 3, n]
-        for b in range(X.shape[0]):
-            for c in range(Lam.shape[1]):
-                i = int(torch.randint(X.shape[1], (1,), generator=gen))
-                best = ascend_beyond(layer, X[b], Lam[b, c, i], i, float(r[b]), gen)
-                assert best <= float(bound[b, c, i]) * (1 + 1e-9) + 1e-12, (k, b, c, best)
+    rows_hold_an_ascent(kind, seed, qk, eps, functional_beyond, ascend_beyond)
 
 
 @pytest.mark.parametrize("kind,seed,qk,eps", [(c[0], c[1], c[2], c[3]) for c in CASES])
@@ -123,23 +109,9 @@ def test_the_charge_holds_the_true_deviations_and_the_sets_points(kind, seed, qk
 
 def ascend_charge(layer, X: torch.Tensor, lam: torch.Tensor, r: float, gen: torch.Generator,
                   steps: int = 50) -> float:
-    """The largest −⟨λ, R(Γ)⟩ found by projected Adam over ‖Γ‖_F ≤ r from a random start (one image)."""
-    J = torch.autograd.functional.jacobian(lambda Z: layer(Z[None])[0], X)
-    clean = layer(X[None])[0].detach()
-    G = torch.randn(X.shape, generator=gen, dtype=torch.float64)
-    G = (G * r / G.norm()).requires_grad_()
-    opt = torch.optim.Adam([G], lr=r / 10)
-    best = -float("inf")
-    for _ in range(steps):
-        R = layer((X + G)[None])[0] - clean - torch.einsum("ndme,me->nd", J, G)
-        value = -(lam * R).sum()
-        best = max(best, float(value.detach()))
-        opt.zero_grad()
-        (-value).backward()
-        opt.step()
-        with torch.no_grad():
-            G.mul_(torch.clamp(r / G.norm(), max=1.0))
-    return best
+    """The largest −⟨λ, R(Γ)⟩ found over ‖Γ‖_F ≤ r (one image)."""
+    R = remainder_of(layer, X)
+    return ascend(lambda G: -(lam * R(G)).sum(), X, r, gen, steps)
 
 
 # (kind, seed, q/k scale, ε, whether the charge is below functional_rows' for one of the functionals):
