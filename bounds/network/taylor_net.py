@@ -79,7 +79,7 @@ from .stages.attention import (
 )
 from .stages.batchnorm import batch_norm
 from .stages.ffn import REFINE_LIMIT, Mapped, Refine, ffn, relu_bounds
-from .stages.layernorm import layer_norm
+from .stages.layernorm import NormRecord, layer_norm, margin_sign
 from .stages.project import FRAME_KAPPA, SAFE, error_frame, project
 from .zonotope import DeviationSet
 
@@ -482,7 +482,8 @@ class TaylorNet:
         return refine
 
     def _curved(self, log: list, Lam: Tensor, eps: float, margins: Tensor, scale: Tensor, back: Tensor,
-                mag: Tensor, losses: Losses, done: Tensor) -> tuple[Tensor, Tensor]:
+                mag: Tensor, losses: Losses, done: Tensor,
+                charge: Tensor | float = 0.0) -> tuple[Tensor, Tensor]:
         """The margins [B, C] that neither the backward bound ``back`` nor the forward one (``done``)
         verifies, bounded again by a backward pass whose attention steps take the second order exactly
         along them (``curved_log``; docs/bounds.md §5.1, "Attention's remainder along a functional, its
@@ -500,6 +501,9 @@ class TaylorNet:
             return back, mag
         more = Losses()
         back2, mag2 = backward(again, Lam[:, short], self.embed, eps, more)
+        if isinstance(charge, Tensor):  # the final norm's charge (:meth:`_sign`), beyond the log
+            back2, mag2 = back2 - charge[:, short], mag2 + charge[:, short]
+            more.remainders["norm_out"] = charge[:, short]
         take = back2 - ROUND * mag2 > back[:, short] - ROUND * mag[:, short]
         pick = lambda new, old: old.index_copy(1, short, torch.where(take, new, old[:, short]))
         losses.first_order = pick(more.first_order, losses.first_order)
@@ -509,6 +513,28 @@ class TaylorNet:
             new = more.remainders.get(name, zero[:, short])
             losses.remainders[name] = pick(new, losses.remainders.get(name, zero))
         return pick(back2, back), pick(mag2, mag)
+
+    def _sign(self, log: list, Lam: Tensor, rows: Tensor, y: Tensor, others: Tensor,
+              images: slice | Tensor) -> tuple[list, Tensor, Tensor, Tensor] | None:
+        """Where a final LayerNorm's class token is all the head reads: the margins' functionals
+        ``Lam`` [B, C, N, d] moved before that norm twice, [B, 2C, N, d] — its first C by the norm's
+        Jacobian (its remainder the charge), its last C through the margins' sign
+        (:func:`margin_sign`; docs/bounds.md §5.1, "The final LayerNorm through the margins' sign") —
+        with the log before the norm, the charges [B, 2C] and the sign's ratio ρ₀/ρ_max [B].
+        None elsewhere."""
+        norm = self.net.norm
+        if (self.net.cls is None or not isinstance(norm, torch.nn.LayerNorm) or not log
+                or not isinstance(log[-1], NormRecord) or log[-1].radii is None):
+            return None
+        rec = log[-1]
+        step = rec.step(Lam)
+        W, b = self.net.head_matrix(), self.net.head_bias()
+        beta = norm.bias.detach().to(W) if norm.bias is not None else W.new_zeros(W.shape[1])
+        k = (rows @ beta) + b[y][:, None] - b[others]
+        g, charge, ratio = margin_sign(norm, self.last[images][:, 0], rows, k, rec.radii[:, 0])
+        sign = torch.zeros_like(step.Lam)
+        sign[:, :, 0] = g
+        return log[:-1], torch.cat([step.Lam, sign], 1), torch.cat([step.charge, charge], 1), ratio
 
     def _margins(self, S: DeviationSet | Mapped, eps: float, unstable, straddling, images: slice | Tensor,
                  log: list, optimize: bool = False, curved: bool = False):
@@ -562,15 +588,34 @@ class TaylorNet:
         Lam = rows[:, :, None, :].expand(-1, -1, n, -1)
         if N != n:  # the class token's functional, zero at every other token
             Lam = torch.cat([Lam, Lam.new_zeros(*Lam.shape[:2], N - n, Lam.shape[-1])], 2)
-        back, mag = backward(log, Lam, self.embed, eps, losses)
+        C = Lam.shape[1]
+        sign = self._sign(log, Lam, rows, y, others, images)
+        # with a final LayerNorm read by the head on one token, the functionals start before it, twice:
+        # through its Jacobian with its remainder, and through the margins' sign with its charge
+        log_b, Lam, charge, ratio = sign if sign is not None else (log, Lam, 0.0, None)
+        two = (lambda T: torch.cat([T, T], 1)) if sign is not None else (lambda T: T)
+        back, mag = backward(log_b, Lam, self.embed, eps, losses)
+        back, mag = back - charge, mag + charge
+        if sign is not None:
+            losses.remainders["norm_out"] = charge
         if curved:  # the margins left short, again with attention's second order exact along them
             done = margins + lower > slack  # the forward set's bound already verifies these
-            back, mag = self._curved(log, Lam, eps, margins, own.abs() + logits_j.abs(), back, mag, losses,
-                                     done)
+            scale = two(own.abs() + logits_j.abs())
+            back, mag = self._curved(log_b, Lam, eps, two(margins), scale, back, mag, losses, two(done),
+                                     charge)
         if optimize:  # the slopes tuned: each margin the better of the two (the diagnostics CROWN's)
-            tuned, tuned_mag = optimized_backward(log, Lam, self.embed, eps, ROUND)
+            tuned, tuned_mag = optimized_backward(log_b, Lam, self.embed, eps, ROUND)
+            tuned, tuned_mag = tuned - charge, tuned_mag + charge
             take = tuned - ROUND * tuned_mag > back - ROUND * mag
             back, mag = torch.where(take, tuned, back), torch.where(take, tuned_mag, mag)
+        signed = None
+        if sign is not None:  # the sign's reading (m̃'s units) where it verifies a margin the other does not
+            verifies = two(margins) + back > ROUND * (two(own.abs() + logits_j.abs()) + mag)
+            signed = verifies[:, C:] & ~verifies[:, :C]
+            fold = lambda T: torch.where(signed, T[:, C:], T[:, :C])
+            back, mag = fold(back), fold(mag)
+            losses.first_order, losses.kinks = fold(losses.first_order), fold(losses.kinks)
+            losses.remainders = {s: fold(v) for s, v in losses.remainders.items()}
         back_slack = ROUND * (own.abs() + logits_j.abs() + mag)
         better = back - back_slack > lower - slack
         lower, slack = torch.where(better, back, lower), torch.where(better, back_slack, slack)
@@ -578,6 +623,8 @@ class TaylorNet:
             lower = lower.masked_fill(S.void[:, None], -math.inf)
         total = margins + lower
         verified = total > slack
+        if signed is not None:  # m̃'s bound verifies m's sign; as a bound of m, m = m̃·ρ₀/ρ(z) ≥ m̃·ρ₀/ρ_max
+            lower = torch.where(better & signed, total * ratio[:, None] - margins, lower)
         ok = torch.ones_like(logits, dtype=torch.bool).scatter(-1, others, verified)  # True at j = y
         certified = verified.all(-1) & (logits.argmax(-1) == y)
         worst = (total - slack).argmin(-1, keepdim=True)

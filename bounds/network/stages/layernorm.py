@@ -33,7 +33,7 @@ from .symmetric import abs_low, hyp, on_half_disc
 # so its bound converges as 1/cells (48: 10 % above a fine grid at r = ‖z₀‖/2, 96: 5 %, 192: 2.5 %)
 NORM_CELLS = 96
 
-__all__ = ["NormRecord", "layer_norm", "norm_jacobian", "norm_remainder"]
+__all__ = ["NormRecord", "layer_norm", "margin_sign", "norm_jacobian", "norm_remainder"]
 
 
 def _gamma(norm: nn.LayerNorm, like: Tensor) -> Tensor:
@@ -143,6 +143,7 @@ class NormRecord:
     second: Tensor
     caps: Tensor
     budget: Tensor
+    radii: Tensor | None = None  # each token's deviation radius r [B, n] (:func:`margin_sign` reads it)
 
     def charge(self, norms: Tensor) -> Tensor:
         """An upper bound of Σ_t ⟨Λ_t, e_t⟩ for functionals of token norms ``norms`` [B, C, n], [B, C]."""
@@ -193,5 +194,37 @@ def layer_norm(S: DeviationSet, raw: Tensor, norm: nn.LayerNorm, eps: float, k: 
     # constant)
     out = replace(out, route=out.radius(eps))
     if log is not None:
-        log.append(NormRecord(f"norm{k}", L, err, use2, caps, whole**2))
+        log.append(NormRecord(f"norm{k}", L, err, use2, caps, whole**2, r))
     return out, torch.zeros(len(raw), dtype=torch.long, device=raw.device)
+
+
+def margin_sign(norm: nn.LayerNorm, x0: Tensor, rows: Tensor, k: Tensor,
+                r: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A head's margins on one token after LayerNorm, read through their sign (docs/bounds.md §5.1,
+    "The final LayerNorm through the margins' sign"). m_j = ⟨rows_j, LN(x)⟩ + k_j = √d⟨a_j, z⟩/ρ(z) + k_j
+    (a_j = γ ⊙ rows_j, z = Cx) has the sign of m̃_j = m_j·ρ(z)/ρ₀ = (√d⟨a_j, z⟩ + k_j ρ(z))/ρ₀, equal to
+    m_j at x₀, and m̃_j(x₀ + Δ) − m_j(x₀) = ⟨g_j, Δ⟩ + (k_j/ρ₀)·B(Δ) with ρ's tangent gap
+    0 ≤ B ≤ min(‖CΔ‖²/(2ρ₀), 2‖CΔ‖): no remainder where k_j ≥ 0, as ρ is convex.
+
+    Args:
+        norm: the final LayerNorm.
+        x0: the clean token, [B, d].
+        rows: the head's row differences w_y − w_j, [B, C, d].
+        k: the margins' constant parts ⟨rows_j, β⟩ + b_y − b_j, [B, C].
+        r: a bound of the token's deviation ‖Δ‖ over the set, [B].
+
+    Returns:
+        g = C(√d·a_j + k_j z₀/ρ₀)/ρ₀ [B, C, d]; the charge max(0, −k_j)·min(r²/(2ρ₀), 2r)/ρ₀ [B, C];
+        ρ₀/ρ_max, ρ's largest value on the ball [B] (a bound m̃_j ≥ μ > 0 gives m_j ≥ μ·ρ₀/ρ_max).
+    """
+    d = x0.shape[-1]
+    z = x0 - x0.mean(-1, keepdim=True)
+    nu = z.norm(dim=-1)
+    rho0 = (nu.square() + d * norm.eps).sqrt()  # [B]
+    a = _gamma(norm, x0) * rows
+    g = (math.sqrt(d) * a + k[..., None] * (z / rho0[:, None])[:, None]) / rho0[:, None, None]
+    g = g - g.mean(-1, keepdim=True)  # C is symmetric: ⟨g, CΔ⟩ = ⟨Cg, Δ⟩
+    gap = torch.minimum(r.square() / (2 * rho0), 2 * r)
+    charge = (-k).clamp_min(0) * (gap / rho0)[:, None]
+    rho_max = ((nu + r).square() + d * norm.eps).sqrt()
+    return g, charge, rho0 / rho_max
