@@ -483,12 +483,13 @@ class TaylorNet:
 
     def _curved(self, log: list, Lam: Tensor, eps: float, margins: Tensor, scale: Tensor, back: Tensor,
                 mag: Tensor, losses: Losses, done: Tensor,
-                charge: Tensor | float = 0.0) -> tuple[Tensor, Tensor]:
+                beyond: dict[str, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         """The margins [B, C] that neither the backward bound ``back`` nor the forward one (``done``)
         verifies, bounded again by a backward pass whose attention steps take the second order exactly
         along them (``curved_log``; docs/bounds.md §5.1, "Attention's remainder along a functional, its
         second order exact"): each margin the better of the two sound bounds, ``losses`` the better's.
-        Only the classes left short pay the Hessians."""
+        Only the classes left short pay the Hessians. ``beyond``: charges [B, C] of stages outside
+        ``log`` by their names (:meth:`_sign`'s final norm), taken off both passes' bounds alike."""
         again = curved_log(log)
         need = (margins + back <= ROUND * (scale + mag)) & ~done
         # the pass lowers only attention's charges, each at least 0: a margin short by more than they
@@ -501,9 +502,9 @@ class TaylorNet:
             return back, mag
         more = Losses()
         back2, mag2 = backward(again, Lam[:, short], self.embed, eps, more)
-        if isinstance(charge, Tensor):  # the final norm's charge (:meth:`_sign`), beyond the log
+        for name, charge in (beyond or {}).items():
             back2, mag2 = back2 - charge[:, short], mag2 + charge[:, short]
-            more.remainders["norm_out"] = charge[:, short]
+            more.remainders[name] = charge[:, short]
         take = back2 - ROUND * mag2 > back[:, short] - ROUND * mag[:, short]
         pick = lambda new, old: old.index_copy(1, short, torch.where(take, new, old[:, short]))
         losses.first_order = pick(more.first_order, losses.first_order)
@@ -515,16 +516,17 @@ class TaylorNet:
         return pick(back2, back), pick(mag2, mag)
 
     def _sign(self, log: list, Lam: Tensor, rows: Tensor, y: Tensor, others: Tensor,
-              images: slice | Tensor) -> tuple[list, Tensor, Tensor, Tensor] | None:
+              images: slice | Tensor) -> tuple[list, Tensor, dict[str, Tensor], Tensor] | None:
         """Where a final LayerNorm's class token is all the head reads: the margins' functionals
         ``Lam`` [B, C, N, d] moved before that norm twice, [B, 2C, N, d] — its first C by the norm's
         Jacobian (its remainder the charge), its last C through the margins' sign
         (:func:`margin_sign`; docs/bounds.md §5.1, "The final LayerNorm through the margins' sign") —
-        with the log before the norm, the charges [B, 2C] and the sign's ratio ρ₀/ρ_max [B].
+        with the log before the norm, the charges [B, 2C] under the norm's name and the sign's ratio
+        ρ₀/ρ_max [B].
         None elsewhere."""
         norm = self.net.norm
         if (self.net.cls is None or not isinstance(norm, torch.nn.LayerNorm) or not log
-                or not isinstance(log[-1], NormRecord) or log[-1].radii is None):
+                or not isinstance(log[-1], NormRecord)):
             return None
         rec = log[-1]
         step = rec.step(Lam)
@@ -534,7 +536,8 @@ class TaylorNet:
         g, charge, ratio = margin_sign(norm, self.last[images][:, 0], rows, k, rec.radii[:, 0])
         sign = torch.zeros_like(step.Lam)
         sign[:, :, 0] = g
-        return log[:-1], torch.cat([step.Lam, sign], 1), torch.cat([step.charge, charge], 1), ratio
+        charges = {rec.name: torch.cat([step.charge, charge], 1)}
+        return log[:-1], torch.cat([step.Lam, sign], 1), charges, ratio
 
     def _margins(self, S: DeviationSet | Mapped, eps: float, unstable, straddling, images: slice | Tensor,
                  log: list, optimize: bool = False, curved: bool = False):
@@ -592,17 +595,17 @@ class TaylorNet:
         sign = self._sign(log, Lam, rows, y, others, images)
         # with a final LayerNorm read by the head on one token, the functionals start before it, twice:
         # through its Jacobian with its remainder, and through the margins' sign with its charge
-        log_b, Lam, charge, ratio = sign if sign is not None else (log, Lam, 0.0, None)
+        log_b, Lam, beyond, ratio = sign if sign is not None else (log, Lam, {}, None)
+        charge = sum(beyond.values(), 0.0)
         two = (lambda T: torch.cat([T, T], 1)) if sign is not None else (lambda T: T)
+        scale = two(own.abs() + logits_j.abs())  # the clean logits' part of the rounding slack
         back, mag = backward(log_b, Lam, self.embed, eps, losses)
         back, mag = back - charge, mag + charge
-        if sign is not None:
-            losses.remainders["norm_out"] = charge
+        losses.remainders.update(beyond)
         if curved:  # the margins left short, again with attention's second order exact along them
             done = margins + lower > slack  # the forward set's bound already verifies these
-            scale = two(own.abs() + logits_j.abs())
             back, mag = self._curved(log_b, Lam, eps, two(margins), scale, back, mag, losses, two(done),
-                                     charge)
+                                     beyond)
         if optimize:  # the slopes tuned: each margin the better of the two (the diagnostics CROWN's)
             tuned, tuned_mag = optimized_backward(log_b, Lam, self.embed, eps, ROUND)
             tuned, tuned_mag = tuned - charge, tuned_mag + charge
@@ -610,7 +613,7 @@ class TaylorNet:
             back, mag = torch.where(take, tuned, back), torch.where(take, tuned_mag, mag)
         signed = None
         if sign is not None:  # the sign's reading (m̃'s units) where it verifies a margin the other does not
-            verifies = two(margins) + back > ROUND * (two(own.abs() + logits_j.abs()) + mag)
+            verifies = two(margins) + back > ROUND * (scale + mag)
             signed = verifies[:, C:] & ~verifies[:, :C]
             fold = lambda T: torch.where(signed, T[:, C:], T[:, :C])
             back, mag = fold(back), fold(mag)

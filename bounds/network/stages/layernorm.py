@@ -143,7 +143,7 @@ class NormRecord:
     second: Tensor
     caps: Tensor
     budget: Tensor
-    radii: Tensor | None = None  # each token's deviation radius r [B, n] (:func:`margin_sign` reads it)
+    radii: Tensor  # each token's deviation radius r [B, n] (:func:`margin_sign` reads it)
 
     def charge(self, norms: Tensor) -> Tensor:
         """An upper bound of Σ_t ⟨Λ_t, e_t⟩ for functionals of token norms ``norms`` [B, C, n], [B, C]."""
