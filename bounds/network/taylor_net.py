@@ -100,7 +100,10 @@ class Diagnostics:
     """Per image, at the class j whose test is closest to failing: the clean margin, the split of the
     bound that margin took (first order, kinks, and each source's remainder: the backward pass's where
     ``backward`` says its bound was the better one, else the forward set's; they add up to what
-    ``lower`` lost), and per block the number of unstable neurons and of straddling tokens."""
+    ``lower`` lost), per block the number of unstable neurons and of straddling tokens, and whether a
+    stage was undefined or refused in the image's ball (``refused``: a token's bound exceeded
+    LayerNorm's range at every token, or reached σ = 0 with e = 0: nothing is certified there, and
+    no second pass is tried)."""
 
     margin: Tensor
     first_order: Tensor
@@ -109,6 +112,7 @@ class Diagnostics:
     unstable: list[Tensor]
     straddling: list[Tensor]
     backward: Tensor | None = None
+    refused: Tensor | None = None
 
     @staticmethod
     def cat(parts: list[Diagnostics]) -> Diagnostics:
@@ -120,13 +124,16 @@ class Diagnostics:
                            {k: join(lambda p, k=k: p.remainders.get(k, zero(p))) for k in names},
                            [torch.cat(u) for u in zip(*(p.unstable for p in parts), strict=True)],
                            [torch.cat(s) for s in zip(*(p.straddling for p in parts), strict=True)],
-                           join(lambda p: p.backward))
+                           join(lambda p: p.backward),
+                           join(lambda p: p.refused) if all(p.refused is not None for p in parts) else None)
 
     def columns(self) -> dict[str, Tensor]:
-        """Flat per-sample columns: ``margin``, ``first_order``, ``kinks``, ``remainder_<source>`` and
-        per block ``unstable_<k>`` and ``straddling_<k>``."""
+        """Flat per-sample columns: ``margin``, ``first_order``, ``kinks``, ``backward``, ``refused``,
+        ``remainder_<source>`` and per block ``unstable_<k>`` and ``straddling_<k>``."""
         out = {"margin": self.margin, "first_order": self.first_order, "kinks": self.kinks,
                "backward": self.backward}
+        if self.refused is not None:
+            out["refused"] = self.refused
         out |= {f"remainder_{s}": v for s, v in self.remainders.items()}
         out |= {f"unstable_{k}": u for k, u in enumerate(self.unstable)}
         return out | {f"straddling_{k}": s for k, s in enumerate(self.straddling)}
@@ -147,11 +154,13 @@ class Diagnostics:
         rem = lambda d, k: d.remainders.get(k, torch.zeros_like(d.margin))
         names = list(dict.fromkeys([*self.remainders, *other.remainders]))
         both = self.backward is not None and other.backward is not None
+        refused = self.refused is not None and other.refused is not None
         return Diagnostics(f(self.margin, other.margin), f(self.first_order, other.first_order),
                            f(self.kinks, other.kinks), {k: f(rem(self, k), rem(other, k)) for k in names},
                            [f(a, b) for a, b in zip(self.unstable, other.unstable, strict=True)],
                            [f(a, b) for a, b in zip(self.straddling, other.straddling, strict=True)],
-                           f(self.backward, other.backward) if both else None)
+                           f(self.backward, other.backward) if both else None,
+                           f(self.refused, other.refused) if refused else None)
 
 
 DETERMINISTIC = Certificate("deterministic")  # taylor_net's norms: exact factors, rounded up
@@ -194,12 +203,23 @@ OPTIMIZED = "+alpha"
 
 
 def normalize(S: DeviationSet, raw: Tensor, norm, eps: float, k: int | str, log: list | None = None,
-              radii: tuple[Tensor, Tensor] | None = None) -> tuple[DeviationSet, Tensor]:
+              radii: tuple[Tensor, Tensor] | None = None,
+              refuse: bool = True) -> tuple[DeviationSet, Tensor]:
     """The norm stage of a vanilla or standard block: :func:`layer_norm`, or :func:`batch_norm` (affine
     in eval) for the standard variant's BatchNorm."""
     if isinstance(norm, TokenBatchNorm):
         return batch_norm(S, norm, log, eps)
-    return layer_norm(S, raw, norm, eps, k, log, radii=radii)
+    return layer_norm(S, raw, norm, eps, k, log, radii=radii, refuse=refuse)
+
+
+# the last stage's name in :meth:`TaylorNet.stages` where it stopped: every image's set was refused
+# (a token's bound exceeded LayerNorm's range, :func:`bounds.network.stages.layernorm.layer_norm`)
+REFUSED = "refused"
+
+
+def refused(S: DeviationSet) -> bool:
+    """Whether every image of the set was refused by a stage (:attr:`DeviationSet.void`)."""
+    return S.void is not None and bool(S.void.all())
 
 
 def hopeless(low: Tensor, logits: Tensor, y: Tensor) -> Tensor:
@@ -336,10 +356,10 @@ class TaylorNet:
         return NetCertificate(lower, certified, diag, float(per.sum()), verified, per,
                               DETERMINISTIC & self.ledger.certificate)
 
-    def _nothing(self, images: slice):
+    def _nothing(self, images: slice | Tensor, stopped: bool = False):
         """What :meth:`one_pass` returns for images that were not certified: no bound, no verdict, and
         of the diagnostics the clean margin to the closest class alone (the losses NaN: not computed;
-        no unit counted)."""
+        no unit counted); ``stopped``: a pass that stopped where every image was refused."""
         logits, y = self.logits[images], self.labels[images]
         lower = torch.full_like(logits, -math.inf).scatter(-1, y[:, None], math.inf)
         verified = F.one_hot(y, logits.shape[-1]).bool()
@@ -348,7 +368,7 @@ class TaylorNet:
         none = torch.zeros(len(y), dtype=torch.long, device=logits.device)
         no = torch.zeros(len(y), dtype=torch.bool, device=logits.device)
         counts = [none] * len(self.layers)
-        diag = Diagnostics(closest, unknown, unknown, {}, counts, counts, no)
+        diag = Diagnostics(closest, unknown, unknown, {}, counts, counts, no, no | stopped)
         return lower, verified, torch.zeros_like(y, dtype=torch.bool), diag
 
     def _best(self, eps: float) -> NetCertificate:
@@ -375,21 +395,26 @@ class TaylorNet:
         log: list = []
         split, _, tuned = split.partition("+")
         stages = self.stages(eps, images, log, refine, split, form=False)
+        if stages[-1][0] == REFUSED:  # every image refused at some LayerNorm
+            return self._nothing(images, stopped=True)
         unstable = [count for name, _, count in stages if name.startswith("ffn")]
         straddling = [count for name, _, count in stages if re.fullmatch(r"(project|norm)\d+", name)]
         return self._margins(stages[-1][1], eps, unstable, straddling, images, log,
                              optimize=refine and bool(tuned), curved=refine)
 
     def stages(self, eps: float, images: slice | Tensor = slice(None), log: list | None = None,
-               refine: bool = False, split: str = "taylor",
-               form: bool = True) -> list[tuple[str, DeviationSet | Mapped, Tensor | None]]:
+               refine: bool = False, split: str = "taylor", form: bool = True,
+               refuse: bool = True) -> list[tuple[str, DeviationSet | Mapped, Tensor | None]]:
         """The deviation set after every stage (``project<k>``, ``attention<k>``, ``ffn<k>``) with the
         stage's count of relaxed units (straddling tokens, unstable neurons; None for attention), for
         the ``images`` of the batch; ``log`` (a list) receives what :func:`backward` needs, and with
         ``refine`` the ranges of the units that can cross a kink are intersected with the backward
         pass's over the stages before them (docs/bounds.md §5.1); attention's remainder takes its
         quadratic form (``bounds.remainder.remainder``) with ``refine`` only. Without ``form`` the
-        last FFN's set is left :class:`Mapped` (what :meth:`_margins` reads)."""
+        last FFN's set is left :class:`Mapped` (what :meth:`_margins` reads). With ``refuse`` a block's
+        LayerNorm refuses an image whose set exceeds its range at every token (its set emptied), and
+        where every image's set was refused the list stops, its last entry :data:`REFUSED`: the stages
+        after it would cost a pass for nothing. Without it every set is a bound (as tests read them)."""
         B = len(self.labels[images])
         n, d, P = self.embed.shape
         like = self.logits[images]
@@ -401,11 +426,18 @@ class TaylorNet:
         for k, block in enumerate(self.net.blocks):
             entry = tuple(t.expand(B, *t.shape[1:]) for t in self.entry_radii(eps)) if k == 0 else None
             if block.standard:
-                S = self._standard_block(S, k, block, eps, images, log, refine, split, entry, out)
+                S = self._standard_block(S, k, block, eps, images, log, refine, split, entry, out,
+                                         refuse)
+                if refused(S):
+                    out.append((REFUSED, S, None))
+                    return out
                 continue
             if block.norm is not None:  # the vanilla variant: LayerNorm where LayerProject is
-                S, s = normalize(S, self.raw[k][images], block.norm, eps, k, log, radii=entry)
+                S, s = normalize(S, self.raw[k][images], block.norm, eps, k, log, radii=entry, refuse=refuse)
                 out.append((f"norm{k}", S, s))
+                if refused(S):
+                    out.append((REFUSED, S, None))
+                    return out
             else:
                 S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log, refine if k else None,
                                every=refine is not None, radii=entry, span=self.span if k == 0 else None)
@@ -420,19 +452,19 @@ class TaylorNet:
             S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine, form or not last)
             out.append((f"ffn{k}", S, u))
         if self.net.standard:  # the final norm (every token; the margins read one, or the mean)
-            S, s = normalize(S, self.last[images], self.net.norm, eps, "_out", log)
+            S, s = normalize(S, self.last[images], self.net.norm, eps, "_out", log, refuse=False)
             out.append(("norm_out", S, s))
         return out
 
     def _standard_block(self, S: DeviationSet, k: int, block, eps: float, images: slice | Tensor,
                         log: list | None, refine: Refine | None, split: str,
-                        entry: tuple[Tensor, Tensor] | None, out: list) -> DeviationSet:
+                        entry: tuple[Tensor, Tensor] | None, out: list, refuse: bool) -> DeviationSet:
         """A standard pre-LayerNorm block: X + A(LN₁X), then + M(LN₂·), each residual the sum of the
         set and its branch's (:meth:`DeviationSet.plus`), marked by a fork and a join in ``log`` for
         the backward pass (docs/bounds.md §5.1, "Residual branches")."""
         mark = (lambda rec: log.append(rec)) if log is not None else (lambda rec: None)
         mark(Fork())
-        S1, s = normalize(S, self.raw[k][images], block.norm, eps, k, log, radii=entry)
+        S1, s = normalize(S, self.raw[k][images], block.norm, eps, k, log, radii=entry, refuse=refuse)
         out.append((f"norm{k}", S1, s))
         branch = attention(S1, self.layers[k], self.inputs[k][images], k, log, split,
                            quadratic=refine is not None,
@@ -441,9 +473,11 @@ class TaylorNet:
         mark(Join())
         S = S.plus(branch)
         out.append((f"attention{k}", S, None))
+        if refused(S):  # the FFN's branch would cost its share of a pass for nothing
+            return S
         mark(Fork())
         # the FFN's branch is per token: E's map across it is tracked from the fork (DeviationSet.fork)
-        S2, s = normalize(S.fork(), self.mids[k][images], block.norm2, eps, f"{k}b", log)
+        S2, s = normalize(S.fork(), self.mids[k][images], block.norm2, eps, f"{k}b", log, refuse=refuse)
         out.append((f"norm{k}b", S2, s))
         branch, u = ffn(S2, block, self.mid_norms[k][images], self.lip[k] - 1.0, eps, log, refine,
                         residual=False)
@@ -640,5 +674,6 @@ class TaylorNet:
         diag = Diagnostics(pick(margins), take(losses.first_order, first),
                            take(losses.kinks, kinks - shift),
                            {s: take(losses.remainders.get(s, zero), forward.get(s, zero)) for s in sources},
-                           unstable, straddling, pick(better))
+                           unstable, straddling, pick(better),
+                           torch.zeros_like(certified) if S.void is None else S.void.clone())
         return torch.full_like(logits, math.inf).scatter(-1, others, lower), ok, certified, diag

@@ -158,13 +158,16 @@ class NormRecord:
 
 
 def layer_norm(S: DeviationSet, raw: Tensor, norm: nn.LayerNorm, eps: float, k: int | str,
-               log: list | None = None,
-               radii: tuple[Tensor, Tensor] | None = None) -> tuple[DeviationSet, Tensor]:
+               log: list | None = None, radii: tuple[Tensor, Tensor] | None = None,
+               refuse: bool = True) -> tuple[DeviationSet, Tensor]:
     """The set after LayerNorm at the clean tokens ``raw`` [B, n, d]: its per-token Jacobian applied
     (exactly, to every part of the set), E crossing it at ‖L_t‖₂, and the tokens' errors as a
     Frobenius ball of source ``norm<k>`` (second-order ones sharing the input ball's budget, as
     LayerProject's do). ``radii``: the set's token radii [B, n] and radius [B] where the caller has
-    them. Returns the set and the count 0 per image (LayerNorm has no kink)."""
+    them. ``refuse``: an image whose every token's bound exceeds LayerNorm's range, 2√d·max|γ|, is
+    refused (its set emptied and marked void; the final norm does not refuse, as the margins read it
+    through their sign, :func:`margin_sign`, and a class token's head reads no other token). Returns
+    the set and the count 0 per image (LayerNorm has no kink)."""
     r, whole = radii if radii is not None else (S.token_radii(eps), None)
     whole = S.radius(eps, r) if whole is None else whole
     L = norm_jacobian(norm, raw)
@@ -182,7 +185,13 @@ def layer_norm(S: DeviationSet, raw: Tensor, norm: nn.LayerNorm, eps: float, k: 
     one = torch.where(use2, 0.0, err)
     smooth = torch.minimum(two.norm(dim=-1), (two / caps).amax(-1) * whole**2) + one.norm(dim=-1)
     out = out.add_ball(f"norm{k}", smooth, err)
-    void = ~torch.isfinite(err).all(-1)  # [B]: LayerNorm is undefined at a point of the ball
+    # [B]: LayerNorm is undefined at a point of the ball (e = 0), or every token's bound says less than
+    # its range does: ‖LN(x) − LN(x₀)‖ = ‖γ ⊙ (u − u₀)‖ ≤ 2√d·max|γ| (‖u‖ ≤ √d), so the set carries
+    # no information past this norm (docs/bounds.md §5.1, "LayerNorm"): refused, as every later stage
+    # would cost its share of a pass for nothing. One such token alone is not refused: attention may
+    # weigh it little (the q1 GELU digits ViT at ε 0.01 certifies such images)
+    vacuous = (own * r + err > 2 * g) & refuse
+    void = ~torch.isfinite(err).all(-1) | vacuous.all(-1)
     if void.any():  # emptied (later stages stay finite), and bounded by −∞ at the margins
         keep = lambda t: None if t is None else torch.where(void.reshape(-1, *[1] * (t.dim() - 1)), 0.0, t)
         out = replace(out, G=keep(out.G), A=keep(out.A), Q=keep(out.Q), c=keep(out.c), rho=keep(out.rho),

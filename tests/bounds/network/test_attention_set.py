@@ -102,7 +102,7 @@ def staged(kind: str, seed: int, qk: float, eps: float):
     net, x, attn_in, before = inputs(kind, seed, qk)
     with torch.no_grad():
         tn = TaylorNet(net, x, net(x).argmax(-1))
-        return tn, dict((name, S) for name, S, _ in tn.stages(eps)), attn_in(x), before
+        return tn, dict((name, S) for name, S, _ in tn.stages(eps, refuse=False)), attn_in(x), before
 
 
 def read_on_set(S, layer, X: torch.Tensor, eps: float):
@@ -121,7 +121,8 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
     with torch.no_grad():
         y = net(x).argmax(-1)
         tn = TaylorNet(net, x, y)
-        stages = dict((name, S) for name, S, _ in tn.stages(eps, log=[] if refine else None, refine=refine))
+        stages = tn.stages(eps, log=[] if refine else None, refine=refine, refuse=False)
+        stages = dict((name, S) for name, S, _ in stages)
         clean = attn_in(x)
         moved = [attn_in(x + d) for d in perturbations(x, eps, 8, gen)]
     tighter = narrower = sharper = False
@@ -327,7 +328,7 @@ def test_the_second_order_forms_are_the_autograd_second_derivative_on_the_first_
     with torch.no_grad():
         y = net(x).argmax(-1)
         tn = TaylorNet(net, x, y)
-        stages = dict((name, S) for name, S, _ in tn.stages(0.01))
+        stages = dict((name, S) for name, S, _ in tn.stages(0.01, refuse=False))
         clean = attn_in(x)
     gen = torch.Generator().manual_seed(seed)
     for k, layer in enumerate(tn.layers):
@@ -351,7 +352,7 @@ def test_the_second_order_rows_hold_an_ascent_on_each_rows_remainder(kind, seed,
     with torch.no_grad():
         y = net(x).argmax(-1)
         tn = TaylorNet(net, x, y)
-        stages = dict((name, S) for name, S, _ in tn.stages(eps))
+        stages = dict((name, S) for name, S, _ in tn.stages(eps, refuse=False))
         clean = attn_in(x)
     for k, layer in enumerate(tn.layers):
         S, X = stages[f"{before}{k}"], clean[k]

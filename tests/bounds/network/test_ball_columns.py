@@ -72,7 +72,7 @@ def test_the_second_pass_holds_the_sampled_deviations_and_its_radii(seed, qk, ep
     y = torch.arange(3) % 4
     tn = TaylorNet(net, x, y)
     with torch.no_grad():
-        stages = tn.stages(eps, log=[], refine=True)
+        stages = tn.stages(eps, log=[], refine=True, refuse=False)
         assert all(S.W is not None for _, S, _ in stages)  # E is carried as columns
         # somewhere the columns are tighter than the radii: the test exercises them
         assert any(bool((S.ball() < S.rho.sum(-1) * (1 - 1e-6)).any()) for _, S, _ in stages)

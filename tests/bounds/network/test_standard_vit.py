@@ -83,7 +83,7 @@ def test_every_stage_holds_the_sampled_deviations(seed, qk, eps, act, refine):
     y = torch.arange(4) % 4
     tn = TaylorNet(net, x, y)
     with torch.no_grad():
-        stages = tn.stages(eps, log=[] if refine else None, refine=refine)
+        stages = tn.stages(eps, log=[] if refine else None, refine=refine, refuse=False)
         assert [s[0] for s in stages] == ["norm0", "attention0", "norm0b", "ffn0", "norm1", "attention1",
                                           "norm1b", "ffn1", "norm_out"]
         clean = dense_forward(net, x)
@@ -108,7 +108,7 @@ def test_every_token_radius_holds_an_ascent_on_that_tokens_deviation(seed, qk, e
     x = torch.rand(2, 8, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     tn = TaylorNet(net, x, torch.arange(2))
     with torch.no_grad():
-        stages = tn.stages(eps, log=[], refine=True)
+        stages = tn.stages(eps, log=[], refine=True, refuse=False)
         clean = dense_forward(net, x)
     for k, (name, S, _) in enumerate(stages):
         radii = S.token_radii(eps)
@@ -158,7 +158,7 @@ def test_the_backward_pass_through_residuals_is_below_an_attack_on_each_function
     tn = TaylorNet(net, x, y)
     log: list = []
     with torch.no_grad():
-        tn.stages(eps, log=log, refine=refine)
+        tn.stages(eps, log=log, refine=refine, refuse=False)
     Lam = torch.randn(3, 4, *tn.last.shape[1:], generator=torch.Generator().manual_seed(6),
                       dtype=torch.float64)
     bound, _ = backward(log, Lam, tn.embed, eps)
