@@ -101,9 +101,9 @@ class Diagnostics:
     bound that margin took (first order, kinks, and each source's remainder: the backward pass's where
     ``backward`` says its bound was the better one, else the forward set's; they add up to what
     ``lower`` lost), per block the number of unstable neurons and of straddling tokens, and whether a
-    stage was undefined or refused in the image's ball (``refused``: a token's bound exceeded
-    LayerNorm's range at every token, or reached σ = 0 with e = 0: nothing is certified there, and
-    no second pass is tried)."""
+    stage was undefined or refused in the image's ball (``refused``: a block LayerNorm's set exceeded
+    its range at every token, or reached σ = 0 with e = 0; that pass certifies nothing there, and
+    after a first pass the second is still tried)."""
 
     margin: Tensor
     first_order: Tensor
