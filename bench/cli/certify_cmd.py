@@ -51,9 +51,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--bounds", default=None, help="comma-separated bound names (default: every bound "
                    f"that certifies a network); {CASCADE} among them is --cascade")
     c.add_argument("--cascade", action="store_true", help=f"add the bound {CASCADE} (and {CASCADE_TN} "
-                   f"where {TAYLOR_NET} runs): {CASCADE_FIRST} on "
-                   "every image, whole-network CROWN on the correctly classified ones it leaves uncertified "
-                   "(needs auto_LiRPA)")
+                   f"where {TAYLOR_NET} runs; on a vanilla or standard ViT that one alone): {CASCADE_FIRST} "
+                   "on every image, whole-network CROWN on the correctly classified ones it leaves "
+                   "uncertified (needs auto_LiRPA)")
     c.add_argument("--limit", type=int, default=None, help="the first N test images (default all; from "
                    "--offset on where given)")
     c.add_argument("--offset", type=int, default=0, metavar="N",

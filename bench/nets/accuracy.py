@@ -203,8 +203,9 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
 
     ``crown`` and ``alpha_crown`` verify the margins of the whole network directly
     (:mod:`bounds.network.netcrown`): their δ_features is NaN, their verdict that of both tests. ``cascade``
-    adds :data:`CASCADE`: naive on every image, CROWN on those it leaves uncertified (and
-    :data:`CASCADE_TN`, the same with taylor_net first, where taylor_net runs)
+    adds :data:`CASCADE`: naive on every image, CROWN on those it leaves uncertified (on a lofast ViT:
+    naive needs its norm route), and :data:`CASCADE_TN`, the same with taylor_net first, where
+    taylor_net runs
     (CROWN's verdicts and share of seconds reused where ``crown`` runs too).
 
     The margin attack searches in ``dtype`` and judges an image broken by its float64 margin
@@ -212,17 +213,19 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     check_network(net, names, cascade)
     bounds_ = [network_bound(n) for n in names] if names else default_bounds(net)
     eps = [check_eps(e) for e in eps]
+    # naive's cascade needs the norm route, which only a lofast ViT has (check_network)
+    lofast = net.cfg.variant == "lofast"
     # the norm route's trace and norms, where a bound or the cascade takes them (never on a vanilla ViT)
-    routed = cascade or any(b.name not in METHODS and b.name not in TAYLOR_NETS for b in bounds_)
+    routed = (cascade and lofast) or any(b.name not in METHODS and b.name not in TAYLOR_NETS for b in bounds_)
     net = net.to(device)
     images, labels = images.to(device=device, dtype=torch.float64), labels.to(device)
     direct = [b for b in bounds_ if b.name in METHODS]
     for b in direct:
         b.check()
     traced = TracedViT(net) if direct or cascade else None
-    # the cascades: naive's always, taylor_net's where taylor_net runs too (its verdicts are reused)
+    # the cascades: naive's on a lofast ViT, taylor_net's where taylor_net runs too (its verdicts reused)
     ran = [b.name for b in bounds_]
-    cascades = ([CASCADE] + ([CASCADE_TN] if TAYLOR_NET in ran else [])) if cascade else []
+    cascades = ([CASCADE] * lofast + [CASCADE_TN] * (TAYLOR_NET in ran)) if cascade else []
     listed = [b.name for b in bounds_] + cascades
     keys = [(b, e) for e in eps for b in listed]
     parts = {k: _Collected() for k in keys}
@@ -264,7 +267,7 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                     p.cert.append(c.certificate)
                     p.seconds += c.seconds
                 for name in cascades:
-                    _cascade(parts, net, x, y, e, cert, traced, name, norms)
+                    _cascade(parts, net, x, y, e, cert, traced, name, norms, clean[-1])
             with torch.no_grad():
                 features = net.trace(x).features  # the clean features, the same for every ε
             for e in eps:
@@ -319,13 +322,14 @@ def _taylor_net(p: _Collected, net: ViT, x: Tensor, y: Tensor, eps: float, memo:
 
 
 def _cascade(parts: dict[tuple[str, float], _Collected], net: ViT, x: Tensor, y: Tensor, eps: float,
-             cert: Certifier, traced: TracedViT, name: str, norms: dict) -> None:
+             cert: Certifier | None, traced: TracedViT, name: str, norms: dict, logits: Tensor) -> None:
     """One chunk of the cascade ``name`` (:data:`bounds.registry.CASCADES`) at ``eps``: its first
     bound's pairwise test on every image (naive's norms reused from the chunk's other bounds where
     they ran, through their cache ``norms``; taylor_net's verdicts and seconds taken from its own
     run on the chunk), CROWN on the correctly classified rest. Where ``crown`` ran on the chunk as
     well its verdicts are the same computation, so they are taken with its seconds per image times
-    the number sent, not computed twice."""
+    the number sent, not computed twice. ``cert`` (the chunk's norm route) is None where no bound
+    takes it (taylor_net's cascade on a vanilla or standard ViT); ``logits`` are the chunk's clean ones."""
     first_name = CASCADES[name]
     if first_name == TAYLOR_NET:
         own = parts[(TAYLOR_NET, eps)]
@@ -333,7 +337,8 @@ def _cascade(parts: dict[tuple[str, float], _Collected], net: ViT, x: Tensor, y:
     else:
         first = cert.certify(first_name, eps, norms)
         pairwise, seconds, certificate = first.pairwise, first.seconds, first.certificate
-    sent = ~pairwise.to(cert.correct.device) & cert.correct  # a misclassified image is certified by nothing
+    correct = logits.argmax(-1) == y
+    sent = ~pairwise.to(correct.device) & correct  # a misclassified image is certified by nothing
     verdict = pairwise.cpu().clone()
     crown = parts.get(("crown", eps))
     if sent.any():

@@ -43,7 +43,7 @@ from ..core.store import (
 )
 from .memory import check_memory
 from .profiles import Profile
-from .tasks import CROWN_TASKS, CertifyMemo, run_cell
+from .tasks import CROWN_TASKS, CertifyMemo, check_model_cells, run_cell
 
 if TYPE_CHECKING:
     from .cases import Cell
@@ -143,6 +143,7 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
     if scheduler is None:  # a --scheduler's workers are other machines, whose memory is not ours to see
         check_memory(chosen, run["pgd_restarts"], device)
     want = _manifest(profile, run, overrides)
+    check_model_cells([c for _, c in chosen])  # a model its task cannot certify, before hours of others
     if any(c.task == "pretrained" for _, c in chosen):
         from models.pretrained import require  # the study's extras, before anything is written
 

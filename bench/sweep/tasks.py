@@ -11,15 +11,16 @@ import torch
 from attacks.margin import attack_margin
 from bounds import jacobian as jac
 from bounds import lofast as lf
-from bounds.network import default_bounds, network_bounds
+from bounds.network import check_network, default_bounds, network_bounds
 from bounds.registry import CASCADE, CASCADE_FIRST, TAYLOR_NET, unavailable
 from bounds.taylor import sigma_J
-from models import Stack
+from models import InputError, Stack
 from models.operators import DENSE_LIMIT, jacobian_lanczos, jacobian_matrix
 from models.spectral import spectral
+from models.vit import ViT
 
 from ..core.env import timed
-from ..nets.accuracy import block_sigmas, run_certify
+from ..nets.accuracy import block_sigmas, load_model, run_certify
 from . import imported as import_dirs
 from .cases import Cell, ImportedCell, LayerCell, ModelCell, NetworkFileCell, PretrainedCell
 from .cost import cost_task
@@ -177,6 +178,35 @@ def memo_group(cell: Cell) -> tuple | None:
     return cell.model, cell.dataset, cell.samples
 
 
+def certify_names(task: str, net: ViT) -> tuple[list[str] | None, bool]:
+    """The network bounds a model cell of ``task`` runs on ``net`` (None: every one that takes it),
+    and whether the cascades run. Without auto_LiRPA a CROWN task's are the certify task's (the
+    runner prints a note). On a vanilla or standard ViT the bounds are those that take it, and the
+    cascade is taylor_net's alone (bounds.network.check_network)."""
+    if task not in CROWN_TASKS:
+        return None, False
+    extra = [n for n in CROWN_TASKS[task] if n not in unavailable()]
+    takes = {b.name for b in default_bounds(net)}
+    first = [n for n in FIRSTS_ONLY.get(task, [b.name for b in network_bounds()]) if n in takes]
+    return first + [n for n in extra if n != CASCADE], CASCADE in extra
+
+
+def check_model_cells(cells: list[Cell]) -> None:
+    """Refuses, before any cell runs, a model cell whose task cannot certify its model (a stage
+    taylor_net has no rule for, a bound named that does not take it): reads each model's card and
+    weights once, not its data."""
+    seen = set()
+    for cell in cells:
+        if not isinstance(cell, ModelCell) or cell.task not in MEMO_TASKS or (cell.model, cell.task) in seen:
+            continue
+        seen.add((cell.model, cell.task))
+        net, _ = load_model(cell.model_path)
+        try:
+            check_network(net, *certify_names(cell.task, net))
+        except InputError as e:
+            raise InputError(f"{cell.model} ({cell.task}): {e}") from None
+
+
 def certify_task(cell: ModelCell, run: dict, device: torch.device, dtype: torch.dtype,
                  memo: CertifyMemo | None = None) -> list[dict]:
     """A zoo model's first test images at the cell's ε: every network bound with both certification
@@ -190,12 +220,7 @@ def certify_task(cell: ModelCell, run: dict, device: torch.device, dtype: torch.
     key = (os.path.realpath(cell.model_path), stat.st_mtime_ns, stat.st_size, cell.dataset,
            cell.samples, str(device))
     held = (CertifyMemo() if memo is None else memo).for_key(key)
-    names, cascade = None, False
-    if cell.task in CROWN_TASKS:  # without auto_LiRPA these are the certify task's rows (runner: a note)
-        extra = [n for n in CROWN_TASKS[cell.task] if n not in unavailable()]
-        first = FIRSTS_ONLY.get(cell.task, [b.name for b in network_bounds()])
-        names = first + [n for n in extra if n != CASCADE]
-        cascade = CASCADE in extra
+    names, cascade = certify_names(cell.task, net)
     res = run_certify(net, images, labels, [cell.eps], names, steps=run["pgd_steps"],
                       restarts=run["pgd_restarts"], seed=run["seed"], device=device,
                       memo=held, cascade=cascade, dtype=dtype)

@@ -33,7 +33,7 @@ from models.vit import ViT
 from ..base import Bound, propagate
 from ..certificates import Certificate, Ledger, NormCache, book
 from ..norms import exact_norm
-from ..registry import TAYLOR_NETS, best_ingredients, every, get
+from ..registry import TAYLOR_NET, TAYLOR_NETS, best_ingredients, every, get
 from ..taylor import TaylorOptions, sigma_J
 from .stages.activations import ACTIVATION_STAGES
 
@@ -89,7 +89,8 @@ LAYERNORM_BOUNDS = (*PROCEDURES, "crown", "alpha_crown")
 
 def check_network(net: ViT, names: list[str] | None, cascade: bool = False) -> None:
     """Refuses, before any work, the bounds (``names``; None: the default list) and the cascade that
-    cannot certify ``net``: a vanilla ViT is certified by :data:`LAYERNORM_BOUNDS` alone."""
+    cannot certify ``net``: a vanilla or standard ViT is certified by :data:`LAYERNORM_BOUNDS` alone,
+    and its cascade is taylor_net's (``bounds.registry.CASCADE_TN``), which needs taylor_net run."""
     check_stages(net)
     if net.cfg.variant == "lofast":
         return
@@ -99,9 +100,10 @@ def check_network(net: ViT, names: list[str] | None, cascade: bool = False) -> N
                          f"through each block needs LayerProject, and LayerNorm is not Lipschitz as a "
                          f"token's variance goes to 0 (docs/bounds.md §5); these can: "
                          f"{', '.join(LAYERNORM_BOUNDS)}")
-    if cascade:
-        raise InputError(f"--cascade starts from the norm route, which cannot certify a "
-                         f"{net.cfg.variant!r} ViT; name the bounds instead ({', '.join(LAYERNORM_BOUNDS)})")
+    # the cascade there is taylor_net's alone (naive's starts from the norm route)
+    if cascade and names is not None and TAYLOR_NET not in names:
+        raise InputError(f"--cascade on a {net.cfg.variant!r} ViT starts from taylor_net (naive's "
+                         f"cascade needs the norm route); add taylor_net to the bounds")
 
 
 def default_bounds(net: ViT) -> list[Bound]:

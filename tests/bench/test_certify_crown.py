@@ -160,12 +160,13 @@ def test_cascade_rows_pass_the_gate_and_say_what_went_on(tiny_run):
     assert gate.derive(forged).loc[certified[0], "violation"]
 
 
-def run_certify_crown_cell(tmp_path, capsys, samples: int, task: str = "certify_crown"):
-    """A one-cell run of task ``task`` on the tiny model: (its table, the run's stderr)."""
+def run_certify_crown_cell(tmp_path, capsys, samples: int, task: str = "certify_crown",
+                           model: str = "tiny-digits-d16-b1-h1-c0.5", eps: float = 0.02):
+    """A one-cell run of task ``task`` on ``model`` (the tiny one): (its table, the run's stderr)."""
     profile = tmp_path / "p.toml"
     profile.write_text('[run]\npgd_steps = 5\npgd_restarts = 1\n[[sweep]]\nname = "c"\n'
-                       f'task = "{task}"\nmodel = "tiny-digits-d16-b1-h1-c0.5"\n'
-                       f'eps = 0.02\nsamples = {samples}\n')
+                       f'task = "{task}"\nmodel = "{model}"\n'
+                       f'eps = {eps}\nsamples = {samples}\n')
     code, _, err = main_inprocess(capsys, "run", "--profile", profile, "--out", tmp_path / "out")
     assert code == 0, err
     return store.load(tmp_path / "out"), err
@@ -184,6 +185,24 @@ def test_a_crown_cascade_cell_runs_crown_and_the_cascades_with_their_first_bound
     both = cert.merge(full[full["role"] == "certify"], on=key, suffixes=("", "_full"))
     assert len(both) == len(cert)
     assert (both["certified_pairwise"] == both["certified_pairwise_full"]).all()
+    assert not gate.derive(df)["violation"].any()
+
+
+@needs_lirpa
+@pytest.mark.parametrize("task", ["crown_cascade", "certify_crown"])
+def test_a_crown_cell_on_a_vanilla_vit_runs_taylor_nets_cascade_alone(tmp_path, capsys, task):
+    """On a pre-LayerNorm ViT naive (and its cascade) has no norm route: a CROWN cell runs the bounds
+    that take it and taylor_net's cascade, which lies between taylor_net and taylor_net ∪ CROWN (the
+    paper run's CROWN sweep stopped at its standard ViT after hours of other cells before this)."""
+    df, _ = run_certify_crown_cell(tmp_path, capsys, 6, task=task, model="digits-d16-b2-h1-vanilla",
+                                   eps=0.005)
+    cert = df[df["role"] == "certify"]
+    assert CASCADE not in set(cert["bound"]) and "naive" not in set(cert["bound"])
+    assert {"crown", "taylor_net", "cascade_taylor_net_crown"} <= set(cert["bound"])
+    v = cert.pivot(index="sample", columns="bound", values="certified_pairwise").astype(bool)
+    tn, both, cascade = v["taylor_net"], v["crown"], v["cascade_taylor_net_crown"]
+    assert not (tn & ~cascade).any() and not (cascade & ~(tn | both)).any()
+    assert cascade.any()
     assert not gate.derive(df)["violation"].any()
 
 

@@ -216,6 +216,21 @@ def test_run_refuses_unknown_sweeps_before_any_work(tmp_path, capsys, names, wor
     assert not (tmp_path / "r").exists()
 
 
+def test_run_refuses_a_model_its_task_cannot_certify_before_any_cell(tmp_path, capsys, monkeypatch):
+    """A model cell whose bounds do not take its model is refused before the first cell runs (the
+    paper run's CROWN sweep once stopped at its standard ViT after hours of other cells): here a
+    ``certify_names`` that names naive on a vanilla ViT, queued after a sweep of layer cells."""
+    profile = TINY + ('\n[[sweep]]\nname = "net"\ntask = "crown_cascade"\n'
+                      'model = "digits-d16-b2-h1-vanilla"\neps = 0.01\nsamples = 2\n')
+    (tmp_path / "p.toml").write_text(profile)
+    monkeypatch.setattr(tasks, "certify_names", lambda task, net: (["naive"], False))
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "p.toml", "--device", "cpu",
+                                  "--out", tmp_path / "r")
+    assert code == 2 and err.startswith("error:") and len(err.strip().splitlines()) == 1
+    assert "digits-d16-b2-h1-vanilla (crown_cascade): naive cannot certify a 'vanilla' ViT" in err
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_run_of_some_sweeps_checks_only_their_memory(tmp_path, capsys):
     """A sweep left for another machine (its cells too large here) does not stop the ones run now."""
     big = TINY + "\n[[sweep]]\nname = \"big\"\nkind = \"dot\"\nn = 100000000\nd = 4\nh = 2\n"

@@ -147,8 +147,8 @@ def test_a_ball_that_reaches_sigma_zero_certifies_nothing_and_raises_nothing():
 
 
 def test_certify_takes_a_vanilla_vit_with_the_bounds_that_can_and_refuses_the_rest(capsys):
-    """``certify`` on a pre-LayerNorm zoo model: taylor_net's rows by default; a norm-route bound or
-    the cascade named is refused in one error line before any work."""
+    """``certify`` on a pre-LayerNorm zoo model: taylor_net's rows by default; a norm-route bound, or
+    the cascade without taylor_net (its first there), is refused in one error line before any work."""
     from helpers import main_inprocess
 
     model = ZOO / "digits-d16-b2-h1-vanilla.safetensors"
@@ -160,7 +160,7 @@ def test_certify_takes_a_vanilla_vit_with_the_bounds_that_can_and_refuses_the_re
     names = set(json.loads(out)["certified_accuracy"])
     assert "taylor_net" in names and "naive" not in names
     for args, words in ((("--bounds", "naive,taylor_net"), "naive cannot certify a 'vanilla' ViT"),
-                        (("--cascade",), "--cascade starts from the norm route")):
+                        (("--cascade", "--bounds", "taylor_net_lofast"), "starts from taylor_net")):
         code, out, err = main_inprocess(capsys, "certify", "--model", model, "--limit", 3, "--eps", "1e-3",
                                         *args)
         assert code == 2 and err.startswith("error:") and words in err and err.count("\n") == 1
