@@ -28,6 +28,8 @@ from .logits import LogitBox, RowReadings
 # the most entries h·n·d·P² of one image's forms for which the second order is formed: 2·17·32·64² on
 # the digits ViTs (4.5·10⁶); none of the Fashion-MNIST ones (P = 784)
 FORM_ENTRIES = 2**23
+# the most entries of forms held at once (rows formed a few at a time): 2²⁴ float64 is 128 MiB
+FORM_CHUNK = 2**24
 # the fourth joint cumulant of a row is at most (1 + 3/(2√2))·s·diam(Y)·Var(u) (docs/bounds.md §2.3.2)
 CUMULANT4 = 1 + 3 / (2 * math.sqrt(2))
 # the forms' products and the eigenvalue: a relative 1e-10 of the flattening's Frobenius norm covers them
@@ -40,20 +42,23 @@ def fits(layer: DotMHA, S: DeviationSet) -> bool:
     return layer.h * n * d * P * max(P, d) <= FORM_ENTRIES
 
 
-def row_forms(S: DeviationSet, layer: DotMHA, parts, b: int) -> Tensor:
-    """M [n, d, P, P] of image b: Q₂_i(Gδ)[c] = δᵀM_{i,c}δ, summed over heads, with (docs/bounds.md §2.3.2)
+def row_forms(S: DeviationSet, layer: DotMHA, parts, b: int, rows: slice = slice(None)) -> Tensor:
+    """M [i, d, P, P] of image b's output tokens ``rows`` (default all n): Q₂_i(Gδ)[c] = δᵀM_{i,c}δ,
+    summed over heads, with (docs/bounds.md §2.3.2)
 
         Q₂_i = Σ_l [ ½Σ_k p_k δ̃_k² Ỹ_k + Σ_k p_k δ̃_k Γ_kC_l + Σ_k p_k q_k Ỹ_k ],
 
     δ̃_k = g̃_kᵀδ the row's linear logit change centred under p (÷√d_h), Ỹ_k = Y_k − ȳ_i with Y = XC_l,
-    q_k = (G_iδ)ᵀA_l(G_kδ)/√d_h with A_l = W^Q_l W^K_lᵀ, and Γ_k = G_kδ."""
+    q_k = (G_iδ)ᵀA_l(G_kδ)/√d_h with A_l = W^Q_l W^K_lᵀ, and Γ_k = G_kδ. Each row's forms depend on
+    that row alone, so a caller short of memory forms them a few rows at a time."""
     G = S.G[b]  # [n, d, P]
-    P = parts.P[b]  # [h, i, k]
+    Gi = G[rows]  # [i, d, P]: the rows asked for
+    P = parts.P[b][:, rows]  # [h, i, k]
     root = math.sqrt(layer.d_h)
     # the linear logit change's generators: √d_h δ_ik = ⟨Γ_i, W^Q_l k_k⟩ + ⟨W^K_l q_i, Γ_k⟩
     kq = parts.K[b] @ layer.W_q.mT  # [h, k, d]: W^Q_l k_k
-    qk = parts.Q[b] @ layer.W_k.mT  # [h, i, d]: W^K_l q_i
-    g = (torch.einsum("idp,hkd->hikp", G, kq) + torch.einsum("hid,kdp->hikp", qk, G)) / root
+    qk = parts.Q[b][:, rows] @ layer.W_k.mT  # [h, i, d]: W^K_l q_i
+    g = (torch.einsum("idp,hkd->hikp", Gi, kq) + torch.einsum("hid,kdp->hikp", qk, G)) / root
     gt = g - (P[..., None] * g).sum(-2, keepdim=True)  # [h, i, k, P]
     Y = parts.V[b] @ layer.W_o  # [h, k, d]: X C_l (the value bias cancels under centring)
     Yt = Y[:, None] - (P @ Y)[:, :, None]  # [h, i, k, d]
@@ -64,7 +69,7 @@ def row_forms(S: DeviationSet, layer: DotMHA, parts, b: int) -> Tensor:
     V = torch.einsum("hik,hikp,hkcq->icpq", P, gt, H)
     A = layer.W_q @ layer.W_k.mT  # [h, d, d]
     K = torch.einsum("hikc,kep->hicep", w, G)  # [h, i, c, e, P]: Σ_k p_k Ỹ_k[c] G_k
-    GA = torch.einsum("idp,hde->hiep", G, A)  # [h, i, e, P]: A_lᵀG_i, contracted first (the cheap order)
+    GA = torch.einsum("idp,hde->hiep", Gi, A)  # [h, i, e, P]: A_lᵀG_i, contracted first (the cheap order)
     Qf = torch.einsum("hiep,hiceq->icpq", GA, K) / root
     N = V + Qf
     return M + 0.5 * (N + N.mT)
@@ -73,7 +78,7 @@ def row_forms(S: DeviationSet, layer: DotMHA, parts, b: int) -> Tensor:
 def flattening_norm(M: Tensor) -> Tensor:
     """An upper bound of sup_{‖w‖ = 1} ‖Σ_c w_c M_c‖₂ ≥ sup_{‖δ‖ = 1} ‖(δᵀM_cδ)_c‖ for M [..., d, P, P]:
     ‖[M_1 … M_d]‖₂, the root of λ_max(Σ_c M_cM_cᵀ), raised by ROUND of the Frobenius norm."""
-    F = (M @ M.mT).sum(-3)
+    F = torch.einsum("...cpq,...crq->...pr", M, M)  # one product over (c, q), no [d, P, P] temporary
     lam = torch.linalg.eigvalsh(F)[..., -1].clamp_min(0)
     return lam.sqrt() + ROUND * M.flatten(-3).norm(dim=-1)
 
@@ -86,7 +91,10 @@ def second_order_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: Lo
     B, n = S.G.shape[:2]
     root = math.sqrt(layer.d_h)
     P = parts.P  # [B, h, i, k]
-    first = torch.stack([flattening_norm(row_forms(S, layer, parts, b)) for b in range(B)]) * eps**2
+    # a few rows' forms at a time: FORM_CHUNK entries at most held at once (one row at least)
+    step = max(1, FORM_CHUNK // max(1, S.G.shape[2] * S.G.shape[3] ** 2))
+    first = torch.stack([torch.cat([flattening_norm(row_forms(S, layer, parts, b, slice(i, i + step)))
+                                    for i in range(0, n, step)]) for b in range(B)]) * eps**2
     # the G part's radius per token and every other part's: ‖c_t‖ + the box + the groups + E
     g_tok = eps * gram_norm(S.token_grams())  # ε‖G_t‖₂
     Qt = S.Q.transpose(2, 3)

@@ -20,6 +20,7 @@ from test_batchnorm_stage import attention_inputs, bn_vit
 from test_taylor_net import perturbations, random_vit, true_stages
 
 from bounds.lofast import xi
+from bounds.network.stages import second_order
 from bounds.network.stages.attention import attention_parts
 from bounds.network.stages.logits import logit_box, set_remainder, set_rows, softmax_box
 from bounds.network.stages.second_order import fits, row_forms, second_order_rows
@@ -323,7 +324,8 @@ def rows_hold_an_ascent(kind: str, seed: int, qk: float, eps: float, bound, asce
 @pytest.mark.parametrize("kind,seed,qk", [("project", 3, 2.0), ("batch", 4, 1.0), ("layer", 5, 3.0)])
 def test_the_second_order_forms_are_the_autograd_second_derivative_on_the_first_generator(kind, seed, qk):
     """δᵀM_{i,c}δ = ½ d²/dt² F(X + tGδ)_{i,c} at t = 0 (torch.func's jvp twice, not the suite's forms), at
-    random δ, every row and output coordinate."""
+    random δ, every row and output coordinate; the forms of a few rows at a time are the rows of the
+    whole."""
     net, x, attn_in, before = inputs(kind, seed, qk)
     with torch.no_grad():
         y = net(x).argmax(-1)
@@ -336,6 +338,9 @@ def test_the_second_order_forms_are_the_autograd_second_derivative_on_the_first_
         parts = attention_parts(layer, X)
         for b in range(X.shape[0]):
             M = row_forms(S, layer, parts, b)  # [n, d, P, P]
+            # formed two rows at a time (as second_order_rows does where memory is short): the same forms
+            rows = torch.cat([row_forms(S, layer, parts, b, slice(i, i + 2)) for i in range(0, len(M), 2)])
+            assert torch.allclose(rows, M, rtol=1e-12, atol=1e-14 * float(M.abs().max()))
             for _ in range(3):
                 delta = torch.randn(S.G.shape[-1], generator=gen, dtype=torch.float64)
                 line = (S.G[b] @ delta)[..., None]  # [n, d, 1]: the direction Gδ as a one-column generator
@@ -360,6 +365,12 @@ def test_the_second_order_rows_hold_an_ascent_on_each_rows_remainder(kind, seed,
         box = logit_box(S, layer, parts, eps, S.route)
         bound = second_order_rows(S, layer, parts, eps, box, set_rows(S, layer, parts, eps, box),
                                   S.token_radii(eps))
+        # its forms one row at a time (where memory is short): the same bound
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(second_order, "FORM_CHUNK", 1)
+            one = second_order_rows(S, layer, parts, eps, box, set_rows(S, layer, parts, eps, box),
+                                    S.token_radii(eps))
+        assert torch.allclose(one, bound, rtol=1e-12, atol=0)
         for b in range(X.shape[0]):
             rem = functools.partial(row_remainder, functools.partial(on_set, layer, X[b], S.G[b]))
             gen = torch.Generator().manual_seed(seed + b)
