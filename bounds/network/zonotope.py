@@ -509,12 +509,23 @@ def box_norms(A: Tensor) -> tuple[Tensor, Tensor]:
             M = own.mT @ own  # [n, m_b, m_b]
             per[b] = M.abs().sum((-1, -2))
             total[b] = M.sum(0).abs().sum()
-        else:  # a token at a time
+        else:  # a token at a time, on the columns nonzero in it: a ReLU's symbol lives in its own
+            # token until attention mixes it (after an FFN, 835 of an image's 5,224 columns a token on
+            # the 4-block Fashion-MNIST ViT at ε 0.1), and the zero columns add exact zeros to M
+            # (where most of them are nonzero, as once attention has mixed them, the scatter into the
+            # whole Gram costs more than it saves: all of them then)
             whole = A.new_zeros(m_b, m_b)
             for t in range(n):
-                M = own[t].mT @ own[t]
+                idx = (own[t].abs().amax(0) > 0).nonzero()[:, 0]
+                if 2 * len(idx) > m_b:
+                    M = own[t].mT @ own[t]
+                    per[b, t] = M.abs().sum()
+                    whole += M
+                    continue
+                At = own[t][:, idx]
+                M = At.mT @ At
                 per[b, t] = M.abs().sum()
-                whole += M
+                whole[idx[:, None], idx] += M
             total[b] = whole.abs().sum()
     grow = 1 + 2 * (torch.tensor(width, dtype=A.dtype, device=A.device) ** 2 + 2) * u  # [B]
     tok = ((per + rounding(d, A.dtype) * tok_box**2) * grow[:, None]).sqrt() * grow[:, None]

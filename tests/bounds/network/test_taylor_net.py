@@ -436,15 +436,21 @@ def test_the_groups_share_of_a_radius_holds_every_vertex(layout, budget):
         assert (bound < plain * 0.9).any()
 
 
+@pytest.mark.parametrize("tokenwise", [False, True])
 @pytest.mark.parametrize("shape", ["orthogonal", "aligned", "one-token", "padded", "zero"])
-def test_the_box_norms_hold_every_vertex_and_beat_the_box(shape):
+def test_the_box_norms_hold_every_vertex_and_beat_the_box(shape, tokenwise, monkeypatch):
     """max over ζ ∈ [−1, 1]^m of ‖A_tζ‖ and ‖Aζ‖_F, found by enumerating the 2^m vertices (a convex
     function's maximum over a box is at a vertex) in float64, is never above ``box_norms``, which is
     never above the box's ‖|A|·1‖₂; on nearly orthogonal columns the Gram's bound is far below the box,
-    and where the columns are aligned it is the box itself (‖Aζ‖ = Σ_j ‖a_j‖ at ζ = ±1)."""
+    and where the columns are aligned it is the box itself (‖Aζ‖ = Σ_j ‖a_j‖ at ζ = ±1). ``tokenwise``:
+    the Grams a token at a time on its own nonzero columns (large sets), the same values to rounding."""
     from itertools import product
 
+    from bounds.network import zonotope
     from bounds.network.zonotope import box_norms
+
+    if tokenwise:
+        monkeypatch.setattr(zonotope, "BOX_GRAM_ENTRIES", 0)
 
     # (a fixed seed per case: str hashes change from one process to the next)
     gen = torch.Generator().manual_seed(["orthogonal", "aligned", "one-token", "padded", "zero"].index(shape))
@@ -475,6 +481,10 @@ def test_the_box_norms_hold_every_vertex_and_beat_the_box(shape):
     if shape == "padded":  # image 1's values do not depend on the others' columns (a chunk's padding)
         alone = box_norms(A[1:2, ..., :6])
         assert torch.equal(alone[0], tok[1:2]) and torch.equal(alone[1], whole[1:2])
+    if tokenwise:  # the same bounds as all tokens' Grams at once, to the sums' order
+        monkeypatch.setattr(zonotope, "BOX_GRAM_ENTRIES", 10**9)
+        at_once = box_norms(A)
+        assert torch.allclose(tok, at_once[0], rtol=1e-13) and torch.allclose(whole, at_once[1], rtol=1e-13)
 
 
 @pytest.mark.parametrize("case", ["random", "aligned", "orthogonal", "shift"])
