@@ -553,16 +553,29 @@ def cross_norms(G: Tensor, A: Tensor) -> tuple[Tensor, Tensor]:
     term): per token the box of the computed G_tᵀA_t, for all tokens :func:`box_norms` of the computed
     GᵀA = Σ_t G_tᵀA_t, each plus its rounding (:func:`rounded_box`). Image by image on its own nonzero
     columns, as :func:`box_norms`, so that a chunk's padding changes no bit."""
-    B, n, d = G.shape[:3]
+    B, n, d, P = G.shape
     tok, whole = A.new_zeros(B, n), A.new_zeros(B)
     for b in range(B):
         own = A[b][..., A[b].abs().amax((0, 1)) > 0]  # [n, d, m_b]
-        if not own.shape[-1]:
+        m_b = own.shape[-1]
+        if not m_b:
             continue
-        GA = G[b].mT @ own  # [n, P, m_b]
         mags = G[b].abs().mT @ own.abs().sum(-1)[..., None]  # [n, P, 1]
-        tok[b] = rounded_box(GA, mags[..., 0], d)
-        total = GA.sum(0)  # [P, m_b]: a sum of n·d products an entry
+        if n * P * m_b <= BOX_GRAM_ENTRIES:
+            GA = G[b].mT @ own  # [n, P, m_b]
+            tok[b] = rounded_box(GA, mags[..., 0], d)
+            total = GA.sum(0)  # [P, m_b]: a sum of n·d products an entry
+        else:  # a token at a time, on its own nonzero columns where they are at most half (box_norms)
+            total = A.new_zeros(P, m_b)
+            for t in range(n):
+                idx = (own[t].abs().amax(0) > 0).nonzero()[:, 0]
+                if 2 * len(idx) > m_b:
+                    GA = G[b, t].mT @ own[t]  # [P, m_b]
+                    total += GA
+                else:
+                    GA = G[b, t].mT @ own[t][:, idx]  # [P, m_t]: the zero columns' products are zeros
+                    total.index_add_(1, idx, GA)
+                tok[b, t] = rounded_box(GA, mags[t, :, 0], d)
         whole[b] = box_norms(total[None, None])[1][0] + rounding(n * d, A.dtype) * mags.sum(0)[..., 0].norm()
     return tok, whole
 

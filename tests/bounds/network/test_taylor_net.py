@@ -487,6 +487,32 @@ def test_the_box_norms_hold_every_vertex_and_beat_the_box(shape, tokenwise, monk
         assert torch.allclose(tok, at_once[0], rtol=1e-13) and torch.allclose(whole, at_once[1], rtol=1e-13)
 
 
+@pytest.mark.parametrize("shape", ["dense", "one-token"])
+def test_the_cross_norms_a_token_at_a_time_are_those_at_once_and_hold_every_vertex(shape, monkeypatch):
+    """``cross_norms`` a token at a time on its own nonzero columns (a large set) gives the bounds of the
+    products formed at once, to the sums' order, and neither is below max over the box's vertices of
+    ‖G_tᵀA_tζ‖ and ‖GᵀAζ‖ (enumerated in float64)."""
+    from itertools import product
+
+    from bounds.network import zonotope
+
+    gen = torch.Generator().manual_seed(7)
+    B, n, d, P, m = 2, 4, 6, 5, 10
+    G = torch.randn(B, n, d, P, generator=gen, dtype=torch.float64)
+    A = torch.randn(B, n, d, m, generator=gen, dtype=torch.float64)
+    if shape == "one-token":  # each symbol in one token, as a ReLU's is before attention mixes it
+        A = A * torch.nn.functional.one_hot(torch.arange(m) % n, n).T.double()[None, :, None, :]
+    at_once = zonotope.cross_norms(G, A)
+    monkeypatch.setattr(zonotope, "BOX_GRAM_ENTRIES", 0)
+    tokenwise = zonotope.cross_norms(G, A)
+    for a, b in zip(at_once, tokenwise, strict=True):
+        assert torch.allclose(a, b, rtol=1e-13, atol=0)
+    vertices = torch.tensor(list(product((-1.0, 1.0), repeat=m)), dtype=torch.float64).T  # [m, 2^m]
+    moved = G.mT @ A @ vertices  # [B, n, P, 2^m]
+    assert (tokenwise[0] >= moved.norm(dim=2).amax(-1) * (1 - 1e-13)).all()
+    assert (tokenwise[1] >= moved.sum(1).norm(dim=1).amax(-1) * (1 - 1e-13)).all()
+
+
 @pytest.mark.parametrize("case", ["random", "aligned", "orthogonal", "shift"])
 def test_the_joint_norm_holds_every_vertex_and_beats_the_triangle(case):
     """max over ‖δ‖ ≤ ε and the box's vertices ζ of ‖Gδ + Aζ‖ and of ‖Gδ + Aζ + c‖ (per vertex, δ by
