@@ -5,6 +5,9 @@ radius, with each stage's relaxed units. Shows which part a later remainder's ra
 
     python tools/taylor_net_sets.py zoo/MODEL.safetensors --dataset fashion-mnist --eps 0.01 --images 0
         [--refine]   # the second pass's set (every unit's range refined by the backward pass)
+        [--all]      # every stage, where the pass would stop at a set LayerNorm refuses
+        [--second-order]  # attention's second order on the set's generator formed at every layer,
+                          # past FORM_ENTRIES (d·P² entries a row: 315 MB at d 64, P 784; minutes)
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 import torch
 
 from bench.nets.accuracy import load_model
+from bounds.network.stages import attention as attention_stage
 from bounds.network.taylor_net import TaylorNet
 from bounds.norms import gram_norm
 from models import InputError, check_eps
@@ -28,6 +32,9 @@ def main() -> None:
     p.add_argument("--eps", type=float, default=0.01)
     p.add_argument("--images", default="0", help="comma-separated test image indices")
     p.add_argument("--refine", action="store_true")
+    p.add_argument("--all", action="store_true", help="every stage, past a refusal")
+    p.add_argument("--second-order", action="store_true",
+                   help="form attention's second order on the set at every layer (second pass only)")
     a = p.parse_args()
     torch.set_num_threads(1)
     try:  # what needs no work first: the indices, ε, then the model and data
@@ -40,9 +47,11 @@ def main() -> None:
     except ValueError as e:  # InputError is one; int() of a bad index is another
         print(f"error: {e}".replace("\n", " "), file=sys.stderr)
         sys.exit(2)
+    if a.second_order:  # what the attention stage asks before forming them: yes, whatever their size
+        attention_stage.fits = lambda layer, S: True
     tn = TaylorNet(net, tx[idx], ty[idx])
     with torch.inference_mode():
-        stages = tn.stages(a.eps, slice(None), [], refine=a.refine, form=True)
+        stages = tn.stages(a.eps, slice(None), [], refine=a.refine, form=True, refuse=not a.all)
     for name, S, units in stages:
         B, n, d, P = S.G.shape
         G = S.G.reshape(B, n * d, P)
