@@ -509,29 +509,33 @@ def box_norms(A: Tensor) -> tuple[Tensor, Tensor]:
             M = own.mT @ own  # [n, m_b, m_b]
             per[b] = M.abs().sum((-1, -2))
             total[b] = M.sum(0).abs().sum()
-        else:  # a token at a time, on the columns nonzero in it: a ReLU's symbol lives in its own
-            # token until attention mixes it (after an FFN, 835 of an image's 5,224 columns a token on
-            # the 4-block Fashion-MNIST ViT at ε 0.1), and the zero columns add exact zeros to M
-            # (where most of them are nonzero, as once attention has mixed them, the scatter into the
-            # whole Gram costs more than it saves: all of them then)
+        else:  # a token at a time, on the columns nonzero in it (:func:`token_columns`)
             whole = A.new_zeros(m_b, m_b)
             for t in range(n):
-                idx = (own[t].abs().amax(0) > 0).nonzero()[:, 0]
-                if 2 * len(idx) > m_b:
-                    M = own[t].mT @ own[t]
-                    per[b, t] = M.abs().sum()
-                    whole += M
-                    continue
-                At = own[t][:, idx]
+                idx = token_columns(own[t])
+                At = own[t] if idx is None else own[t][:, idx]
                 M = At.mT @ At
                 per[b, t] = M.abs().sum()
-                whole[idx[:, None], idx] += M
+                if idx is None:
+                    whole += M
+                else:
+                    whole[idx[:, None], idx] += M
             total[b] = whole.abs().sum()
     grow = 1 + 2 * (torch.tensor(width, dtype=A.dtype, device=A.device) ** 2 + 2) * u  # [B]
     tok = ((per + rounding(d, A.dtype) * tok_box**2) * grow[:, None]).sqrt() * grow[:, None]
     # the whole sum adds n per-token Grams: each entry a sum of n·d products
     every = ((total + rounding(n * d, A.dtype) * all_box**2) * grow).sqrt() * grow
     return torch.minimum(tok_box, tok), torch.minimum(all_box, every)
+
+
+def token_columns(At: Tensor) -> Tensor | None:
+    """The indices of the columns nonzero in one token's symbols At [d, m], where they are at most half
+    of them; None (take all) otherwise. A ReLU's symbol lives in its own token until attention mixes
+    it (after an FFN, 835 of an image's 5,224 columns a token on the 4-block Fashion-MNIST ViT at
+    ε 0.1), and a zero column adds exact zeros to any product with it; once most are nonzero, as after
+    attention, scattering the token's products back into the image's costs more than it saves."""
+    idx = (At.abs().amax(0) > 0).nonzero()[:, 0]
+    return None if 2 * len(idx) > At.shape[-1] else idx
 
 
 def rounding(k: int, dtype: torch.dtype) -> float:
@@ -565,15 +569,14 @@ def cross_norms(G: Tensor, A: Tensor) -> tuple[Tensor, Tensor]:
             GA = G[b].mT @ own  # [n, P, m_b]
             tok[b] = rounded_box(GA, mags[..., 0], d)
             total = GA.sum(0)  # [P, m_b]: a sum of n·d products an entry
-        else:  # a token at a time, on its own nonzero columns where they are at most half (box_norms)
+        else:  # a token at a time, on the columns nonzero in it (:func:`token_columns`)
             total = A.new_zeros(P, m_b)
             for t in range(n):
-                idx = (own[t].abs().amax(0) > 0).nonzero()[:, 0]
-                if 2 * len(idx) > m_b:
-                    GA = G[b, t].mT @ own[t]  # [P, m_b]
+                idx = token_columns(own[t])
+                GA = G[b, t].mT @ (own[t] if idx is None else own[t][:, idx])  # [P, m_t]
+                if idx is None:
                     total += GA
                 else:
-                    GA = G[b, t].mT @ own[t][:, idx]  # [P, m_t]: the zero columns' products are zeros
                     total.index_add_(1, idx, GA)
                 tok[b, t] = rounded_box(GA, mags[t, :, 0], d)
         whole[b] = box_norms(total[None, None])[1][0] + rounding(n * d, A.dtype) * mags.sum(0)[..., 0].norm()
