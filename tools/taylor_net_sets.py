@@ -13,12 +13,13 @@ radius, with each stage's relaxed units. Shows which part a later remainder's ra
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import torch
 
 from bench.nets.accuracy import load_model
-from bounds.network.stages import attention as attention_stage
+from bounds.network.stages.second_order import FORM_ENTRIES
 from bounds.network.taylor_net import TaylorNet
 from bounds.norms import gram_norm
 from models import InputError, check_eps
@@ -47,9 +48,7 @@ def main() -> None:
     except ValueError as e:  # InputError is one; int() of a bad index is another
         print(f"error: {e}".replace("\n", " "), file=sys.stderr)
         sys.exit(2)
-    if a.second_order:  # what the attention stage asks before forming them: yes, whatever their size
-        attention_stage.fits = lambda layer, S: True
-    tn = TaylorNet(net, tx[idx], ty[idx])
+    tn = TaylorNet(net, tx[idx], ty[idx], form_entries=math.inf if a.second_order else FORM_ENTRIES)
     with torch.inference_mode():
         stages = tn.stages(a.eps, slice(None), [], refine=a.refine, form=True, refuse=not a.all)
     for name, S, units in stages:

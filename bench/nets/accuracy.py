@@ -225,8 +225,9 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     traced = TracedViT(net) if direct or cascade else None
     # the cascades: naive's on a lofast ViT, taylor_net's where taylor_net runs too (its verdicts reused)
     ran = [b.name for b in bounds_]
-    cascades = ([CASCADE] * lofast + [CASCADE_TN] * (TAYLOR_NET in ran)) if cascade else []
-    listed = [b.name for b in bounds_] + cascades
+    wanted = {CASCADE: lofast, CASCADE_TN: TAYLOR_NET in ran}
+    cascades = [name for name, runs in wanted.items() if runs] if cascade else []
+    listed = ran + cascades
     keys = [(b, e) for e in eps for b in listed]
     parts = {k: _Collected() for k in keys}
     attack = {e: _Attacked() for e in eps}

@@ -81,6 +81,7 @@ from .stages.batchnorm import batch_norm
 from .stages.ffn import REFINE_LIMIT, Mapped, Refine, ffn, relu_bounds
 from .stages.layernorm import NormRecord, layer_norm, margin_sign
 from .stages.project import FRAME_KAPPA, SAFE, error_frame, project
+from .stages.second_order import FORM_ENTRIES
 from .zonotope import DeviationSet
 
 __all__ = ["BEST", "BEST_OF", "DENSE_J", "FRAME_KAPPA", "HOPELESS", "NEGLIGIBLE", "NORM_J", "REFINE_LIMIT",
@@ -239,10 +240,21 @@ def _key(images: slice | Tensor) -> tuple:
 
 
 class TaylorNet:
-    """The network's clean trace at a batch of images, and its certificate at any ε."""
+    """The network's clean trace at a batch of images, and its certificate at any ε.
 
-    def __init__(self, net: ViT, images: Tensor, labels: Tensor, constants: NetConstants | None = None):
+    Args:
+        net: a float64 ViT of this suite (``models.load_vit``).
+        images, labels: the batch, images in [0, 1].
+        constants: the weights' constants, where the caller kept them for these weights.
+        form_entries: the second pass forms attention's second order on the set's first generator
+            where its forms have at most this many entries (:func:`.stages.second_order.fits`; the
+            default keeps it to the digits ViTs on a CPU, ``math.inf`` forms it everywhere).
+    """
+
+    def __init__(self, net: ViT, images: Tensor, labels: Tensor, constants: NetConstants | None = None,
+                 form_entries: float = FORM_ENTRIES):
         check_stages(net)
+        self.form_entries = form_entries
         if net.head.weight.dtype != torch.float64:
             raise InputError("certify a float64 network (models.load_vit loads one)")
         if net.head.weight.shape[0] < 2:
@@ -442,11 +454,7 @@ class TaylorNet:
                 S, s = project(S, self.raw[k][images], self.net.cfg.R, eps, k, log, refine if k else None,
                                every=refine is not None, radii=entry, span=self.span if k == 0 else None)
                 out.append((f"project{k}", S, s))
-            # the quadratic form of the remainder costs h·n²-wide eigenproblems: the second pass only
-            S = attention(S, self.layers[k], self.inputs[k][images], k, log, split,
-                          quadratic=refine is not None,
-                          cache=self.clean_parts.setdefault((k, *_key(images)), AttentionCache()), eps=eps,
-                          ledger=self.ledger)
+            S = self._attention(S, k, images, log, refine, split, eps)
             out.append((f"attention{k}", S, None))
             last = k == len(self.net.blocks) - 1
             S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine, form or not last)
@@ -455,6 +463,15 @@ class TaylorNet:
             S, s = normalize(S, self.last[images], self.net.norm, eps, "_out", log, refuse=False)
             out.append(("norm_out", S, s))
         return out
+
+    def _attention(self, S: DeviationSet, k: int, images: slice | Tensor, log: list | None,
+                   refine: Refine | None, split: str, eps: float) -> DeviationSet:
+        """Block k's attention on S, with the clean parts kept per block and images; the quadratic
+        form of its remainder costs h·n²-wide eigenproblems, so the second pass (``refine``) alone."""
+        return attention(S, self.layers[k], self.inputs[k][images], k, log, split,
+                         quadratic=refine is not None,
+                         cache=self.clean_parts.setdefault((k, *_key(images)), AttentionCache()), eps=eps,
+                         ledger=self.ledger, form_entries=self.form_entries)
 
     def _standard_block(self, S: DeviationSet, k: int, block, eps: float, images: slice | Tensor,
                         log: list | None, refine: Refine | None, split: str,
@@ -466,10 +483,7 @@ class TaylorNet:
         mark(Fork())
         S1, s = normalize(S, self.raw[k][images], block.norm, eps, k, log, radii=entry, refuse=refuse)
         out.append((f"norm{k}", S1, s))
-        branch = attention(S1, self.layers[k], self.inputs[k][images], k, log, split,
-                           quadratic=refine is not None,
-                           cache=self.clean_parts.setdefault((k, *_key(images)), AttentionCache()), eps=eps,
-                           ledger=self.ledger)
+        branch = self._attention(S1, k, images, log, refine, split, eps)
         mark(Join())
         S = S.plus(branch)
         out.append((f"attention{k}", S, None))

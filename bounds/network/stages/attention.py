@@ -31,7 +31,7 @@ from ..record import Step
 from ..zonotope import DeviationSet, top_norm
 from .curvature import CURVED_MAX, CURVED_ND, negative_curvature
 from .logits import logit_box, logit_change, map_logits, set_remainder, set_rows
-from .second_order import fits, second_order_rows
+from .second_order import FORM_ENTRIES, fits, second_order_rows
 
 # the share of the first order (‖J‖·r) below which attention's global remainder is taken as it is,
 # without the local and first-order ones (docs/bounds.md §5, "What a network certificate skips")
@@ -61,7 +61,7 @@ BEST_OF = ("taylor", "lofast_half")
 def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | None = None,
               split: str = "taylor", quadratic: bool | None = None,
               cache: AttentionCache | None = None, eps: float | None = None,
-              ledger: Ledger | None = None) -> DeviationSet:
+              ledger: Ledger | None = None, form_entries: float = FORM_ENTRIES) -> DeviationSet:
     """Attention at its clean input X [B, n, d]: Δ ↦ J[Δ] + R(Δ) with J the exact Jacobian
     (:func:`jacobian_apply`) and ‖R‖_F ≤ the Taylor remainder of docs/bounds.md §2.3 at the set's
     radius (or, with ``split`` lofast, LoFAST's Δ₁ and δ₂); E's radii and the route grow by
@@ -71,7 +71,9 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     remainder's norms. Given ``eps`` (the set is then known), the remainder reads the logits on the
     set (:mod:`.logits`: the linear change's norm, each row's span, the rows' bound from softmax's
     box) and is bounded per output token as well (``bounds.remainder.row_remainders``), which the
-    backward pass and E's per-token bounds take (docs/bounds.md §5.1)."""
+    backward pass and E's per-token bounds take (docs/bounds.md §5.1). With ``quadratic``, the second
+    order on the set's first generator is formed where its forms have at most ``form_entries`` entries
+    (:func:`.second_order.fits`)."""
     r = S.route  # the radius LayerProject left (bounds.network.zonotope.DeviationSet.radius)
     rows = None  # the remainder per output token, where the set is known (eps)
     along = None  # its rows' factors, for the remainder along a backward pass's functionals
@@ -132,7 +134,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             rows = torch.minimum(torch.minimum(own_rows, rows), rest[:, None])
             # the second order exactly on the set's first generator (§5.1): d·P² a row, the second pass
             # only (3/5 of a first pass's time on the digits ViTs, where the first certifies most)
-            if quadratic and fits(layer, S):
+            if quadratic and fits(layer, S, form_entries):
                 rows = torch.minimum(rows, second_order_rows(S, layer, parts, eps, box, readings, own))
             # ‖R‖_F² = Σ_t ‖R_t‖²: the rows' bounds bound the whole too (their root's rounding: 1e-12)
             rest = torch.minimum(rest, rows.norm(dim=-1) * (1 + 1e-12))

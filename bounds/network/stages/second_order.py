@@ -36,10 +36,11 @@ CUMULANT4 = 1 + 3 / (2 * math.sqrt(2))
 ROUND = 1e-10
 
 
-def fits(layer: DotMHA, S: DeviationSet) -> bool:
-    """Whether :func:`second_order_rows` forms its forms for this layer and set."""
+def fits(layer: DotMHA, S: DeviationSet, limit: float = FORM_ENTRIES) -> bool:
+    """Whether :func:`second_order_rows` forms its forms for this layer and set: their entries
+    h·n·d·P·max(P, d) are at most ``limit`` (``math.inf``: always, as a GPU or a patient CPU may)."""
     n, d, P = S.G.shape[1:]
-    return layer.h * n * d * P * max(P, d) <= FORM_ENTRIES
+    return layer.h * n * d * P * max(P, d) <= limit
 
 
 def row_forms(S: DeviationSet, layer: DotMHA, parts, b: int, rows: slice = slice(None)) -> Tensor:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 
 import pytest
 import torch
@@ -406,3 +407,21 @@ def row_remainder(f, delta: torch.Tensor) -> torch.Tensor:
     """f(δ) − f(0) − Df(0)[δ] (torch.func's jvp), [n, d]."""
     zero = torch.zeros_like(delta)
     return f(delta) - f(zero) - torch.func.jvp(f, (zero,), (delta,))[1]
+
+
+@pytest.mark.parametrize("kind,seed,qk,eps", [("project", 1, 1.0, 0.05), ("layer", 8, 2.0, 0.02)])
+def test_the_second_order_is_formed_where_taylor_net_is_told(kind, seed, qk, eps):
+    """``form_entries`` is TaylorNet's own option: at 0 the second pass forms no second order on the
+    set, and every attention remainder is the same or wider than with ``math.inf`` (these small
+    layers' forms fit the default too), wider somewhere; the forms' bound holds the true deviations
+    (above)."""
+    net, x, _, _ = inputs(kind, seed, qk)
+    balls = {}
+    with torch.no_grad():
+        y = net(x).argmax(-1)
+        for limit in (0, math.inf):
+            stages = TaylorNet(net, x, y, form_entries=limit).stages(eps, log=[], refine=True, refuse=False)
+            balls[limit] = torch.stack([S.rho[:, S.sources.index(name)] for name, S, _ in stages
+                                        if name.startswith("attention")])
+    assert (balls[math.inf] <= balls[0] * (1 + 1e-12)).all()
+    assert (balls[math.inf] < balls[0] * (1 - 1e-6)).any()
