@@ -71,6 +71,17 @@ def test_cells_rebuild_identically_from_ids(profile):
             assert torch.equal(b1.W_q, b2.W_q) and torch.equal(b1.W_v, b2.W_v)
 
 
+def test_the_standard_crown_profile_is_paper_cpus_cells():
+    """docs/guide/standard-crown/paper-cpu.toml holds the paper profile's CROWN cells on the standard ViT
+    alone, under its name and [run] options: its cell files are the ones that run expects."""
+    part = load_profile(str(ROOT / "docs/guide/standard-crown/paper-cpu.toml"))
+    whole = load_profile("paper-cpu")
+    assert part.name == whole.name and part.run == whole.run
+    standard = [(s, c.id) for s, c in whole.cells()
+                if s == "certify_accurate_crown" and "standard" in c.id]
+    assert [(s, c.id) for s, c in part.cells()] == standard and len(standard) == 4
+
+
 def test_cell_parameters_reach_the_layer():
     layer, X = make_cell(w_qk=0.5, w_vo=0.25, x_norm=3.0, samples=2).build()
     assert torch.allclose(torch.linalg.matrix_norm(layer.W_q, ord=2), torch.tensor(0.5, dtype=torch.float64))
