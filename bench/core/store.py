@@ -92,9 +92,13 @@ def write_json(path: Path, obj: dict) -> None:
     atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
 
 
+# a run directory's folder of partial results: cells' batches kept as they finish (bench/core/verdicts.py)
+PARTIAL = "partial"
+
+
 def remove_stale_temps(out: Path) -> int:
     """Removes the temp files of killed runs (the caller holds the lock, so none is live)."""
-    stale = [*out.glob(".*.tmp"), *(out / "cells").glob(".*.tmp")]
+    stale = [*out.glob(".*.tmp"), *(out / "cells").glob(".*.tmp"), *(out / PARTIAL).glob("*/.*.tmp")]
     for f in stale:
         f.unlink(missing_ok=True)
     return len(stale)

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from attacks.margin import attack_margin, margin
 from bounds.certificates import Certificate
 from bounds.network import Certifier, check_network, default_bounds, network_bound
-from bounds.network.netcrown import METHODS, RELAXATION, TracedViT, verify
+from bounds.network.netcrown import METHODS, RELAXATION, BatchStore, TracedViT, verify
 from bounds.network.taylor_net import Diagnostics, TaylorNet
 from bounds.norms import exact_norm
 from bounds.registry import CASCADE, CASCADE_TN, CASCADES, TAYLOR_NET, TAYLOR_NETS
@@ -193,7 +193,7 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                 *, steps: int = 100, restarts: int = 8, seed: int = 0,
                 device: torch.device | str = "cpu", memo: dict | None = None,
                 progress: bool = False, cascade: bool = False,
-                dtype: torch.dtype = torch.float64) -> CertifyRun:
+                dtype: torch.dtype = torch.float64, store: BatchStore | None = None) -> CertifyRun:
     """Every bound (``names``, default those of :func:`bounds.network.network_bounds` that are not
     opt-in and take the network: on a vanilla ViT, taylor_net's) and PGD on the margin at every ε,
     in chunks of :func:`chunk_size` samples. ``memo`` (a dict, filled by the first call) keeps each
@@ -209,7 +209,9 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     (CROWN's verdicts and share of seconds reused where ``crown`` runs too).
 
     The margin attack searches in ``dtype`` and judges an image broken by its float64 margin
-    (attacks.margin.attack_margin); the certified side is float64 whatever ``dtype``."""
+    (attacks.margin.attack_margin); the certified side is float64 whatever ``dtype``. ``store`` keeps
+    CROWN's bounds batch by batch (:func:`bounds.network.netcrown.verify`): a run cut short resumes
+    there."""
     check_network(net, names, cascade)
     bounds_ = [network_bound(n) for n in names] if names else default_bounds(net)
     eps = [check_eps(e) for e in eps]
@@ -255,7 +257,7 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                 for b in bounds_:
                     p = parts[(b.name, e)]
                     if b in direct:
-                        v = verify(net, x, y, e, b.name, traced)
+                        v = verify(net, x, y, e, b.name, traced, store)
                         p.direct(v.certified, RELAXATION, v.seconds)
                         continue
                     if b.name in TAYLOR_NETS:
@@ -268,7 +270,7 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                     p.cert.append(c.certificate)
                     p.seconds += c.seconds
                 for name in cascades:
-                    _cascade(parts, net, x, y, e, cert, traced, name, norms, clean[-1])
+                    _cascade(parts, net, x, y, e, cert, traced, name, norms, clean[-1], store)
             with torch.no_grad():
                 features = net.trace(x).features  # the clean features, the same for every ε
             for e in eps:
@@ -323,7 +325,8 @@ def _taylor_net(p: _Collected, net: ViT, x: Tensor, y: Tensor, eps: float, memo:
 
 
 def _cascade(parts: dict[tuple[str, float], _Collected], net: ViT, x: Tensor, y: Tensor, eps: float,
-             cert: Certifier | None, traced: TracedViT, name: str, norms: dict, logits: Tensor) -> None:
+             cert: Certifier | None, traced: TracedViT, name: str, norms: dict, logits: Tensor,
+             store: BatchStore | None = None) -> None:
     """One chunk of the cascade ``name`` (:data:`bounds.registry.CASCADES`) at ``eps``: its first
     bound's pairwise test on every image (naive's norms reused from the chunk's other bounds where
     they ran, through their cache ``norms``; taylor_net's verdicts and seconds taken from its own
@@ -347,7 +350,7 @@ def _cascade(parts: dict[tuple[str, float], _Collected], net: ViT, x: Tensor, y:
             verdict[sent.cpu()] = crown.pairwise[-1][sent.cpu()]
             seconds += crown.last_seconds * int(sent.sum()) / len(x)
         else:
-            v = verify(net, x[sent], y[sent], eps, "crown", traced)
+            v = verify(net, x[sent], y[sent], eps, "crown", traced, store)
             verdict[sent.cpu()] = v.certified
             seconds += v.seconds
     p = parts[(name, eps)]

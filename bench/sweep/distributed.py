@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,6 +35,7 @@ from ..core.env import (
 )
 from ..core.plugins import PluginFile, using
 from ..core.schema import FILE_TASKS
+from ..core.verdicts import DiskStore, code_salt
 from .cases import MODEL_TASKS, Cell, cell_from_id
 from .tasks import CertifyMemo, memo_group, run_cell
 
@@ -63,10 +65,12 @@ class Cluster:
     where: str
 
     def rows(self, todo: list[tuple[int, str, Cell]], run: dict, device_arg: str, threads: int,
-             commit: str, plugins: Sequence[PluginFile] = ()
+             commit: str, plugins: Sequence[PluginFile] = (), partial: str | None = None
              ) -> Iterator[tuple[int, str, Cell, list[dict], dict]]:
         """(index, sweep, cell, rows, worker env) of every cell in ``todo``, as each finishes;
-        ``plugins`` go with each cell as text (bench/core/plugins.py), registered by the worker.
+        ``plugins`` go with each cell as text (bench/core/plugins.py), registered by the worker;
+        ``partial``: the run's folder of partial results, where a worker that sees it keeps CROWN's
+        bounds batch by batch (bench/core/verdicts.py).
 
         A task's exception (an InputError, say) is raised here, after the cells finished before it
         were yielded; the cells still queued are cancelled.
@@ -86,7 +90,7 @@ class Cluster:
             group = memo_group(cell)
             after = last.get(group) if group is not None else None
             future = self.client.submit(compute, cell.id, run, device_arg, threads, after, tuple(plugins),
-                                        pure=False, priority=priority)
+                                        partial, pure=False, priority=priority)
             futures[future] = (i, sweep, cell)
             if group is not None:
                 last[group] = future
@@ -216,14 +220,18 @@ def dask_setup(worker) -> None:
 
 
 def compute(cell_id: str, run: dict, device_arg: str, threads: int, after: object = None,
-            plugins: Sequence[PluginFile] = ()) -> tuple[list[dict], dict]:
+            plugins: Sequence[PluginFile] = (), partial: str | None = None) -> tuple[list[dict], dict]:
     """On a worker: the rows of one cell, and where they were computed. ``after`` (the result of the
     cell this one waits for, or None) is not read: it only orders the two on one worker. ``plugins``
-    (the run's plugin files, as text) are registered for this cell alone."""
+    (the run's plugin files, as text) are registered for this cell alone. ``partial``: the run's
+    folder of partial results, used where this worker sees it (a local one; another machine's
+    worker keeps nothing, and its cells start over when cut short)."""
     torch.set_num_threads(threads)  # the client's count, so that a cell runs as it would serially
     device = resolve_device(device_arg)  # the worker's own: auto is its GPU if it has one
     cell = cell_from_id(cell_id)
     state = _worker_state()
+    seen = partial is not None and Path(partial).parent.is_dir()
+    state.memo.store = DiskStore(Path(partial), code_salt(state.commit)) if seen else None
     with using(plugins):
         rows = run_cell(cell, run, device, resolve_dtype(run["dtype"]), state.memo)
     return rows, {"torch_version": torch.__version__, "device": device.type,

@@ -31,6 +31,7 @@ from ..core import plugins
 from ..core.env import device_name, git_state, resolve_device, resolve_dtype, versions
 from ..core.store import (
     MANIFEST,
+    PARTIAL,
     SCHEMA_VERSION,
     cell_file,
     consolidate,
@@ -41,6 +42,7 @@ from ..core.store import (
     write_cell,
     write_json,
 )
+from ..core.verdicts import DiskStore, code_salt
 from .memory import check_memory
 from .profiles import Profile
 from .tasks import CROWN_TASKS, CertifyMemo, check_model_cells, run_cell
@@ -49,9 +51,10 @@ if TYPE_CHECKING:
     from .cases import Cell
     from .distributed import Cluster
 
-# what a run directory may hold besides run.json and cells/ (results, compare, report, the lock, the
-# temp files of a killed write): a directory holding anything else is somebody's, not a run's
-RUN_FILES = {MANIFEST, "cells", "results.csv", "compare.md", "report", ".lock"}
+# what a run directory may hold besides run.json and cells/ (results, compare, report, the partial
+# results of cells cut short, the lock, the temp files of a killed write): a directory holding
+# anything else is somebody's, not a run's
+RUN_FILES = {MANIFEST, "cells", "results.csv", "compare.md", "report", PARTIAL, ".lock"}
 
 
 class Interrupted(Exception):
@@ -114,7 +117,7 @@ def _check_resume(out: Path, want: dict) -> None:
 
 def _discard(out: Path) -> None:
     for stale in (out / "cells", out / MANIFEST, out / "results.csv", out / "compare.md",
-                  out / "report"):
+                  out / "report", out / PARTIAL):
         if stale.is_dir():
             shutil.rmtree(stale)
         else:
@@ -243,11 +246,13 @@ def run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: to
     bar = tqdm(total=len(chosen), initial=len(chosen) - len(todo), desc=f"{profile.name} on {where}",
                unit="cell", file=sys.stderr, mininterval=5)
     if cluster is None:
-        memo = CertifyMemo()  # this run's: each certify cell shares the norms of the one before it
+        # this run's: each certify cell shares the norms of the one before it, and keeps CROWN's
+        # bounds batch by batch in the run directory, where a resumed cell finds them
+        memo = CertifyMemo(DiskStore(out / PARTIAL, code_salt(manifest["git_commit"])))
         results = ((i, s, c, run_cell(c, run, device, dtype, memo), {}) for i, s, c in todo)
     else:  # in the order they finish; consolidate() restores the run order
         results = cluster.rows(todo, run, device_arg, torch.get_num_threads(), manifest["git_commit"],
-                               profile.plugins)
+                               profile.plugins, str((out / PARTIAL).resolve()))
     try:
         for i, sweep, cell, rows, env in results:
             df = pd.DataFrame(rows)
@@ -266,4 +271,6 @@ def run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: to
     finally:
         results.close()  # cancels the Dask tasks still queued, while the cluster is still open
         bar.close()  # ends the bar's line, so an error printed after it stands on its own line
+    if all(cell_file(out, s, c.id).exists() for s, c in cells):  # nothing left to resume
+        shutil.rmtree(out / PARTIAL, ignore_errors=True)
     return consolidate(out)

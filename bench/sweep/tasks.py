@@ -12,6 +12,7 @@ from attacks.margin import attack_margin
 from bounds import jacobian as jac
 from bounds import lofast as lf
 from bounds.network import check_network, default_bounds, network_bounds
+from bounds.network.netcrown import BatchStore
 from bounds.registry import CASCADE, CASCADE_FIRST, TAYLOR_NET, unavailable
 from bounds.taylor import sigma_J
 from models import InputError, Stack
@@ -155,9 +156,12 @@ class CertifyMemo:
     by whoever runs cells one after another: the runner in a serial run, each Dask worker for the
     chains of cells it is given (bench/sweep/distributed.py); passed to :func:`run_cell`."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: BatchStore | None = None) -> None:
         self.key: tuple | None = None
         self.memo: dict = {}
+        # where CROWN's bounds are kept batch by batch (bench/core/verdicts.py), so that a cell cut
+        # short resumes where it stopped; None: nowhere
+        self.store = store
 
     def for_key(self, key: tuple) -> dict:
         """The memo of ``key`` (a network file, its images, the device): the one held if the last
@@ -219,11 +223,12 @@ def certify_task(cell: ModelCell, run: dict, device: torch.device, dtype: torch.
     stat = os.stat(cell.model_path)
     key = (os.path.realpath(cell.model_path), stat.st_mtime_ns, stat.st_size, cell.dataset,
            cell.samples, str(device))
-    held = (CertifyMemo() if memo is None else memo).for_key(key)
+    memo = CertifyMemo() if memo is None else memo
+    held = memo.for_key(key)
     names, cascade = certify_names(cell.task, net)
     res = run_certify(net, images, labels, [cell.eps], names, steps=run["pgd_steps"],
                       restarts=run["pgd_restarts"], seed=run["seed"], device=device,
-                      memo=held, cascade=cascade, dtype=dtype)
+                      memo=held, cascade=cascade, dtype=dtype, store=memo.store)
     return with_model(network_rows(res), card)
 
 
@@ -235,11 +240,13 @@ def certify_file_task(cell: NetworkFileCell, run: dict, device: torch.device, dt
     say the files' hashes, the normalization and how well the recovered network reproduces the
     runtime's logits (``max_rel_err``)."""
     net, card, images, labels = cell.load()
-    held = (CertifyMemo() if memo is None else memo).for_key((*memo_group(cell), str(device)))
+    memo = CertifyMemo() if memo is None else memo
+    held = memo.for_key((*memo_group(cell), str(device)))
     extra = [n for n in CROWN_TASKS.get(cell.task, []) if n not in unavailable()]
     names = [b.name for b in default_bounds(net)] + extra if extra else None
     res = run_certify(net, images, labels, [cell.eps], names, steps=run["pgd_steps"],
-                      restarts=run["pgd_restarts"], seed=run["seed"], device=device, memo=held, dtype=dtype)
+                      restarts=run["pgd_restarts"], seed=run["seed"], device=device, memo=held, dtype=dtype,
+                      store=memo.store)
     return with_file(network_rows(res), card, net.cfg.to_dict(), cell.file_columns())
 
 

@@ -8,11 +8,13 @@ verification of the margin, with no δ_features in between, so it is the verdict
 
 from __future__ import annotations
 
+import hashlib
 import math
 import sys
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -170,6 +172,36 @@ def spec(labels: Tensor, classes: int) -> Tensor:
 
 
 @dataclass(frozen=True)
+class BatchStore(Protocol):
+    """Where :func:`verify` keeps each batch's bounds, so that a cell cut short (its process stopped)
+    resumes at the first batch not yet bounded (bench/core/verdicts.py: on disk, in a run directory).
+    Keys name everything the bounds depend on but the code, which the store's own salt names."""
+
+    def get(self, key: str) -> dict | None: ...
+
+    def put(self, key: str, value: dict) -> None: ...
+
+
+def net_digest(net: nn.Module) -> str:
+    """sha256 of a network's parameters and buffers (names, dtypes, shapes and bytes), in order."""
+    h = hashlib.sha256()
+    for name, t in net.state_dict().items():
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
+    return h.hexdigest()
+
+
+def batch_key(digest: str, method: str, eps: float, x: Tensor, labels: Tensor) -> str:
+    """The key of one batch's bounds: the network's digest, the method, ε, the device's kind, and the
+    images' and labels' bytes."""
+    h = hashlib.sha256(f"{digest}|{method}|{float(eps)!r}|{x.device.type}|{tuple(x.shape)}|".encode())
+    h.update(x.detach().cpu().contiguous().numpy().tobytes())
+    h.update(labels.detach().cpu().to(torch.int64).numpy().tobytes())
+    return h.hexdigest()
+
+
+@dataclass
 class MarginVerification:
     """Per image: the lower bounds of logit_y − logit_j (j ≠ y) over the ball, and the verdict."""
 
@@ -218,13 +250,14 @@ def _in_nan_handler(error: BaseException) -> bool:
 
 
 def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "crown",
-           traced: TracedViT | None = None) -> MarginVerification:
+           traced: TracedViT | None = None, store: BatchStore | None = None) -> MarginVerification:
     """CROWN (``name`` = ``crown``) or α-CROWN (``alpha_crown``; auto_LiRPA's CROWN-Optimized,
     intersected with CROWN's bounds) on the margins of ``images`` [B, H, W] over ‖γ‖₂ ≤ ``eps``.
     A bound that is NaN (an overflow inside the relaxation) or that auto_LiRPA cannot compute
     (:func:`crown_lower`) certifies nothing. A misclassified image is not sent to auto_LiRPA (its margin
     is negative at the image itself, so no sound bound certifies it): its bounds are −∞, and the
-    seconds are those of the others."""
+    seconds are those of the others. With a ``store``, a batch whose bounds it holds is read from it,
+    with the seconds it took then; every other batch's bounds and seconds are put there."""
     lirpa = lirpa_module()
     from auto_LiRPA.perturbations import PerturbationLpNorm
 
@@ -238,9 +271,18 @@ def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "cr
         logits = model(x)
     sent = (logits.argmax(-1) == labels.to(x.device)).nonzero()[:, 0]
     lb = torch.full(C.shape[:2], -math.inf, dtype=torch.float64, device=x.device)
+    digest = net_digest(net) if store is not None else ""
+    batches = measured = 0.0  # the batches' seconds as measured (now or when stored); now alone
     with float64_lirpa():
         for i in range(0, len(sent), BATCH[name]):
             at = sent[i:i + BATCH[name]]
+            key = batch_key(digest, name, eps, x[at], labels.to(x.device)[at]) if store is not None else ""
+            kept = store.get(key) if store is not None else None
+            if kept is not None:
+                lb[at] = kept["lower"].to(device=lb.device, dtype=lb.dtype)
+                batches += float(kept["seconds"])
+                continue
+            began = time.perf_counter()
             bounded = model.bounded(x.device, keep=METHODS[name] == "CROWN")
             xb = lirpa.BoundedTensor(x[at], PerturbationLpNorm(norm=2, eps=float(eps)))
             Ci = C[at]
@@ -254,6 +296,10 @@ def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "cr
                           "their alpha_crown verdict is CROWN's")
                 lower = intersect(lower, optimised, lower=True)
             lb[at] = lower.to(lb.dtype)
+            took = time.perf_counter() - began
+            batches, measured = batches + took, measured + took
+            if store is not None:
+                store.put(key, {"lower": lower.to(torch.float64).cpu(), "seconds": took})
     unbounded = int((lb[sent] == -math.inf).all(-1).sum())
     if unbounded:  # said, so that "not certified" is not read as a loose bound
         _note(f"note: {name} could not bound {unbounded} of {len(sent)} image(s) at ε = {eps:g} "
@@ -262,7 +308,10 @@ def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "cr
     # the same room for float64 rounding as the suite's own tests (bounds.network.propagated._beats)
     slack = ROUNDING * (C.abs() @ logits.abs()[:, :, None])[..., 0]
     certified = (lb > slack).all(-1)
-    return MarginVerification(lb.cpu(), certified.cpu(), time.perf_counter() - start)
+    # this call's time outside the batches, plus each batch's own (read from the store where kept)
+    around = time.perf_counter() - start - measured
+    return MarginVerification(lb.cpu(), certified.cpu(), around + batches)
 
 
-__all__ = ["METHODS", "RELAXATION", "MarginVerification", "TracedViT", "spec", "verify"]
+__all__ = ["METHODS", "RELAXATION", "BatchStore", "MarginVerification", "TracedViT", "batch_key",
+           "net_digest", "spec", "verify"]

@@ -15,14 +15,19 @@ from helpers import ROOT, main_inprocess
 
 from bench.cli.certify_cmd import summary
 from bench.core import gate, store
+from bench.core.store import PARTIAL
+from bench.core.verdicts import DiskStore
 from bench.nets.accuracy import (
     CertifyRun,
     first_test_images,
     load_model,
     run_certify,
 )
+from bench.sweep.profiles import load_profile
 from bench.sweep.rows import network_rows
+from bench.sweep.runner import Interrupted, run_profile
 from bounds import crown
+from bounds.network import netcrown
 from bounds.network.netcrown import TracedViT, spec, verify
 from bounds.registry import CASCADE, CASCADE_FIRST
 
@@ -310,3 +315,97 @@ def test_crown_on_a_model_whose_exp_overflows_certifies_nothing_and_says_so(caps
     notes = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("note: crown could not")]
     assert notes == ["note: crown could not bound 2 of 2 image(s) at ε = 0.02 (auto_LiRPA's relaxation "
                      "overflowed or failed, e.g. exp on wide logit bounds); they are not certified"]
+
+
+# --- CROWN's bounds kept batch by batch: a cell cut short resumes ---------------------------------------
+
+
+class DictStore:
+    """A BatchStore in memory."""
+
+    def __init__(self):
+        self.kept: dict[str, dict] = {}
+
+    def get(self, key):
+        return self.kept.get(key)
+
+    def put(self, key, value):
+        self.kept[key] = value
+
+
+@needs_lirpa
+def test_verify_keeps_each_batch_and_reads_it_back(monkeypatch):
+    """Each batch's bounds go to the store as they are made; a second call on the same network,
+    images and ε reads every batch back (auto_LiRPA is not called) with the same bounds, verdicts and
+    the seconds they took; another ε, image or network is another key."""
+    net, _ = load_model(DEPTH1)
+    X, y = first_test_images("digits", net, 5)
+    kept = DictStore()
+    first = verify(net, X, y, 0.02, store=kept)
+    sent = int((net(X.double()).argmax(-1) == y).sum())
+    assert len(kept.kept) == math.ceil(sent / netcrown.BATCH["crown"]) >= 2
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("auto_LiRPA called for a batch the store holds")
+
+    monkeypatch.setattr(netcrown, "crown_lower", refuse)
+    again = verify(net, X, y, 0.02, store=kept)
+    assert torch.equal(again.lower, first.lower) and torch.equal(again.certified, first.certified)
+    assert again.seconds >= sum(v["seconds"] for v in kept.kept.values())
+    for images, eps in ((X, 0.03), (X.flip(-1), 0.02)):
+        with pytest.raises(AssertionError, match="auto_LiRPA called"):
+            verify(net, images, y, eps, store=kept)
+    moved, _ = load_model(DEPTH1)
+    with torch.no_grad():
+        moved.head.bias.add_(1e-9)
+    assert netcrown.net_digest(moved) != netcrown.net_digest(net)
+
+
+def test_the_disk_store_is_keyed_by_its_salt_and_ignores_foreign_files(tmp_path):
+    one, two = DiskStore(tmp_path, "commit-a"), DiskStore(tmp_path, "commit-b")
+    one.put("k", {"lower": torch.tensor([[1.5, -math.inf]]), "seconds": 2.0})
+    got = one.get("k")
+    assert torch.equal(got["lower"], torch.tensor([[1.5, -math.inf]])) and got["seconds"] == 2.0
+    assert two.get("k") is None and one.get("other") is None
+    (path,) = tmp_path.rglob("*.pt")
+    path.write_bytes(b"not a torch file")
+    assert one.get("k") is None
+
+
+@needs_lirpa
+def test_a_crown_cell_cut_short_resumes_at_its_first_batch_not_bounded(tmp_path, monkeypatch):
+    """A run stopped inside a CROWN cell keeps the batches bounded before the stop (in the run
+    directory's partial/), and the same command bounds only the rest: the same rows' verdicts as an
+    uninterrupted run, and partial/ gone once every cell is finished."""
+    profile = tmp_path / "p.toml"
+    profile.write_text('[run]\npgd_steps = 5\npgd_restarts = 1\n[[sweep]]\nname = "c"\n'
+                       'task = "crown_cascade"\nmodel = "digits-d32-b1-h2-c0.5-q1-m0.003"\n'
+                       'eps = 0.02\nsamples = 6\n')
+    real, calls = netcrown.crown_lower, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    def cut(*args, **kwargs):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return counted(*args, **kwargs)
+
+    monkeypatch.setattr(netcrown, "crown_lower", counted)
+    whole, _ = run_profile(load_profile(str(profile)), tmp_path / "whole", "cpu")
+    batches = len(calls)
+    calls.clear()
+    out = tmp_path / "cut"
+    monkeypatch.setattr(netcrown, "crown_lower", cut)
+    with pytest.raises(Interrupted):
+        run_profile(load_profile(str(profile)), out, "cpu")
+    assert len(list((out / PARTIAL).rglob("*.pt"))) == 2 and not list((out / "cells").glob("*.csv"))
+    calls.clear()
+    monkeypatch.setattr(netcrown, "crown_lower", counted)
+    table, _ = run_profile(load_profile(str(profile)), out, "cpu")
+    assert len(calls) == batches - 2 > 0
+    key = ["bound", "sample"]
+    a, b = (pd.read_csv(t).query("role == 'certify'").sort_values(key) for t in (whole, table))
+    assert a["certified_pairwise"].tolist() == b["certified_pairwise"].tolist() and len(a) == len(b)
+    assert not (out / PARTIAL).exists()
