@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--list", action="store_true", help="list the cells and exit")
     rn.add_argument("--fresh", action="store_true",
                     help="discard the finished cells in --out instead of resuming from them")
+    rn.add_argument("--adopt", default=None, type=_path, metavar="DIR",
+                    help="first take the finished cells of the run in DIR (the same profile and options, "
+                         "maybe another commit): their rows keep the commit they were computed at")
     dask = rn.add_mutually_exclusive_group()
     dask.add_argument("--workers", type=_count, default=None, metavar="N",
                       help="run the cells on a local Dask cluster of N processes (pip install "
@@ -168,7 +171,8 @@ def _run(args) -> int:
     out = Path(args.out) if args.out is not None else ROOT / "results" / profile.name
     try:
         table, violations = run_profile(profile, out, args.device, args.dtype, overrides, args.fresh,
-                                        args.workers, args.scheduler, sweeps)
+                                        args.workers, args.scheduler, sweeps,
+                                        Path(args.adopt) if args.adopt is not None else None)
     except Interrupted as e:  # Ctrl-C: the finished cells are kept, and the same run resumes them
         print(f"interrupted: {e}; resume with: {resume_command(args, e.out)}", file=sys.stderr)
         return 130
@@ -207,6 +211,8 @@ def resume_command(args, out) -> str:
             parts += [f"--{flag.replace('_', '-')}", getattr(args, f"ov_{flag}")]
     if args.sweeps is not None:
         parts += ["--sweeps", args.sweeps]
+    if args.adopt is not None:
+        parts += ["--adopt", str(Path(args.adopt).resolve())]
     if args.workers is not None:
         parts += ["--workers", str(args.workers)]
     if args.scheduler is not None:

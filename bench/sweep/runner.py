@@ -33,6 +33,7 @@ from ..core.store import (
     MANIFEST,
     PARTIAL,
     SCHEMA_VERSION,
+    atomic_write,
     cell_file,
     consolidate,
     lock,
@@ -124,12 +125,45 @@ def _discard(out: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
+def check_adopt(source: Path, want: dict) -> None:
+    """Refuses, in one line, a run directory whose cells :func:`adopt` cannot take: none there, its
+    ``run.json`` unreadable, or its schema or options (the profile's name, ``[run]``, overrides,
+    plugins) not this run's. Its commit may differ: that is what adopting is for."""
+    path = source / MANIFEST
+    if not path.is_file():
+        raise InputError(f"--adopt {source}: not a run directory (no {MANIFEST})")
+    try:
+        have = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"--adopt {source}: {MANIFEST} is unreadable ({e})") from None
+    for key, what in (("schema_version", "results schema version"), ("options", "options")):
+        if have.get(key) != json.loads(json.dumps(want[key])):
+            raise InputError(f"--adopt {source}: a run with other {what} than this one's")
+
+
+def adopt(out: Path, source: Path, cells: list[tuple[str, Cell]]) -> dict[str, int]:
+    """Copies into ``out`` the finished cells of ``source`` that are cells of this run and not yet
+    finished here, as they are: each row keeps the commit it was computed at (``git_commit``), which
+    the report names. Returns the cells taken per commit."""
+    taken: dict[str, int] = {}
+    for sweep, cell in cells:
+        theirs, ours = cell_file(source, sweep, cell.id), cell_file(out, sweep, cell.id)
+        if theirs.is_file() and not ours.exists():
+            raw = theirs.read_bytes()
+            atomic_write(ours, raw)
+            commit = str(pd.read_csv(theirs, usecols=["git_commit"], dtype=str)["git_commit"].iloc[0])
+            taken[commit] = taken.get(commit, 0) + 1
+    return taken
+
+
 def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg: str | None = None,
                 overrides: dict | None = None, fresh: bool = False, workers: int | None = None,
-                scheduler: str | None = None, sweeps: frozenset[str] | None = None) -> tuple[Path, int]:
+                scheduler: str | None = None, sweeps: frozenset[str] | None = None,
+                adopt_from: Path | None = None) -> tuple[Path, int]:
     """Runs (or resumes) every cell into ``out``, or only the cells of ``sweeps`` (the run stays the
     whole profile's: its manifest, the cells' indices, and a later run that continues it); returns
-    (results table, violations found).
+    (results table, violations found). ``adopt_from``: a run directory of the same profile and
+    options, maybe at another commit, whose finished cells this run takes first (:func:`adopt`).
 
     Cells run in this process, or as Dask tasks on ``workers`` local processes or the cluster at
     ``scheduler`` (bench/sweep/distributed.py); either way this process writes every file.
@@ -146,6 +180,8 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
     if scheduler is None:  # a --scheduler's workers are other machines, whose memory is not ours to see
         check_memory(chosen, run["pgd_restarts"], device)
     want = _manifest(profile, run, overrides)
+    if adopt_from is not None:
+        check_adopt(adopt_from, want)
     check_model_cells([c for _, c in chosen])  # a model its task cannot certify, before hours of others
     if any(c.task == "pretrained" for _, c in chosen):
         from models.pretrained import require  # the study's extras, before anything is written
@@ -164,6 +200,11 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
                     _discard(out)
                 remove_stale_temps(out)
                 _check_resume(out, want)
+                if adopt_from is not None:
+                    write_json(out / MANIFEST, want | sealed(out))  # a run of this commit, taking cells
+                    for commit, k in adopt(out, adopt_from, profile.cells()).items():
+                        print(f"adopted {k} finished cell(s) of commit {commit[:12]} from {adopt_from}",
+                              file=sys.stderr)
                 try:
                     table = run_cells(profile, out, run, want, device, dtype, cluster, device_arg, sweeps)
                 except KeyboardInterrupt:

@@ -142,6 +142,53 @@ def test_resume_into_another_run_is_refused_naming_fresh(change, what, finished,
     assert df["cell_id"].nunique() == 2
 
 
+def _as_another_commit(run: Path, commit: str) -> None:
+    """Rewrites a finished run as if it had been made at ``commit``: its manifest and every row."""
+    import json
+
+    m = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps(m | {"git_commit": commit}))
+    for f in (run / "cells").glob("*.csv"):
+        pd.read_csv(f).assign(git_commit=commit).to_csv(f, index=False)
+
+
+def test_adopt_takes_another_commits_cells_as_they_are(finished, tmp_path, capsys):
+    """--adopt DIR: the finished cells of a run of the same profile and options at another commit are
+    taken first, each row keeping its commit; only the others are computed; DIR is left as it was."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    shutil.copytree(finished, old)
+    other = "deadbeef" * 5
+    _as_another_commit(old, other)
+    first, second = sorted((old / "cells").glob("*.csv"))
+    second.unlink()
+    kept = first.read_bytes()
+    code, _, err = main_inprocess(capsys, "run", "--profile", finished.parent / "one.toml", "--out", new,
+                                  "--adopt", old)
+    assert code == 0, err
+    assert f"adopted 1 finished cell(s) of commit {other[:12]} from {old}" in err
+    df = store.load(new)
+    commits = df.groupby("cell_id")["git_commit"].first()
+    assert sorted(commits == other) == [False, True]  # one adopted, one computed at this checkout
+    assert first.read_bytes() == kept and sorted((old / "cells").glob("*.csv")) == [first]
+    assert (new / "cells" / first.name).read_bytes() == kept
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda run: (run / "run.json").unlink(), "not a run directory"),
+    (lambda run: (run / "run.json").write_text("{"), "run.json is unreadable"),
+    (lambda run: (run / "run.json").write_text(
+        (run / "run.json").read_text().replace('"pgd_steps": 3', '"pgd_steps": 4')), "other options"),
+])
+def test_adopt_refuses_a_run_it_cannot_take_before_any_work(edit, words, finished, tmp_path, capsys):
+    old, new = tmp_path / "old", tmp_path / "new"
+    shutil.copytree(finished, old)
+    edit(old)
+    code, _, err = main_inprocess(capsys, "run", "--profile", finished.parent / "one.toml", "--out", new,
+                                  "--adopt", old)
+    one_error(code, err, words)
+    assert not new.exists()
+
+
 def test_another_schema_version_is_refused(finished, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(finished, run)
