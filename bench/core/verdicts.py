@@ -1,8 +1,9 @@
-"""A run's partial results on disk: each batch of whole-network CROWN bounds (``bounds.network.netcrown``
-:class:`~bounds.network.netcrown.BatchStore`) as its own small file in the run directory, written as
-soon as it is bounded, so that a cell cut short (a stopped process, a machine given back) resumes at
-its first batch not yet bounded. A CROWN cell of the paper profile is hours of a CPU core; without
-this, a session shorter than the cell never finishes it (docs/guide/run.md)."""
+"""A run's partial results on disk (a :class:`~bounds.network.netcrown.BatchStore`): each batch of
+whole-network CROWN bounds (``bounds.network.netcrown.verify``) and each chunk's taylor_net certificate
+and PGD attack (``bench.nets.accuracy.run_certify``) as its own small file in the run directory,
+written as soon as it is made, so that a cell cut short (a stopped process, a machine given back)
+resumes where it stopped. A CROWN cell of the paper profile is hours of a CPU core; without this, a
+session shorter than the cell never finishes it (docs/guide/run.md)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from attacks.margin import attack_margin, margin
 from bounds.certificates import Certificate
 from bounds.network import Certifier, check_network, default_bounds, network_bound
-from bounds.network.netcrown import METHODS, RELAXATION, BatchStore, TracedViT, verify
+from bounds.network.netcrown import METHODS, RELAXATION, BatchStore, TracedViT, batch_key, net_digest, verify
 from bounds.network.taylor_net import Diagnostics, TaylorNet
 from bounds.norms import exact_norm
 from bounds.registry import CASCADE, CASCADE_TN, CASCADES, TAYLOR_NET, TAYLOR_NETS
@@ -210,8 +210,8 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
 
     The margin attack searches in ``dtype`` and judges an image broken by its float64 margin
     (attacks.margin.attack_margin); the certified side is float64 whatever ``dtype``. ``store`` keeps
-    CROWN's bounds batch by batch (:func:`bounds.network.netcrown.verify`): a run cut short resumes
-    there."""
+    CROWN's bounds batch by batch (:func:`bounds.network.netcrown.verify`) and each chunk's taylor_net
+    certificates and PGD attacks, each with its seconds: a run cut short resumes there."""
     check_network(net, names, cascade)
     bounds_ = [network_bound(n) for n in names] if names else default_bounds(net)
     eps = [check_eps(e) for e in eps]
@@ -225,6 +225,7 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     for b in direct:
         b.check()
     traced = TracedViT(net) if direct or cascade else None
+    digest = net_digest(net) if store is not None else ""  # the weights, in every kept result's key
     # the cascades: naive's on a lofast ViT, taylor_net's where taylor_net runs too (its verdicts reused)
     ran = [b.name for b in bounds_]
     wanted = {CASCADE: lofast, CASCADE_TN: TAYLOR_NET in ran}
@@ -261,7 +262,7 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                         p.direct(v.certified, RELAXATION, v.seconds)
                         continue
                     if b.name in TAYLOR_NETS:
-                        _taylor_net(p, net, x, y, e, traces, i, b.name)
+                        _taylor_net(p, net, x, y, e, traces, i, b.name, store, digest)
                         continue
                     c = cert.certify(b, e, norms)
                     p.delta.append(c.delta)
@@ -274,14 +275,11 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
             with torch.no_grad():
                 features = net.trace(x).features  # the clean features, the same for every ε
             for e in eps:
-                start = time.perf_counter()
-                a = attack_margin(net, x, y, e, steps=steps, restarts=restarts, seed=seed + i, dtype=dtype)
-                with torch.no_grad():
-                    moved = (net.trace(x + a.delta).features - features).norm(dim=-1)
-                attack[e].margin.append(a.margin)
-                attack[e].broken.append(a.broken)
-                attack[e].features.append(moved)
-                attack[e].seconds += time.perf_counter() - start
+                kept = _attack(net, x, y, e, features, steps, restarts, seed + i, dtype, store, digest)
+                attack[e].margin.append(kept["margin"].to(x.device))
+                attack[e].broken.append(kept["broken"].to(x.device))
+                attack[e].features.append(kept["features"].to(x.device))
+                attack[e].seconds += float(kept["seconds"])
             bar.update(len(x))
     finally:  # an error (out of memory, Ctrl-C) ends the bar before its line is printed
         bar.close()
@@ -304,11 +302,39 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
     return out
 
 
+def _attack(net: ViT, x: Tensor, y: Tensor, eps: float, features: Tensor, steps: int, restarts: int,
+            seed: int, dtype: torch.dtype, store: BatchStore | None, digest: str) -> dict:
+    """PGD on the margin of one chunk at ``eps``: its worst margins, verdicts, the feature change it
+    caused and its seconds, read from ``store`` where kept there, else computed and kept."""
+    key = batch_key(digest, f"pgd|{steps}|{restarts}|{seed}|{dtype}", eps, x, y) if store is not None else ""
+    kept = store.get(key) if store is not None else None
+    if kept is not None:
+        return kept
+    start = time.perf_counter()
+    a = attack_margin(net, x, y, eps, steps=steps, restarts=restarts, seed=seed, dtype=dtype)
+    with torch.no_grad():
+        moved = (net.trace(x + a.delta).features - features).norm(dim=-1)
+    kept = {"margin": a.margin, "broken": a.broken, "features": moved, "seconds": time.perf_counter() - start}
+    if store is not None:
+        store.put(key, {k: v.cpu() if torch.is_tensor(v) else v for k, v in kept.items()})
+    return kept
+
+
 def _taylor_net(p: _Collected, net: ViT, x: Tensor, y: Tensor, eps: float, memo: dict, i: int,
-                name: str = TAYLOR_NET) -> None:
+                name: str = TAYLOR_NET, store: BatchStore | None = None, digest: str = "") -> None:
     """One chunk of a taylor_net bound (:data:`TAYLOR_NETS`: its split of attention) at ``eps``
     (bounds.network.taylor_net): the chunk's clean trace kept in ``memo`` for the other splits and ε,
-    its verdict that of both tests (no δ_features), and its per-sample diagnostics."""
+    its verdict that of both tests (no δ_features), and its per-sample diagnostics. ``store``: where
+    the chunk's result is kept once made, and read back (with its seconds) where it was (``digest``:
+    the network's, :func:`bounds.network.netcrown.net_digest`)."""
+    where = batch_key(digest, name, eps, x, y) if store is not None else ""
+    kept = store.get(where) if store is not None else None
+    if kept is not None:
+        certificate = Certificate(kept["kind"], float(kept["p"]), tuple(int(v) for v in kept["seeds"]))
+        p.direct(kept["certified"].to(x.device), certificate, float(kept["seconds"]))
+        p.diag.append(Diagnostics.from_columns({k: None if v is None else v.to(x.device)
+                                                for k, v in kept["diag"].items()}))
+        return
     key = (TAYLOR_NET, i)
     start = time.perf_counter()
     held = memo.get(key)
@@ -322,6 +348,10 @@ def _taylor_net(p: _Collected, net: ViT, x: Tensor, y: Tensor, eps: float, memo:
     c = held.certify(eps, TAYLOR_NETS[name])
     p.direct(c.certified, c.certificate, built + c.seconds)  # the last seconds: for its cascade
     p.diag.append(c.diagnostics)
+    if store is not None:
+        diag = {k: None if v is None else v.cpu() for k, v in c.diagnostics.columns().items()}
+        store.put(where, {"certified": c.certified.cpu(), "kind": c.certificate.kind, "p": c.certificate.p,
+                          "seeds": list(c.certificate.seeds), "seconds": built + c.seconds, "diag": diag})
 
 
 def _cascade(parts: dict[tuple[str, float], _Collected], net: ViT, x: Tensor, y: Tensor, eps: float,

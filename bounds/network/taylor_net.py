@@ -128,6 +128,18 @@ class Diagnostics:
                            join(lambda p: p.backward),
                            join(lambda p: p.refused) if all(p.refused is not None for p in parts) else None)
 
+    @staticmethod
+    def from_columns(cols: dict[str, Tensor]) -> Diagnostics:
+        """The diagnostics whose :meth:`columns` are ``cols``."""
+
+        def blocks(kind: str) -> list[Tensor]:
+            count = sum(re.fullmatch(rf"{kind}_\d+", c) is not None for c in cols)
+            return [cols[f"{kind}_{k}"] for k in range(count)]
+
+        remainders = {c.removeprefix("remainder_"): v for c, v in cols.items() if c.startswith("remainder_")}
+        return Diagnostics(cols["margin"], cols["first_order"], cols["kinks"], remainders, blocks("unstable"),
+                           blocks("straddling"), cols.get("backward"), cols.get("refused"))
+
     def columns(self) -> dict[str, Tensor]:
         """Flat per-sample columns: ``margin``, ``first_order``, ``kinks``, ``backward``, ``refused``,
         ``remainder_<source>`` and per block ``unstable_<k>`` and ``straddling_<k>``."""

@@ -400,7 +400,9 @@ def test_a_crown_cell_cut_short_resumes_at_its_first_batch_not_bounded(tmp_path,
     monkeypatch.setattr(netcrown, "crown_lower", cut)
     with pytest.raises(Interrupted):
         run_profile(load_profile(str(profile)), out, "cpu")
-    assert len(list((out / PARTIAL).rglob("*.pt"))) == 2 and not list((out / "cells").glob("*.csv"))
+    # the two batches bounded before the stop (and the chunk results made before them: taylor_net's)
+    kept = [torch.load(f, weights_only=True) for f in (out / PARTIAL).rglob("*.pt")]
+    assert sum("lower" in k for k in kept) == 2 and not list((out / "cells").glob("*.csv"))
     calls.clear()
     monkeypatch.setattr(netcrown, "crown_lower", counted)
     table, _ = run_profile(load_profile(str(profile)), out, "cpu")
@@ -409,3 +411,36 @@ def test_a_crown_cell_cut_short_resumes_at_its_first_batch_not_bounded(tmp_path,
     a, b = (pd.read_csv(t).query("role == 'certify'").sort_values(key) for t in (whole, table))
     assert a["certified_pairwise"].tolist() == b["certified_pairwise"].tolist() and len(a) == len(b)
     assert not (out / PARTIAL).exists()
+
+
+@needs_lirpa
+def test_a_certify_run_reads_back_every_kept_result(monkeypatch):
+    """With a store, taylor_net's and PGD's chunk results are kept as CROWN's batches are: a second run
+    on the same network, images and ε computes none of them (TaylorNet, PGD and auto_LiRPA refuse)
+    and gives the same verdicts, attack results, diagnostics and seconds."""
+    import bench.nets.accuracy as accuracy
+    from bounds.network.taylor_net import TaylorNet as TN
+
+    net, _ = load_model(DEPTH1)
+    X, y = first_test_images("digits", net, 5)
+    kept = DictStore()
+    args = dict(steps=5, restarts=1, cascade=True, store=kept)
+    first = run_certify(net, X, y, [0.02, 0.05], ["taylor_net", "taylor_net_best", "crown"], **args)
+    assert len(kept.kept) >= 2 * 3  # per ε: taylor_net, its best split, PGD (and CROWN's batches)
+
+    def refuse(*a, **k):
+        raise AssertionError("computed again")
+
+    monkeypatch.setattr(netcrown, "crown_lower", refuse)
+    monkeypatch.setattr(accuracy, "attack_margin", refuse)
+    monkeypatch.setattr(TN, "certify", refuse)
+    again = run_certify(net, X, y, [0.02, 0.05], ["taylor_net", "taylor_net_best", "crown"], **args)
+    for field in ("pairwise", "pgd_margin", "pgd_broken", "pgd_features"):
+        a, b = getattr(first, field), getattr(again, field)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), field
+    assert first.pgd_seconds == again.pgd_seconds  # CROWN's add this call's own time around its batches
+    assert all(first.seconds[k] == again.seconds[k] for k in first.seconds if k[0].startswith("taylor_net"))
+    for k, cols in first.diagnostics.items():
+        assert cols.keys() == again.diagnostics[k].keys()
+        assert all(torch.equal(v, again.diagnostics[k][c]) for c, v in cols.items() if v is not None)
+    assert first.certificates == again.certificates
