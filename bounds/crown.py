@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -127,11 +128,14 @@ class Traced(nn.Module):
 @contextlib.contextmanager
 def float64_lirpa() -> Iterator[None]:
     """auto_LiRPA makes some of its constants in the default dtype, and a float32 constant meets
-    float64 bounds with an error; so float64 is made the default while it runs, and restored."""
+    float64 bounds with an error; so float64 is made the default while it runs, and restored. Its
+    prints (``[Interval Warning] NaN detected …`` where a relaxation overflows) go to stderr: on stdout
+    they came before ``certify --json``'s object and made it unreadable."""
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        with warnings.catch_warnings(record=True):  # its optimiser's scheduler warnings, not ours
+        # its optimiser's scheduler warnings are not ours either
+        with warnings.catch_warnings(record=True), contextlib.redirect_stdout(sys.stderr):
             yield
     finally:
         torch.set_default_dtype(before)
