@@ -92,7 +92,7 @@ def write_json(path: Path, obj: dict) -> None:
     atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
 
 
-# a run directory's folder of partial results: cells' batches kept as they finish (bench/core/verdicts.py)
+# a run directory's folder of partial results: cells' batches kept as they finish (bench/core/partial.py)
 PARTIAL = "partial"
 
 

@@ -33,9 +33,9 @@ from ..core.env import (
     resolve_device,
     resolve_dtype,
 )
+from ..core.partial import DiskStore, code_salt
 from ..core.plugins import PluginFile, using
 from ..core.schema import FILE_TASKS
-from ..core.verdicts import DiskStore, code_salt
 from .cases import MODEL_TASKS, Cell, cell_from_id
 from .tasks import CertifyMemo, memo_group, run_cell
 
@@ -69,8 +69,8 @@ class Cluster:
              ) -> Iterator[tuple[int, str, Cell, list[dict], dict]]:
         """(index, sweep, cell, rows, worker env) of every cell in ``todo``, as each finishes;
         ``plugins`` go with each cell as text (bench/core/plugins.py), registered by the worker;
-        ``partial``: the run's folder of partial results, where a worker that sees it keeps CROWN's
-        bounds batch by batch (bench/core/verdicts.py).
+        ``partial``: the run's folder of partial results, where a worker that sees it keeps what a
+        cell cut short would otherwise compute again (bench/core/partial.py).
 
         A task's exception (an InputError, say) is raised here, after the cells finished before it
         were yielded; the cells still queued are cancelled.

@@ -29,6 +29,7 @@ from models import InputError
 
 from ..core import plugins
 from ..core.env import device_name, git_state, resolve_device, resolve_dtype, versions
+from ..core.partial import DiskStore, code_salt
 from ..core.store import (
     MANIFEST,
     PARTIAL,
@@ -43,7 +44,6 @@ from ..core.store import (
     write_cell,
     write_json,
 )
-from ..core.verdicts import DiskStore, code_salt
 from .memory import check_memory
 from .profiles import Profile
 from .tasks import CROWN_TASKS, CertifyMemo, check_model_cells, run_cell

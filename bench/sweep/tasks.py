@@ -159,7 +159,7 @@ class CertifyMemo:
     def __init__(self, store: BatchStore | None = None) -> None:
         self.key: tuple | None = None
         self.memo: dict = {}
-        # where CROWN's bounds are kept batch by batch (bench/core/verdicts.py), so that a cell cut
+        # where CROWN's bounds are kept batch by batch (bench/core/partial.py), so that a cell cut
         # short resumes where it stopped; None: nowhere
         self.store = store
 

@@ -174,7 +174,7 @@ def spec(labels: Tensor, classes: int) -> Tensor:
 @dataclass(frozen=True)
 class BatchStore(Protocol):
     """Where :func:`verify` keeps each batch's bounds, so that a cell cut short (its process stopped)
-    resumes at the first batch not yet bounded (bench/core/verdicts.py: on disk, in a run directory).
+    resumes at the first batch not yet bounded (bench/core/partial.py: on disk, in a run directory).
     Keys name everything the bounds depend on but the code, which the store's own salt names."""
 
     def get(self, key: str) -> dict | None: ...

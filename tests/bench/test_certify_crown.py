@@ -15,8 +15,8 @@ from helpers import ROOT, main_inprocess
 
 from bench.cli.certify_cmd import summary
 from bench.core import gate, store
+from bench.core.partial import DiskStore
 from bench.core.store import PARTIAL
-from bench.core.verdicts import DiskStore
 from bench.nets.accuracy import (
     CertifyRun,
     first_test_images,
