@@ -50,7 +50,7 @@ LOCK = ".lock"
 READ = {"keep_default_na": False, "na_values": ["", "nan", "NaN"], "low_memory": False,
         # hashes as text: 16 hex digits that are all digits (or one "e" among them) would read as numbers
         "dtype": {"plugin_sha256": str, "network_sha256": str, "data_sha256": str, "imported_sha256": str,
-                  "imported_data": str}}
+                  "imported_data": str, "git_commit": str}}
 
 
 def cell_file(out: Path, sweep: str, cell_id: str) -> Path:
@@ -82,6 +82,11 @@ def atomic_write(path: Path, text: str | bytes) -> None:
         write_atomic(path, text)
     except OSError as e:
         raise InputError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def load_cell(path: Path) -> pd.DataFrame:
+    """One finished cell's rows, read as :func:`gather` reads them."""
+    return pd.read_csv(path, **READ)
 
 
 def write_cell(out: Path, sweep: str, cell_id: str, rows: pd.DataFrame) -> None:
@@ -140,7 +145,7 @@ def gather(out: Path) -> pd.DataFrame:
     files = sorted((out / "cells").glob("*.csv"))
     if not files:
         raise InputError(f"{out}: no finished cells")
-    df = pd.concat([pd.read_csv(f, **READ) for f in files], ignore_index=True)
+    df = pd.concat([load_cell(f) for f in files], ignore_index=True)
     return df.sort_values(["cell_index", "role", "bound", "sample", "head", "block"], kind="stable",
                           ignore_index=True)
 

@@ -329,11 +329,13 @@ def _taylor_net(p: _Collected, net: ViT, x: Tensor, y: Tensor, eps: float, memo:
     the network's, :func:`bounds.network.netcrown.net_digest`)."""
     where = batch_key(digest, name, eps, x, y) if store is not None else ""
     kept = store.get(where) if store is not None else None
+    paid = (TAYLOR_NET, i, "built")  # the chunk's trace, whose seconds the first split to run counts
     if kept is not None:
         certificate = Certificate(kept["kind"], float(kept["p"]), tuple(int(v) for v in kept["seeds"]))
-        p.direct(kept["certified"].to(x.device), certificate, float(kept["seconds"]))
+        p.direct(kept["certified"].to(x.device), certificate, float(kept["built"] + kept["seconds"]))
         p.diag.append(Diagnostics.from_columns({k: None if v is None else v.to(x.device)
                                                 for k, v in kept["diag"].items()}))
+        memo[paid] = memo.get(paid, False) or kept["built"] > 0
         return
     key = (TAYLOR_NET, i)
     start = time.perf_counter()
@@ -342,7 +344,9 @@ def _taylor_net(p: _Collected, net: ViT, x: Tensor, y: Tensor, eps: float, memo:
         kept = memo.get(TAYLOR_NET)
         held = memo[key] = TaylorNet(net, x, y, kept)
         memo[TAYLOR_NET] = held.constants
-    built = time.perf_counter() - start
+    # counted once a chunk, as in a run never cut: not again where a kept split counted it
+    built = 0.0 if memo.get(paid) else time.perf_counter() - start
+    memo[paid] = True
     # its own seconds: a split or ``best`` made before for another bound at this ε is reused, and its
     # seconds are counted again here, once, as they would be if this bound ran alone
     c = held.certify(eps, TAYLOR_NETS[name])
@@ -351,7 +355,8 @@ def _taylor_net(p: _Collected, net: ViT, x: Tensor, y: Tensor, eps: float, memo:
     if store is not None:
         diag = {k: None if v is None else v.cpu() for k, v in c.diagnostics.columns().items()}
         store.put(where, {"certified": c.certified.cpu(), "kind": c.certificate.kind, "p": c.certificate.p,
-                          "seeds": list(c.certificate.seeds), "seconds": built + c.seconds, "diag": diag})
+                          "seeds": list(c.certificate.seeds), "built": built, "seconds": c.seconds,
+                          "diag": diag})
 
 
 def _cascade(parts: dict[tuple[str, float], _Collected], net: ViT, x: Tensor, y: Tensor, eps: float,

@@ -231,7 +231,7 @@ def compute(cell_id: str, run: dict, device_arg: str, threads: int, after: objec
     cell = cell_from_id(cell_id)
     state = _worker_state()
     seen = partial is not None and Path(partial).parent.is_dir()
-    state.memo.store = DiskStore(Path(partial), code_salt(state.commit)) if seen else None
+    state.memo.store = DiskStore(Path(partial), code_salt()) if seen else None
     with using(plugins):
         rows = run_cell(cell, run, device, resolve_dtype(run["dtype"]), state.memo)
     return rows, {"torch_version": torch.__version__, "device": device.type,

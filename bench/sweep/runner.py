@@ -34,9 +34,9 @@ from ..core.store import (
     MANIFEST,
     PARTIAL,
     SCHEMA_VERSION,
-    atomic_write,
     cell_file,
     consolidate,
+    load_cell,
     lock,
     remove_stale_temps,
     sealed,
@@ -143,15 +143,17 @@ def check_adopt(source: Path, want: dict) -> None:
 
 def adopt(out: Path, source: Path, cells: list[tuple[str, Cell]]) -> dict[str, int]:
     """Copies into ``out`` the finished cells of ``source`` that are cells of this run and not yet
-    finished here, as they are: each row keeps the commit it was computed at (``git_commit``), which
-    the report names. Returns the cells taken per commit."""
+    finished here, their rows as they are but for ``cell_index`` (the cell's place in this run, which
+    orders the table; a run of some of the profile's cells numbers them its own way): each row keeps
+    the commit it was computed at (``git_commit``), which the report names. Returns the cells taken
+    per commit."""
     taken: dict[str, int] = {}
-    for sweep, cell in cells:
+    for index, (sweep, cell) in enumerate(cells):
         theirs, ours = cell_file(source, sweep, cell.id), cell_file(out, sweep, cell.id)
         if theirs.is_file() and not ours.exists():
-            raw = theirs.read_bytes()
-            atomic_write(ours, raw)
-            commit = str(pd.read_csv(theirs, usecols=["git_commit"], dtype=str)["git_commit"].iloc[0])
+            rows = load_cell(theirs)
+            write_cell(out, sweep, cell.id, rows.assign(cell_index=index))
+            commit = str(rows["git_commit"].iloc[0])
             taken[commit] = taken.get(commit, 0) + 1
     return taken
 
@@ -181,6 +183,8 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
         check_memory(chosen, run["pgd_restarts"], device)
     want = _manifest(profile, run, overrides)
     if adopt_from is not None:
+        if adopt_from.resolve() == out.resolve():  # with --fresh it would discard what it adopts
+            raise InputError(f"--adopt {adopt_from} is --out itself; adopt from another run directory")
         check_adopt(adopt_from, want)
     check_model_cells([c for _, c in chosen])  # a model its task cannot certify, before hours of others
     if any(c.task == "pretrained" for _, c in chosen):
@@ -289,7 +293,7 @@ def run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: to
     if cluster is None:
         # this run's: each certify cell shares the norms of the one before it, and keeps CROWN's
         # bounds batch by batch in the run directory, where a resumed cell finds them
-        memo = CertifyMemo(DiskStore(out / PARTIAL, code_salt(manifest["git_commit"])))
+        memo = CertifyMemo(DiskStore(out / PARTIAL, code_salt()))
         results = ((i, s, c, run_cell(c, run, device, dtype, memo), {}) for i, s, c in todo)
     else:  # in the order they finish; consolidate() restores the run order
         results = cluster.rows(todo, run, device_arg, torch.get_num_threads(), manifest["git_commit"],

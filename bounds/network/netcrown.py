@@ -183,8 +183,11 @@ class BatchStore(Protocol):
 
 
 def net_digest(net: nn.Module) -> str:
-    """sha256 of a network's parameters and buffers (names, dtypes, shapes and bytes), in order."""
-    h = hashlib.sha256()
+    """sha256 of a network's configuration (a ViT's ``cfg``: R, the activation, the norms' ε, the
+    pooling, which the weights do not say) and of its parameters and buffers (names, dtypes, shapes
+    and bytes), in order."""
+    cfg = getattr(net, "cfg", None)
+    h = hashlib.sha256(repr(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg).encode())
     for name, t in net.state_dict().items():
         t = t.detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())

@@ -15,7 +15,7 @@ from helpers import ROOT, main_inprocess
 
 from bench.cli.certify_cmd import summary
 from bench.core import gate, store
-from bench.core.partial import DiskStore
+from bench.core.partial import DiskStore, code_salt
 from bench.core.store import PARTIAL
 from bench.nets.accuracy import (
     CertifyRun,
@@ -361,6 +361,19 @@ def test_verify_keeps_each_batch_and_reads_it_back(monkeypatch):
     assert netcrown.net_digest(moved) != netcrown.net_digest(net)
 
 
+def test_the_salt_is_the_code_on_disk(tmp_path):
+    """An edit of any of the suite's .py files, committed or not, is another salt: a result kept
+    before it is not read back after it."""
+    for pkg in ("attacks", "bench", "bounds", "models"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "a.py").write_text("x = 1\n")
+    before = code_salt(tmp_path)
+    assert code_salt(tmp_path) == before
+    (tmp_path / "bounds" / "a.py").write_text("x = 2\n")
+    assert code_salt(tmp_path) != before
+    assert code_salt() != before  # this checkout's own code
+
+
 def test_the_disk_store_is_keyed_by_its_salt_and_ignores_foreign_files(tmp_path):
     one, two = DiskStore(tmp_path, "commit-a"), DiskStore(tmp_path, "commit-b")
     one.put("k", {"lower": torch.tensor([[1.5, -math.inf]]), "seconds": 2.0})
@@ -444,6 +457,11 @@ def test_a_certify_run_reads_back_every_kept_result(monkeypatch):
         assert cols.keys() == again.diagnostics[k].keys()
         assert all(torch.equal(v, again.diagnostics[k][c]) for c, v in cols.items() if v is not None)
     assert first.certificates == again.certificates
+    # each result under its own key: another PGD setting or another split is not served by these
+    for other in (dict(args, steps=6), args):
+        names = ["taylor_net"] if other is not args else ["taylor_net_lofast"]
+        with pytest.raises(AssertionError, match="computed again"):
+            run_certify(net, X, y, [0.02], names, **other)
 
 
 @needs_lirpa

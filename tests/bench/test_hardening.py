@@ -157,7 +157,7 @@ def test_adopt_takes_another_commits_cells_as_they_are(finished, tmp_path, capsy
     taken first, each row keeping its commit; only the others are computed; DIR is left as it was."""
     old, new = tmp_path / "old", tmp_path / "new"
     shutil.copytree(finished, old)
-    other = "deadbeef" * 5
+    other = "12345678" * 5  # all digits: read back as text, not a number
     _as_another_commit(old, other)
     first, second = sorted((old / "cells").glob("*.csv"))
     second.unlink()
@@ -171,6 +171,31 @@ def test_adopt_takes_another_commits_cells_as_they_are(finished, tmp_path, capsy
     assert sorted(commits == other) == [False, True]  # one adopted, one computed at this checkout
     assert first.read_bytes() == kept and sorted((old / "cells").glob("*.csv")) == [first]
     assert (new / "cells" / first.name).read_bytes() == kept
+
+
+def test_adopted_cells_take_their_place_in_this_run(finished, tmp_path, capsys):
+    """A run of some of the profile's cells (the same profile name and options: the standard ViT's
+    CROWN cells of the paper run, say) numbers them its own way; adopted, a cell's rows take its
+    index in this run, which orders the table. --adopt of --out itself is refused (with --fresh it
+    would discard what it adopts)."""
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "one.toml").write_text(ONE.replace("eps = [0.01, 0.1]", "eps = [0.1]"))
+    code, _, err = main_inprocess(capsys, "run", "--profile", part / "one.toml", "--out", part / "run")
+    assert code == 0, err
+    assert set(store.load(part / "run")["cell_index"]) == {0}
+    new = tmp_path / "new"
+    code, _, err = main_inprocess(capsys, "run", "--profile", finished.parent / "one.toml", "--out", new,
+                                  "--adopt", part / "run")
+    assert code == 0, err
+    df = store.load(new)
+    places = {c.id: i for i, (_, c) in enumerate(load_profile(str(finished.parent / "one.toml")).cells())}
+    assert df.groupby("cell_id")["cell_index"].first().to_dict() == places
+    before = sorted((new / "cells").iterdir())
+    code, _, err = main_inprocess(capsys, "run", "--profile", finished.parent / "one.toml", "--out", new,
+                                  "--adopt", new, "--fresh")
+    one_error(code, err, "is --out itself")
+    assert sorted((new / "cells").iterdir()) == before
 
 
 @pytest.mark.parametrize("edit,words", [
