@@ -258,7 +258,7 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                 for b in bounds_:
                     p = parts[(b.name, e)]
                     if b in direct:
-                        v = verify(net, x, y, e, b.name, traced, store)
+                        v = verify(net, x, y, e, b.name, traced, store, digest)
                         p.direct(v.certified, RELAXATION, v.seconds)
                         continue
                     if b.name in TAYLOR_NETS:
@@ -271,7 +271,7 @@ def run_certify(net: ViT, images: Tensor, labels: Tensor, eps: list[float], name
                     p.cert.append(c.certificate)
                     p.seconds += c.seconds
                 for name in cascades:
-                    _cascade(parts, net, x, y, e, cert, traced, name, norms, clean[-1], store)
+                    _cascade(parts, net, x, y, e, cert, traced, name, norms, clean[-1], store, digest)
             with torch.no_grad():
                 features = net.trace(x).features  # the clean features, the same for every ε
             for e in eps:
@@ -361,7 +361,7 @@ def _taylor_net(p: _Collected, net: ViT, x: Tensor, y: Tensor, eps: float, memo:
 
 def _cascade(parts: dict[tuple[str, float], _Collected], net: ViT, x: Tensor, y: Tensor, eps: float,
              cert: Certifier | None, traced: TracedViT, name: str, norms: dict, logits: Tensor,
-             store: BatchStore | None = None) -> None:
+             store: BatchStore | None = None, digest: str | None = None) -> None:
     """One chunk of the cascade ``name`` (:data:`bounds.registry.CASCADES`) at ``eps``: its first
     bound's pairwise test on every image (naive's norms reused from the chunk's other bounds where
     they ran, through their cache ``norms``; taylor_net's verdicts and seconds taken from its own
@@ -385,7 +385,7 @@ def _cascade(parts: dict[tuple[str, float], _Collected], net: ViT, x: Tensor, y:
             verdict[sent.cpu()] = crown.pairwise[-1][sent.cpu()]
             seconds += crown.last_seconds * int(sent.sum()) / len(x)
         else:
-            v = verify(net, x[sent], y[sent], eps, "crown", traced, store)
+            v = verify(net, x[sent], y[sent], eps, "crown", traced, store, digest)
             verdict[sent.cpu()] = v.certified
             seconds += v.seconds
     p = parts[(name, eps)]

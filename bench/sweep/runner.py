@@ -90,6 +90,16 @@ def _manifest(profile: Profile, run: dict, overrides: dict | None) -> dict:
             "cells": [[s, c.id] for s, c in profile.cells()]}
 
 
+# what each part of a manifest is called in a refusal
+PARTS = {"schema_version": "results schema version", "options": "options", "cells": "cells"}
+
+
+def _other(have: dict, want: dict, keys: tuple[str, ...]) -> str | None:
+    """The first of ``keys`` in which the manifest ``have`` differs from ``want`` (as JSON reads
+    it back), named as :data:`PARTS` names it; None where they agree."""
+    return next((PARTS[k] for k in keys if have.get(k) != json.loads(json.dumps(want[k]))), None)
+
+
 def _check_resume(out: Path, want: dict) -> None:
     """Refuses a directory that holds another run: other schema, options or cells."""
     path = out / MANIFEST
@@ -102,11 +112,10 @@ def _check_resume(out: Path, want: dict) -> None:
         have = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise InputError(f"{path} is unreadable ({e}); rerun with --fresh to start over") from None
-    for key, what in (("schema_version", "results schema version"), ("options", "options"),
-                      ("cells", "cells")):
-        if have.get(key) != json.loads(json.dumps(want[key])):
-            raise InputError(f"{out} holds a run with other {what}; rerun with --fresh to discard "
-                             f"it, or use another --out")
+    what = _other(have, want, ("schema_version", "options", "cells"))
+    if what is not None:
+        raise InputError(f"{out} holds a run with other {what}; rerun with --fresh to discard "
+                         f"it, or use another --out")
     # a cell's id names its parameters, not the code that computed it: resuming at another commit
     # would store cells of two commits under the one the manifest names
     was, now = have.get("git_commit"), want["git_commit"]
@@ -136,9 +145,9 @@ def check_adopt(source: Path, want: dict) -> None:
         have = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise InputError(f"--adopt {source}: {MANIFEST} is unreadable ({e})") from None
-    for key, what in (("schema_version", "results schema version"), ("options", "options")):
-        if have.get(key) != json.loads(json.dumps(want[key])):
-            raise InputError(f"--adopt {source}: a run with other {what} than this one's")
+    what = _other(have, want, ("schema_version", "options"))
+    if what is not None:
+        raise InputError(f"--adopt {source}: a run with other {what} than this one's")
 
 
 def adopt(out: Path, source: Path, cells: list[tuple[str, Cell]]) -> dict[str, int]:

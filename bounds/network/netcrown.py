@@ -253,14 +253,16 @@ def _in_nan_handler(error: BaseException) -> bool:
 
 
 def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "crown",
-           traced: TracedViT | None = None, store: BatchStore | None = None) -> MarginVerification:
+           traced: TracedViT | None = None, store: BatchStore | None = None,
+           digest: str | None = None) -> MarginVerification:
     """CROWN (``name`` = ``crown``) or α-CROWN (``alpha_crown``; auto_LiRPA's CROWN-Optimized,
     intersected with CROWN's bounds) on the margins of ``images`` [B, H, W] over ‖γ‖₂ ≤ ``eps``.
     A bound that is NaN (an overflow inside the relaxation) or that auto_LiRPA cannot compute
     (:func:`crown_lower`) certifies nothing. A misclassified image is not sent to auto_LiRPA (its margin
     is negative at the image itself, so no sound bound certifies it): its bounds are −∞, and the
     seconds are those of the others. With a ``store``, a batch whose bounds it holds is read from it,
-    with the seconds it took then; every other batch's bounds and seconds are put there."""
+    with the seconds it took then; every other batch's bounds and seconds are put there (``digest``:
+    the network's :func:`net_digest`, where the caller has it)."""
     lirpa = lirpa_module()
     from auto_LiRPA.perturbations import PerturbationLpNorm
 
@@ -274,7 +276,8 @@ def verify(net: ViT, images: Tensor, labels: Tensor, eps: float, name: str = "cr
         logits = model(x)
     sent = (logits.argmax(-1) == labels.to(x.device)).nonzero()[:, 0]
     lb = torch.full(C.shape[:2], -math.inf, dtype=torch.float64, device=x.device)
-    digest = net_digest(net) if store is not None else ""
+    if store is not None and digest is None:
+        digest = net_digest(net)
     batches = measured = 0.0  # the batches' seconds as measured (now or when stored); now alone
     with float64_lirpa():
         for i in range(0, len(sent), BATCH[name]):
