@@ -1,11 +1,12 @@
 """``python -m bench run``: every cell of a profile, each written as soon as it is finished.
 
 A run directory knows what it is: ``run.json`` holds the results schema version, the suite version
-and commit, the options and the full list of (sweep, cell id), and, once every cell is finished and
-gathered into results.csv, that table's seal (its rows and sha256, bench/core/store.py). Resuming
-into a directory whose manifest differs is refused, naming ``--fresh``; a lock keeps a second
-concurrent run out; temp files left by a killed run are removed. A certified bound below its PGD
-value is a soundness violation: it is printed at once and counted at the end, never dropped.
+and commit, the options, the full list of (sweep, cell id), the sha256 of every zoo file its cells
+read and, once every cell is finished and gathered into results.csv, that table's seal (its rows and
+sha256, bench/core/store.py). Resuming into a directory whose manifest differs is refused, naming
+``--fresh``; a lock keeps a second concurrent run out; temp files left by a killed run are removed.
+A certified bound below its PGD value is a soundness violation: it is printed at once and counted at
+the end, never dropped.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tqdm import tqdm
 from bounds import crown
 from bounds.registry import unavailable
 from models import InputError
+from models.vit_io import sha256
 
 from ..core import plugins
 from ..core.env import device_name, git_state, resolve_device, resolve_dtype, versions
@@ -44,6 +46,7 @@ from ..core.store import (
     write_cell,
     write_json,
 )
+from .cases import ReadsZooModel
 from .memory import check_memory
 from .profiles import Profile
 from .tasks import CROWN_TASKS, CertifyMemo, check_model_cells, run_cell
@@ -87,11 +90,28 @@ def _manifest(profile: Profile, run: dict, overrides: dict | None) -> dict:
         options["plugins"] = plugins.describe(profile.plugins)
     return {"schema_version": SCHEMA_VERSION, "suite_version": versions()["suite"],
             "git_commit": commit, "options": options,
-            "cells": [[s, c.id] for s, c in profile.cells()]}
+            "cells": [[s, c.id] for s, c in profile.cells()], "models": weights(profile)}
+
+
+def weights(profile: Profile) -> dict[str, str]:
+    """The sha256 of every zoo file the profile's cells read, by model name: a cell's id names the
+    model, not its weights, so a zoo file retrained under the same name is told apart only here. A
+    file not there is left out (the cell that reads it refuses it by name)."""
+    paths = {c.model: c.model_path for _, c in profile.cells() if isinstance(c, ReadsZooModel) and c.model}
+    return {name: sha256(path) for name, path in sorted(paths.items()) if path.is_file()}
 
 
 # what each part of a manifest is called in a refusal
-PARTS = {"schema_version": "results schema version", "options": "options", "cells": "cells"}
+PARTS = {"schema_version": "results schema version", "options": "options", "cells": "cells",
+         "models": "model weights"}
+
+
+def _other_weights(have: dict, want: dict) -> str | None:
+    """The first model both manifests name whose weights differ, as ``name (sha256 … there, … now)``;
+    None where they agree. A manifest written before the weights were kept (no ``models``) agrees."""
+    theirs = have.get("models") or {}
+    return next((f"{m} (sha256 {theirs[m][:12]} there, {h[:12]} in zoo/ now)"
+                 for m, h in want["models"].items() if m in theirs and theirs[m] != h), None)
 
 
 def _other(have: dict, want: dict, keys: tuple[str, ...]) -> str | None:
@@ -116,6 +136,10 @@ def _check_resume(out: Path, want: dict) -> None:
     if what is not None:
         raise InputError(f"{out} holds a run with other {what}; rerun with --fresh to discard "
                          f"it, or use another --out")
+    model = _other_weights(have, want)
+    if model is not None:
+        raise InputError(f"{out} holds a run made with other weights of {model}; rerun with --fresh "
+                         f"to discard it, or use another --out")
     # a cell's id names its parameters, not the code that computed it: resuming at another commit
     # would store cells of two commits under the one the manifest names
     was, now = have.get("git_commit"), want["git_commit"]
@@ -148,6 +172,12 @@ def check_adopt(source: Path, want: dict) -> None:
     what = _other(have, want, ("schema_version", "options"))
     if what is not None:
         raise InputError(f"--adopt {source}: a run with other {what} than this one's")
+    model = _other_weights(have, want)
+    if model is not None:
+        raise InputError(f"--adopt {source}: a run made with other weights of {model}")
+    if want["models"] and "models" not in have:
+        print(f"note: --adopt {source}: its run.json predates the weights' sha256, so its cells are "
+              f"taken as made with zoo/'s files as they are now", file=sys.stderr)
 
 
 def adopt(out: Path, source: Path, cells: list[tuple[str, Cell]]) -> dict[str, int]:

@@ -399,3 +399,41 @@ def test_cli_errors_from_a_real_shell(finished, tmp_path):
                         str(tmp_path / "afile")], cwd=tmp_path, capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
     assert r.returncode == 2 and r.stderr.startswith("error:"), r.stderr
+
+
+# a run whose one cell reads a zoo file: the first attention layer of a trained model (seconds)
+TRAINED = ONE.replace("n = 3\nd = 4\n", 'model = "digits-d32-b2-h2-c0.5"\nx = "data"\nn = 16\nd = 32\n'
+                      'samples = 1\n').replace("eps = [0.01, 0.1]", "eps = 0.01")
+
+
+def test_a_run_made_with_other_weights_of_a_zoo_model_is_neither_resumed_nor_adopted(tmp_path, capsys):
+    """A cell's id names its zoo model, not the weights: a file retrained under the same name would
+    pass every other check. run.json keeps each file's sha256; a resume or --adopt of a run made
+    with other weights is refused naming the model, and a run.json from before they were kept is
+    adopted with a note."""
+    import hashlib
+    import json
+
+    from bench.sweep.cases import ZOO
+
+    (tmp_path / "t.toml").write_text(TRAINED)
+    old = tmp_path / "old"
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "t.toml", "--out", old)
+    assert code == 0, err
+    name = "digits-d32-b2-h2-c0.5"
+    digest = hashlib.sha256((ZOO / f"{name}.safetensors").read_bytes()).hexdigest()
+    manifest = json.loads((old / "run.json").read_text())
+    assert manifest["models"] == {name: digest}
+    (old / "run.json").write_text(json.dumps(manifest | {"models": {name: "0" * 64}}))
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "t.toml", "--out", old)
+    one_error(code, err, f"other weights of {name} (sha256 000000000000 there, {digest[:12]} in zoo/ now)")
+    new = tmp_path / "new"
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "t.toml", "--out", new,
+                                  "--adopt", old)
+    one_error(code, err, f"--adopt {old}: a run made with other weights of {name}")
+    assert not new.exists()
+    (old / "run.json").write_text(json.dumps({k: v for k, v in manifest.items() if k != "models"}))
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "t.toml", "--out", new,
+                                  "--adopt", old)
+    assert code == 0, err
+    assert "predates the weights' sha256" in err and "adopted 1 finished cell(s)" in err
