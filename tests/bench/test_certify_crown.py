@@ -427,19 +427,22 @@ def test_a_crown_cell_cut_short_resumes_at_its_first_batch_not_bounded(tmp_path,
 
 
 @needs_lirpa
-def test_a_certify_run_reads_back_every_kept_result(monkeypatch):
+@pytest.mark.parametrize("where", ["memory", "disk"])
+def test_a_certify_run_reads_back_every_kept_result(where, tmp_path, monkeypatch):
     """With a store, taylor_net's and PGD's chunk results are kept as CROWN's batches are: a second run
     on the same network, images and ε computes none of them (TaylorNet, PGD and auto_LiRPA refuse)
-    and gives the same verdicts, attack results, diagnostics and seconds."""
+    and gives the same verdicts, attack results, diagnostics and seconds; on disk (a run's
+    ``partial/``) as in memory, so every kept result survives its file's round trip."""
     import bench.nets.accuracy as accuracy
     from bounds.network.taylor_net import TaylorNet as TN
 
     net, _ = load_model(DEPTH1)
     X, y = first_test_images("digits", net, 5)
-    kept = DictStore()
+    kept = DictStore() if where == "memory" else DiskStore(tmp_path, code_salt())
     args = dict(steps=5, restarts=1, cascade=True, store=kept)
     first = run_certify(net, X, y, [0.02, 0.05], ["taylor_net", "taylor_net_best", "crown"], **args)
-    assert len(kept.kept) >= 2 * 3  # per ε: taylor_net, its best split, PGD (and CROWN's batches)
+    # per ε: taylor_net, its best split, PGD (and CROWN's batches)
+    assert (len(kept.kept) if where == "memory" else len(list(tmp_path.rglob("*.pt")))) >= 2 * 3
 
     def refuse(*a, **k):
         raise AssertionError("computed again")
