@@ -6,6 +6,7 @@ parameters (:class:`LayerCell`, :class:`ModelCell`, :class:`PretrainedCell`, :cl
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import MISSING, asdict, dataclass, fields, replace
@@ -30,6 +31,7 @@ from models.build import with_spectral_norm
 from models.data import DATASETS
 from models.errors import MAX_MAGNITUDE
 from models.sentences import SENTENCES
+from models.vit_io import sha256
 
 from ..core.env import ROOT
 from . import imported as import_dirs
@@ -104,6 +106,16 @@ class ReadsZooModel:
     def network(self):
         """(ViT, card, the first ``samples`` test images [B, H, W], their labels) of its model."""
         return _network(self.model_path, self.dataset, self.samples)
+
+    def model_fingerprint(self) -> str:
+        """sha256 of its zoo file's weights' sha256 and its card's ``architecture`` (canonical JSON),
+        from which ``models.load_vit`` builds the network around the weights (R, the caps, the
+        variant): a cell's id names the model, not the file, so a model retrained (or its card
+        edited) under the same name is told apart only by this."""
+        card = self.model_path.with_suffix(".json")
+        arch = json.loads(card.read_text()).get("architecture", {}) if card.is_file() else {}
+        text = f"{sha256(self.model_path)}|{json.dumps(arch, sort_keys=True)}"
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -65,9 +65,11 @@ class Cluster:
     where: str
 
     def rows(self, todo: list[tuple[int, str, Cell]], run: dict, device_arg: str, threads: int,
-             commit: str, plugins: Sequence[PluginFile] = (), partial: str | None = None
-             ) -> Iterator[tuple[int, str, Cell, list[dict], dict]]:
+             commit: str, models: dict[str, str] | None = None, plugins: Sequence[PluginFile] = (),
+             partial: str | None = None) -> Iterator[tuple[int, str, Cell, list[dict], dict]]:
         """(index, sweep, cell, rows, worker env) of every cell in ``todo``, as each finishes;
+        ``models``: the run's zoo fingerprints by model (run.json's), which a worker's own zoo file of
+        a cell's model must match (another machine's worker reads its own zoo/);
         ``plugins`` go with each cell as text (bench/core/plugins.py), registered by the worker;
         ``partial``: the run's folder of partial results, where a worker that sees it keeps what a
         cell cut short would otherwise compute again (bench/core/partial.py).
@@ -90,7 +92,8 @@ class Cluster:
             group = memo_group(cell)
             after = last.get(group) if group is not None else None
             future = self.client.submit(compute, cell.id, run, device_arg, threads, after, tuple(plugins),
-                                        partial, pure=False, priority=priority)
+                                        partial, (models or {}).get(getattr(cell, "model", "")),
+                                        pure=False, priority=priority)
             futures[future] = (i, sweep, cell)
             if group is not None:
                 last[group] = future
@@ -220,15 +223,21 @@ def dask_setup(worker) -> None:
 
 
 def compute(cell_id: str, run: dict, device_arg: str, threads: int, after: object = None,
-            plugins: Sequence[PluginFile] = (), partial: str | None = None) -> tuple[list[dict], dict]:
+            plugins: Sequence[PluginFile] = (), partial: str | None = None,
+            fingerprint: str | None = None) -> tuple[list[dict], dict]:
     """On a worker: the rows of one cell, and where they were computed. ``after`` (the result of the
     cell this one waits for, or None) is not read: it only orders the two on one worker. ``plugins``
     (the run's plugin files, as text) are registered for this cell alone. ``partial``: the run's
     folder of partial results, used where this worker sees it (a local one; another machine's
-    worker keeps nothing, and its cells start over when cut short)."""
+    worker keeps nothing, and its cells start over when cut short). ``fingerprint``: the client's of
+    the cell's zoo model, which this worker's zoo file must have (None: no zoo model, nothing to check)."""
     torch.set_num_threads(threads)  # the client's count, so that a cell runs as it would serially
     device = resolve_device(device_arg)  # the worker's own: auto is its GPU if it has one
     cell = cell_from_id(cell_id)
+    if fingerprint is not None and cell.model_fingerprint() != fingerprint:
+        raise InputError(f"a Dask worker's zoo file of {cell.model} is not the client's (fingerprint "
+                         f"{cell.model_fingerprint()[:12]} there, {fingerprint[:12]} here): give every "
+                         f"worker the same zoo/")
     state = _worker_state()
     seen = partial is not None and Path(partial).parent.is_dir()
     state.memo.store = DiskStore(Path(partial), code_salt()) if seen else None

@@ -27,7 +27,6 @@ from tqdm import tqdm
 from bounds import crown
 from bounds.registry import unavailable
 from models import InputError
-from models.vit_io import sha256
 
 from ..core import plugins
 from ..core.env import device_name, git_state, resolve_device, resolve_dtype, versions
@@ -94,24 +93,33 @@ def _manifest(profile: Profile, run: dict, overrides: dict | None) -> dict:
 
 
 def weights(profile: Profile) -> dict[str, str]:
-    """The sha256 of every zoo file the profile's cells read, by model name: a cell's id names the
-    model, not its weights, so a zoo file retrained under the same name is told apart only here. A
-    file not there is left out (the cell that reads it refuses it by name)."""
-    paths = {c.model: c.model_path for _, c in profile.cells() if isinstance(c, ReadsZooModel) and c.model}
-    return {name: sha256(path) for name, path in sorted(paths.items()) if path.is_file()}
+    """The fingerprint of every zoo model the profile's cells read (:meth:`ReadsZooModel.model_fingerprint`),
+    by name. A file not there is left out (the profile refuses such a cell when it loads)."""
+    cells = {c.model: c for _, c in profile.cells() if isinstance(c, ReadsZooModel) and c.model}
+    return {name: c.model_fingerprint() for name, c in sorted(cells.items()) if c.model_path.is_file()}
 
 
 # what each part of a manifest is called in a refusal
-PARTS = {"schema_version": "results schema version", "options": "options", "cells": "cells",
-         "models": "model weights"}
+PARTS = {"schema_version": "results schema version", "options": "options", "cells": "cells"}
 
 
-def _other_weights(have: dict, want: dict) -> str | None:
-    """The first model both manifests name whose weights differ, as ``name (sha256 … there, … now)``;
-    None where they agree. A manifest written before the weights were kept (no ``models``) agrees."""
-    theirs = have.get("models") or {}
-    return next((f"{m} (sha256 {theirs[m][:12]} there, {h[:12]} in zoo/ now)"
-                 for m, h in want["models"].items() if m in theirs and theirs[m] != h), None)
+def _changed(have: dict, want: dict, where: str) -> dict[str, str] | None:
+    """The models both manifests name whose zoo files differ, each with both fingerprints' heads; None
+    where ``have`` predates the fingerprints (no ``models``). Refuses a ``models`` that is not a map of
+    names to fingerprints (``where`` names the directory in the message)."""
+    if "models" not in have:
+        return None
+    theirs = have["models"]
+    if not isinstance(theirs, dict) or not all(isinstance(v, str) for v in theirs.values()):
+        raise InputError(f"{where}: the models of its {MANIFEST} are unreadable; rerun with --fresh, "
+                         f"or adopt from another run")
+    return {m: f"{m} (fingerprint {theirs[m][:12]} there, {h[:12]} in zoo/ now)"
+            for m, h in want["models"].items() if m in theirs and theirs[m] != h}
+
+
+def _predates(where: str) -> str:
+    return (f"note: {where}: its {MANIFEST} predates the zoo files' fingerprints, so its finished cells "
+            f"are taken as made with zoo/'s files as they are now")
 
 
 def _other(have: dict, want: dict, keys: tuple[str, ...]) -> str | None:
@@ -121,7 +129,8 @@ def _other(have: dict, want: dict, keys: tuple[str, ...]) -> str | None:
 
 
 def _check_resume(out: Path, want: dict) -> None:
-    """Refuses a directory that holds another run: other schema, options or cells."""
+    """Refuses a directory that holds another run: other schema, options, cells or zoo files, or
+    another commit's. A manifest from before the zoo files' fingerprints is resumed with a note."""
     path = out / MANIFEST
     if not path.exists():
         if (out / "cells").exists() and any((out / "cells").glob("*.csv")):
@@ -136,10 +145,10 @@ def _check_resume(out: Path, want: dict) -> None:
     if what is not None:
         raise InputError(f"{out} holds a run with other {what}; rerun with --fresh to discard "
                          f"it, or use another --out")
-    model = _other_weights(have, want)
-    if model is not None:
-        raise InputError(f"{out} holds a run made with other weights of {model}; rerun with --fresh "
-                         f"to discard it, or use another --out")
+    changed = _changed(have, want, str(out))
+    if changed:
+        raise InputError(f"{out} holds a run made with another zoo file of {next(iter(changed.values()))}; "
+                         f"rerun with --fresh to discard it, or use another --out")
     # a cell's id names its parameters, not the code that computed it: resuming at another commit
     # would store cells of two commits under the one the manifest names
     was, now = have.get("git_commit"), want["git_commit"]
@@ -147,6 +156,8 @@ def _check_resume(out: Path, want: dict) -> None:
         raise InputError(f"{out} holds a run made at commit {str(was)[:12]}, and this checkout is at "
                          f"{now[:12]}: resuming would mix cells of two commits; rerun with --fresh, "
                          f"or resume from a checkout at {str(was)[:12]}")
+    if changed is None and want["models"]:
+        print(_predates(str(out)), file=sys.stderr)
 
 
 def _discard(out: Path) -> None:
@@ -158,10 +169,12 @@ def _discard(out: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
-def check_adopt(source: Path, want: dict) -> None:
+def check_adopt(source: Path, want: dict) -> dict[str, str]:
     """Refuses, in one line, a run directory whose cells :func:`adopt` cannot take: none there, its
     ``run.json`` unreadable, or its schema or options (the profile's name, ``[run]``, overrides,
-    plugins) not this run's. Its commit may differ: that is what adopting is for."""
+    plugins) not this run's. Its commit may differ: that is what adopting is for. Returns the models
+    whose zoo files differ from this run's, each with both fingerprints (their cells are not to be
+    taken); a manifest from before the fingerprints is taken with a note."""
     path = source / MANIFEST
     if not path.is_file():
         raise InputError(f"--adopt {source}: not a run directory (no {MANIFEST})")
@@ -172,24 +185,23 @@ def check_adopt(source: Path, want: dict) -> None:
     what = _other(have, want, ("schema_version", "options"))
     if what is not None:
         raise InputError(f"--adopt {source}: a run with other {what} than this one's")
-    model = _other_weights(have, want)
-    if model is not None:
-        raise InputError(f"--adopt {source}: a run made with other weights of {model}")
-    if want["models"] and "models" not in have:
-        print(f"note: --adopt {source}: its run.json predates the weights' sha256, so its cells are "
-              f"taken as made with zoo/'s files as they are now", file=sys.stderr)
+    changed = _changed(have, want, f"--adopt {source}")
+    if changed is None and want["models"]:
+        print(_predates(f"--adopt {source}"), file=sys.stderr)
+    return changed or {}
 
 
-def adopt(out: Path, source: Path, cells: list[tuple[str, Cell]]) -> dict[str, int]:
+def adopt(out: Path, source: Path, cells: list[tuple[str, Cell]],
+          skip: frozenset[str] = frozenset()) -> dict[str, int]:
     """Copies into ``out`` the finished cells of ``source`` that are cells of this run and not yet
-    finished here, their rows as they are but for ``cell_index`` (the cell's place in this run, which
-    orders the table; a run of some of the profile's cells numbers them its own way): each row keeps
-    the commit it was computed at (``git_commit``), which the report names. Returns the cells taken
-    per commit."""
+    finished here, but those of the models in ``skip`` (made with other zoo files), their rows as they
+    are but for ``cell_index`` (the cell's place in this run, which orders the table; a run of some of
+    the profile's cells numbers them its own way): each row keeps the commit it was computed at
+    (``git_commit``), which the report names. Returns the cells taken per commit."""
     taken: dict[str, int] = {}
     for index, (sweep, cell) in enumerate(cells):
         theirs, ours = cell_file(source, sweep, cell.id), cell_file(out, sweep, cell.id)
-        if theirs.is_file() and not ours.exists():
+        if theirs.is_file() and not ours.exists() and getattr(cell, "model", "") not in skip:
             rows = load_cell(theirs)
             write_cell(out, sweep, cell.id, rows.assign(cell_index=index))
             commit = str(rows["git_commit"].iloc[0])
@@ -224,7 +236,7 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
     if adopt_from is not None:
         if adopt_from.resolve() == out.resolve():  # with --fresh it would discard what it adopts
             raise InputError(f"--adopt {adopt_from} is --out itself; adopt from another run directory")
-        check_adopt(adopt_from, want)
+        changed = check_adopt(adopt_from, want)
     check_model_cells([c for _, c in chosen])  # a model its task cannot certify, before hours of others
     if any(c.task == "pretrained" for _, c in chosen):
         from models.pretrained import require  # the study's extras, before anything is written
@@ -245,9 +257,11 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
                 _check_resume(out, want)
                 if adopt_from is not None:
                     write_json(out / MANIFEST, want | sealed(out))  # a run of this commit, taking cells
-                    for commit, k in adopt(out, adopt_from, profile.cells()).items():
+                    for commit, k in adopt(out, adopt_from, profile.cells(), frozenset(changed)).items():
                         print(f"adopted {k} finished cell(s) of commit {commit[:12]} from {adopt_from}",
                               file=sys.stderr)
+                    for what in changed.values():  # their cells are computed here, with zoo/'s file
+                        print(f"note: --adopt {adopt_from}: not taking the cells of {what}", file=sys.stderr)
                 try:
                     table = run_cells(profile, out, run, want, device, dtype, cluster, device_arg, sweeps)
                 except KeyboardInterrupt:
@@ -336,6 +350,7 @@ def run_cells(profile: Profile, out: Path, run: dict, manifest: dict, device: to
         results = ((i, s, c, run_cell(c, run, device, dtype, memo), {}) for i, s, c in todo)
     else:  # in the order they finish; consolidate() restores the run order
         results = cluster.rows(todo, run, device_arg, torch.get_num_threads(), manifest["git_commit"],
+                               manifest["models"],
                                profile.plugins, str((out / PARTIAL).resolve()))
     try:
         for i, sweep, cell, rows, env in results:

@@ -323,3 +323,19 @@ def test_a_serial_run_shares_a_models_norms_between_its_cells(tmp_path, monkeypa
         tasks.run_cell(cell, run, torch.device("cpu"), torch.float64, memo)
     assert cells[0].model == cells[1].model != cells[3].model
     assert held[0] is held[1] and held[2] is not held[0] and held[0]
+
+
+def test_a_worker_whose_zoo_file_is_not_the_clients_refuses_the_cell(tmp_path, monkeypatch):
+    """Another machine's worker reads its own zoo/: a cell of a model whose file there is not the one
+    the client's run.json names (its fingerprint) is refused before it runs; the same file runs."""
+    from test_hardening import TRAINED
+
+    (tmp_path / "t.toml").write_text(TRAINED)
+    (_, cell), = load_profile(str(tmp_path / "t.toml")).cells()
+    run = {"pgd_steps": 3, "pgd_restarts": 1, "dtype": "float64", "seed": 0}
+    with pytest.raises(InputError, match=r"worker's zoo file of digits-d32-b2-h2-c0.5 is not the client's"):
+        bd.compute(cell.id, run, "cpu", 1, fingerprint="0" * 64)
+    # outside a worker: the state a worker would make for itself
+    monkeypatch.setattr(bd, "_worker_state", lambda: bd.WorkerState(tasks.CertifyMemo(), "unknown"))
+    rows, env = bd.compute(cell.id, run, "cpu", 1, fingerprint=cell.model_fingerprint())
+    assert rows and env["device"] == "cpu"

@@ -406,11 +406,14 @@ TRAINED = ONE.replace("n = 3\nd = 4\n", 'model = "digits-d32-b2-h2-c0.5"\nx = "d
                       'samples = 1\n').replace("eps = [0.01, 0.1]", "eps = 0.01")
 
 
-def test_a_run_made_with_other_weights_of_a_zoo_model_is_neither_resumed_nor_adopted(tmp_path, capsys):
-    """A cell's id names its zoo model, not the weights: a file retrained under the same name would
-    pass every other check. run.json keeps each file's sha256; a resume or --adopt of a run made
-    with other weights is refused naming the model, and a run.json from before they were kept is
-    adopted with a note."""
+def test_a_run_made_with_another_zoo_file_of_a_model_is_not_resumed_and_its_cells_not_adopted(tmp_path,
+                                                                                                capsys):
+    """A cell's id names its zoo model, not the file: a model retrained (or its card's architecture
+    edited) under the same name would pass every other check. run.json keeps each model's fingerprint
+    (the weights file's sha256 and the card's architecture); a resume of a run made with another is
+    refused naming the model, and --adopt leaves that model's cells to compute, with a note. A
+    run.json from before the fingerprints is resumed and adopted with a note; an unreadable one is
+    refused in one line."""
     import hashlib
     import json
 
@@ -421,19 +424,38 @@ def test_a_run_made_with_other_weights_of_a_zoo_model_is_neither_resumed_nor_ado
     code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "t.toml", "--out", old)
     assert code == 0, err
     name = "digits-d32-b2-h2-c0.5"
-    digest = hashlib.sha256((ZOO / f"{name}.safetensors").read_bytes()).hexdigest()
+    weights = hashlib.sha256((ZOO / f"{name}.safetensors").read_bytes()).hexdigest()
+    arch = json.loads((ZOO / f"{name}.json").read_text())["architecture"]
+    digest = hashlib.sha256(f"{weights}|{json.dumps(arch, sort_keys=True)}".encode()).hexdigest()
     manifest = json.loads((old / "run.json").read_text())
     assert manifest["models"] == {name: digest}
-    (old / "run.json").write_text(json.dumps(manifest | {"models": {name: "0" * 64}}))
     code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "t.toml", "--out", old)
-    one_error(code, err, f"other weights of {name} (sha256 000000000000 there, {digest[:12]} in zoo/ now)")
+    assert code == 0 and "note:" not in err, err  # the same files: resumed, nothing to say
+    write = lambda m: (old / "run.json").write_text(json.dumps(m))
+    write({k: v for k, v in manifest.items() if k != "models"})
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "t.toml", "--out", old)
+    assert code == 0 and "predates the zoo files' fingerprints" in err, err
+
+    write(manifest | {"models": {name: "0" * 64}})
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "t.toml", "--out", old)
+    one_error(code, err, f"another zoo file of {name} (fingerprint 000000000000 there, {digest[:12]} in zoo/")
+    other = "12345678" * 5
+    _as_another_commit(old, other)
     new = tmp_path / "new"
     code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "t.toml", "--out", new,
                                   "--adopt", old)
-    one_error(code, err, f"--adopt {old}: a run made with other weights of {name}")
-    assert not new.exists()
-    (old / "run.json").write_text(json.dumps({k: v for k, v in manifest.items() if k != "models"}))
-    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "t.toml", "--out", new,
-                                  "--adopt", old)
     assert code == 0, err
-    assert "predates the weights' sha256" in err and "adopted 1 finished cell(s)" in err
+    assert f"not taking the cells of {name}" in err and "adopted" not in err
+    assert other not in set(store.load(new)["git_commit"])  # computed here, not taken
+
+    for bad in ([1, 2], {name: 3}):
+        write(manifest | {"git_commit": other, "models": bad})
+        code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "t.toml", "--out",
+                                      tmp_path / "other", "--adopt", old)
+        one_error(code, err, "the models of its run.json are unreadable")
+    write({k: v for k, v in manifest.items() if k != "models"} | {"git_commit": other})
+    code, _, err = main_inprocess(capsys, "run", "--profile", tmp_path / "t.toml", "--out",
+                                  tmp_path / "fresh", "--adopt", old)
+    assert code == 0, err
+    assert "predates the zoo files' fingerprints" in err
+    assert f"adopted 1 finished cell(s) of commit {other[:12]}" in err
