@@ -1,8 +1,8 @@
 """``python -m bench run``: every cell of a profile, each written as soon as it is finished.
 
 A run directory knows what it is: ``run.json`` holds the results schema version, the suite version
-and commit, the options, the full list of (sweep, cell id), the sha256 of every zoo file its cells
-read and, once every cell is finished and gathered into results.csv, that table's seal (its rows and
+and commit, the options, the full list of (sweep, cell id), a fingerprint of every zoo model its
+cells read and, once every cell is finished and gathered into results.csv, that table's seal (its rows and
 sha256, bench/core/store.py). Resuming into a directory whose manifest differs is refused, naming
 ``--fresh``; a lock keeps a second concurrent run out; temp files left by a killed run are removed.
 A certified bound below its PGD value is a soundness violation: it is printed at once and counted at
@@ -89,10 +89,10 @@ def _manifest(profile: Profile, run: dict, overrides: dict | None) -> dict:
         options["plugins"] = plugins.describe(profile.plugins)
     return {"schema_version": SCHEMA_VERSION, "suite_version": versions()["suite"],
             "git_commit": commit, "options": options,
-            "cells": [[s, c.id] for s, c in profile.cells()], "models": weights(profile)}
+            "cells": [[s, c.id] for s, c in profile.cells()], "models": zoo_fingerprints(profile)}
 
 
-def weights(profile: Profile) -> dict[str, str]:
+def zoo_fingerprints(profile: Profile) -> dict[str, str]:
     """The fingerprint of every zoo model the profile's cells read (:meth:`ReadsZooModel.model_fingerprint`),
     by name. A file not there is left out (the profile refuses such a cell when it loads)."""
     cells = {c.model: c for _, c in profile.cells() if isinstance(c, ReadsZooModel) and c.model}
