@@ -234,10 +234,10 @@ def compute(cell_id: str, run: dict, device_arg: str, threads: int, after: objec
     torch.set_num_threads(threads)  # the client's count, so that a cell runs as it would serially
     device = resolve_device(device_arg)  # the worker's own: auto is its GPU if it has one
     cell = cell_from_id(cell_id)
-    if fingerprint is not None and cell.model_fingerprint() != fingerprint:
+    here = cell.model_fingerprint() if fingerprint is not None else None
+    if here != fingerprint:
         raise InputError(f"a Dask worker's zoo file of {cell.model} is not the client's (fingerprint "
-                         f"{cell.model_fingerprint()[:12]} there, {fingerprint[:12]} here): give every "
-                         f"worker the same zoo/")
+                         f"{here[:12]} there, {fingerprint[:12]} here): give every worker the same zoo/")
     state = _worker_state()
     seen = partial is not None and Path(partial).parent.is_dir()
     state.memo.store = DiskStore(Path(partial), code_salt()) if seen else None

@@ -1,8 +1,8 @@
 """``python -m bench run``: every cell of a profile, each written as soon as it is finished.
 
 A run directory knows what it is: ``run.json`` holds the results schema version, the suite version
-and commit, the options, the full list of (sweep, cell id), a fingerprint of every zoo model its
-cells read and, once every cell is finished and gathered into results.csv, that table's seal (its rows and
+and commit, the options, the full list of (sweep, cell id), a fingerprint of every zoo model its cells
+read and, once every cell is finished and gathered into results.csv, that table's seal (its rows and
 sha256, bench/core/store.py). Resuming into a directory whose manifest differs is refused, naming
 ``--fresh``; a lock keeps a second concurrent run out; temp files left by a killed run are removed.
 A certified bound below its PGD value is a soundness violation: it is printed at once and counted at
@@ -233,6 +233,7 @@ def run_profile(profile: Profile, out: Path, device_arg: str = "auto", dtype_arg
     if scheduler is None:  # a --scheduler's workers are other machines, whose memory is not ours to see
         check_memory(chosen, run["pgd_restarts"], device)
     want = _manifest(profile, run, overrides)
+    changed: dict[str, str] = {}  # with --adopt, the models whose zoo files differ from its run's
     if adopt_from is not None:
         if adopt_from.resolve() == out.resolve():  # with --fresh it would discard what it adopts
             raise InputError(f"--adopt {adopt_from} is --out itself; adopt from another run directory")
