@@ -43,6 +43,18 @@ def fits(layer: DotMHA, S: DeviationSet, limit: float = FORM_ENTRIES) -> bool:
     return layer.h * n * d * P * max(P, d) <= limit
 
 
+def centred_generators(S: DeviationSet, layer: DotMHA, parts, b: int, rows: slice = slice(None)) -> Tensor:
+    """g̃ [h, i, k, P] of image b's rows ``rows``: the linear logit change on the set's first generator,
+    δ̃_ik = g̃_ikᵀδ for Γ = Gδ, centred under the clean row p_i (÷√d_h), from √d_h δ_ik = ⟨Γ_i, W^Q_l k_k⟩
+    + ⟨W^K_l q_i, Γ_k⟩."""
+    G = S.G[b]  # [n, d, P]
+    kq = parts.K[b] @ layer.W_q.mT  # [h, k, d]: W^Q_l k_k
+    qk = parts.Q[b][:, rows] @ layer.W_k.mT  # [h, i, d]: W^K_l q_i
+    g = (torch.einsum("idp,hkd->hikp", G[rows], kq) + torch.einsum("hid,kdp->hikp", qk, G))
+    g = g / math.sqrt(layer.d_h)
+    return g - (parts.P[b][:, rows][..., None] * g).sum(-2, keepdim=True)
+
+
 def row_forms(S: DeviationSet, layer: DotMHA, parts, b: int, rows: slice = slice(None)) -> Tensor:
     """M [i, d, P, P] of image b's output tokens ``rows`` (default all n): Q₂_i(Gδ)[c] = δᵀM_{i,c}δ,
     summed over heads, with (docs/bounds.md §2.3.2)
@@ -56,11 +68,7 @@ def row_forms(S: DeviationSet, layer: DotMHA, parts, b: int, rows: slice = slice
     Gi = G[rows]  # [i, d, P]: the rows asked for
     P = parts.P[b][:, rows]  # [h, i, k]
     root = math.sqrt(layer.d_h)
-    # the linear logit change's generators: √d_h δ_ik = ⟨Γ_i, W^Q_l k_k⟩ + ⟨W^K_l q_i, Γ_k⟩
-    kq = parts.K[b] @ layer.W_q.mT  # [h, k, d]: W^Q_l k_k
-    qk = parts.Q[b][:, rows] @ layer.W_k.mT  # [h, i, d]: W^K_l q_i
-    g = (torch.einsum("idp,hkd->hikp", Gi, kq) + torch.einsum("hid,kdp->hikp", qk, G)) / root
-    gt = g - (P[..., None] * g).sum(-2, keepdim=True)  # [h, i, k, P]
+    gt = centred_generators(S, layer, parts, b, rows)  # [h, i, k, P]
     Y = parts.V[b] @ layer.W_o  # [h, k, d]: X C_l (the value bias cancels under centring)
     Yt = Y[:, None] - (P @ Y)[:, :, None]  # [h, i, k, d]
     C = layer.W_v @ layer.W_o  # [h, d, d]
@@ -85,10 +93,13 @@ def flattening_norm(M: Tensor) -> Tensor:
 
 
 def second_order_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: LogitBox,
-                      readings: RowReadings, own: Tensor) -> Tensor:
+                      readings: RowReadings, own: Tensor,
+                      routes: tuple[str, ...] = ("cumulant", "clean")) -> Tensor:
     """A bound of ‖R_i(Γ)‖ per output token over the set, [B, n] (docs/bounds.md §5.1, "Attention's
     second order on the set"): ε²‖M_i‖ for the G part of Q₂ (:func:`row_forms`), the cross terms of the
-    other parts, and the third order. ``own`` [B, n]: the set's token radii."""
+    other parts, and the third order by the smaller of its ``routes`` (``cumulant``: the fourth cumulant
+    on the rows' spread and span, the keys at the values' diameter; ``clean``: under the clean row, each
+    key at its own distance from the row's mean value). ``own`` [B, n]: the set's token radii."""
     B, n = S.G.shape[:2]
     root = math.sqrt(layer.d_h)
     P = parts.P  # [B, h, i, k]
@@ -117,14 +128,51 @@ def second_order_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: Lo
     # Cauchy–Schwarz under p); the pure-logit term pays max_k ‖Ỹ_k‖ ≤ diam
     cross = (diam * (sd_g * sd_o + 0.5 * sd_o.square()) + sd_g * v_o + sd_o * torch.minimum(v, v_g + v_o)
              + sigma * An * (o_tok[:, None] * keys(own) + g_tok[:, None] * keys(o_tok)) / root)
-    # the third order (§2.3.2, on the set's spread and span): the fourth cumulant's integral, the
-    # logits' own quadratic part in the third cumulant, the value side's second-order integral, Cov(q, Z)
+    # R − Q₂ per head and row, by two routes (docs/bounds.md §5.1), each a bound: the smaller is paid
     s, su = readings.spans, sd + sq
     q_m = 2 * (box.whole - box.linear).clamp_min(0).amax(-1)  # ≥ max_k |q_k − q̄|
-    zmax = 2 * Cn * own.amax(-1)[:, None, None]  # ≥ max_k ‖Γ_kC_l − z̄_t‖
-    third = (CUMULANT4 * s * diamY * curve_g3(s) * su.square()
-             + 0.5 * sigma * torch.minimum(q_m * (2 * sd + sq), 3 * s * sq)
-             + torch.minimum(curve_g2(s) * su * v, curve_h2(s) * su.square() * zmax)
-             + sq * v)
+    third = torch.full_like(sigma, math.inf)
+    if "cumulant" in routes:  # §2.3.2 on the set's spread and span: the fourth cumulant's integral, the
+        # logits' own quadratic part in the third cumulant, the value side's second-order integral, Cov(q, Z)
+        zmax = 2 * Cn * own.amax(-1)[:, None, None]  # ≥ max_k ‖Γ_kC_l − z̄_t‖
+        third = (CUMULANT4 * s * diamY * curve_g3(s) * su.square()
+                 + 0.5 * sigma * torch.minimum(q_m * (2 * sd + sq), 3 * s * sq)
+                 + torch.minimum(curve_g2(s) * su * v, curve_h2(s) * su.square() * zmax)
+                 + sq * v)
+    if "clean" in routes:  # under the clean row: each key's ρ(x_k) weighted by its own ‖Ỹ_k‖
+        moment = weighted_moment(S, layer, parts, eps, Yt, sd_o, q_m)
+        # g₁(s) = (e^s − 1)/s ≥ (e^x − 1)/x for x ≤ s; below 1e-6, its upper bound e^s
+        g1 = torch.where(s < 1e-6, torch.exp(s), torch.expm1(s) / s.clamp_min(1e-6))
+        clean = (curve_h2(s) * g1 * su**3 * (sigma + v)
+                 + 0.5 * sigma * q_m * (2 * sd + sq) + s * curve_g3(s) * moment
+                 + curve_g2(s) * su * v + sq * v)
+        third = torch.minimum(third, torch.nan_to_num(clean, nan=math.inf))
     out = first + (cross + third).sum(1)
     return torch.nan_to_num(out * (1 + ROUND), nan=math.inf)
+
+
+def weighted_moment(S: DeviationSet, layer: DotMHA, parts, eps: float, Yt: Tensor, other: Tensor,
+                    q_m: Tensor) -> Tensor:
+    """An upper bound of Σ_k p_k‖Ỹ_k‖x_k² over the set, [B, h, n] (docs/bounds.md §5.1): x the row's
+    logit change centred under its clean p, Ỹ_k = Y_k − ȳ_i (``Yt`` [B, h, i, k]). With x = x_G + x_o + q̃
+    (the first generator's linear part, the other parts', the quadratic part) and Minkowski in the
+    p‖Ỹ‖-weighted norm: ε√λ_max(Σ_k p_k‖Ỹ_k‖g̃_kg̃_kᵀ) for x_G (:func:`centred_generators`),
+    (max_k‖Ỹ_k‖)^½ times the other parts' spread ``other``, and (Σ_k p_k‖Ỹ_k‖)^½ q_m for q̃ (|q̃_k| ≤ q_m)."""
+    B, n = S.G.shape[:2]
+    step = max(1, FORM_CHUNK // max(1, layer.h * n * S.G.shape[3] ** 2))  # rows at a time
+    lam = []
+    for b in range(B):
+        parts_b = []
+        for i in range(0, n, step):
+            rows = slice(i, i + step)
+            gt = centred_generators(S, layer, parts, b, rows)  # [h, i, k, P]
+            w = parts.P[b][:, rows] * Yt[b][:, rows]  # [h, i, k]: p_k‖Ỹ_k‖
+            M = torch.einsum("hik,hikp,hikq->hipq", w, gt, gt)
+            # its rounding: a relative ROUND of the Frobenius norm, as the forms'
+            top = torch.linalg.eigvalsh(M)[..., -1].clamp_min(0)
+            parts_b.append(top + ROUND * M.flatten(-2).norm(dim=-1))
+        lam.append(torch.cat(parts_b, dim=-1))
+    x_g = eps * torch.stack(lam).sqrt()
+    x_o = Yt.amax(-1).sqrt() * other
+    x_q = (parts.P * Yt).sum(-1).sqrt() * q_m
+    return (x_g + x_o + x_q).square()
