@@ -8,8 +8,9 @@ order. On the set's first generator, Γ = Gδ with ‖δ‖ ≤ ε, Q₂_i is a 
 logit term, the value term, the logits' own quadratic part) share δ's energy as the truth does. The
 set's other parts (symbols, groups, the shift, E) enter through the bilinear cross terms, bounded from
 their spread and radii, and the third order through §2.3.2's cumulant bounds on the set's own spread
-and span. Formed only where the forms are small (:data:`FORM_ENTRIES`): the d·P² entries per row; the
-attention stage forms them in its second pass alone."""
+and span, or under the clean row with each key at its own distance from the row's mean value, the
+smaller per head and row. Formed only where the forms are small (:data:`FORM_ENTRIES`): the d·P²
+entries per row; the attention stage forms them in its second pass alone."""
 
 from __future__ import annotations
 
@@ -100,6 +101,8 @@ def second_order_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: Lo
     other parts, and the third order by the smaller of its ``routes`` (``cumulant``: the fourth cumulant
     on the rows' spread and span, the keys at the values' diameter; ``clean``: under the clean row, each
     key at its own distance from the row's mean value). ``own`` [B, n]: the set's token radii."""
+    if not routes or not set(routes) <= {"cumulant", "clean"}:
+        raise ValueError(f"routes must be among 'cumulant' and 'clean', not {routes!r}")
     B, n = S.G.shape[:2]
     root = math.sqrt(layer.d_h)
     P = parts.P  # [B, h, i, k]
@@ -162,7 +165,7 @@ def weighted_moment(S: DeviationSet, layer: DotMHA, parts, eps: float, Yt: Tenso
     step = max(1, FORM_CHUNK // max(1, layer.h * n * S.G.shape[3] ** 2))  # rows at a time
     lam = []
     for b in range(B):
-        parts_b = []
+        chunks = []
         for i in range(0, n, step):
             rows = slice(i, i + step)
             gt = centred_generators(S, layer, parts, b, rows)  # [h, i, k, P]
@@ -170,8 +173,8 @@ def weighted_moment(S: DeviationSet, layer: DotMHA, parts, eps: float, Yt: Tenso
             M = torch.einsum("hik,hikp,hikq->hipq", w, gt, gt)
             # its rounding: a relative ROUND of the Frobenius norm, as the forms'
             top = torch.linalg.eigvalsh(M)[..., -1].clamp_min(0)
-            parts_b.append(top + ROUND * M.flatten(-2).norm(dim=-1))
-        lam.append(torch.cat(parts_b, dim=-1))
+            chunks.append(top + ROUND * M.flatten(-2).norm(dim=-1))
+        lam.append(torch.cat(chunks, dim=-1))
     x_g = eps * torch.stack(lam).sqrt()
     x_o = Yt.amax(-1).sqrt() * other
     x_q = (parts.P * Yt).sum(-1).sqrt() * q_m

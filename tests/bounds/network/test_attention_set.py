@@ -377,6 +377,10 @@ def test_the_second_order_rows_hold_an_ascent_on_each_rows_remainder(kind, seed,
         alone = [second_order_rows(S, layer, parts, eps, box, set_rows(S, layer, parts, eps, box),
                                    S.token_radii(eps), routes=(route,)) for route in ("cumulant", "clean")]
         assert (bound <= torch.minimum(*alone) * (1 + 1e-12)).all()
+        for wrong in ((), ("diameter",)):  # no route, or one it does not know: refused, never +∞ silently
+            with pytest.raises(ValueError, match="routes"):
+                second_order_rows(S, layer, parts, eps, box, set_rows(S, layer, parts, eps, box),
+                                  S.token_radii(eps), routes=wrong)
         # its forms one row at a time (where memory is short): the same bound
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(second_order, "FORM_CHUNK", 1)
