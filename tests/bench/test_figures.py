@@ -416,3 +416,22 @@ def test_table2_is_a_row_per_method_with_the_share_sent_in_the_cascades_cells(ba
         assert not any("sent" in c for c in t.iloc[0, 2:])  # CROWN alone sends nothing on
         assert "share of the images" in caption
     assert made.full["sent_share"].ne("").any()
+
+
+def test_the_gap_divides_each_method_by_pgd_on_its_own_images():
+    """The committed paper table has CROWN on the margin-trained 3-block model's first 30 images and the
+    other bounds on its first 100: CROWN's gap is its certified count over PGD's robust count on those
+    30, recomputed here from the raw rows, not over the 100's robust accuracy (0.93 at ε 0.01, where
+    CROWN certifies every one of the 30 that PGD leaves)."""
+    raw = pd.read_csv(ROOT / "results" / "paper" / "results.csv", low_memory=False)
+    model = "fashion-mnist-d128-b3-h4-p7-c0.5-q1-m0.01"
+    mine = raw[(raw["role"] == "certify") & (raw["bound"] == "crown") & (raw["model"] == model)]
+    true = lambda col: mine[col].astype(str).str.lower().eq("true")
+    mine = mine.assign(ok=true("certified_pairwise"), robust=true("correct") & ~true("pgd_broken"))
+    per = mine.groupby("eps")[["ok", "robust"]].sum()
+    expected = (per["ok"] / per["robust"]).to_dict()
+    plot = FIGURES["certification_gap"](load(ROOT / "results" / "paper" / "results.csv"))
+    panel = next(p for p in plot.panels if "3 blocks" in p.title and "ε_t=0.01" in p.title)
+    crown = next(t for t in panel.traces if t.label.startswith("CROWN"))
+    assert dict(zip(crown.x, crown.y, strict=True)) == pytest.approx(expected)
+    assert expected[0.01] == 1.0  # and the 100 images' reference would have made it 17/30 ÷ 0.61

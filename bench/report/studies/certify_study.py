@@ -163,6 +163,13 @@ def figure(df: pd.DataFrame) -> Plot:
                 (WIDE, height), legend="each", sharey=True)
 
 
+def _attacked(rows: pd.DataFrame, pgd: pd.Series) -> pd.Series:
+    """PGD's robust accuracy on each ε's own images of a method's ``rows`` (CROWN's first 30 where the
+    other bounds have 100: :func:`counts`' ``attacked``), the model's reference ``pgd`` only where the rows
+    do not record their images' attack."""
+    return rows["attacked"].fillna(pgd.reindex(rows.index))
+
+
 def gap_figure(df: pd.DataFrame) -> Plot:
     """The certification gap: per model, each method's certified accuracy divided by PGD's robust
     accuracy at the same ε (1: certified as far as the attack reaches), one line per method (equal
@@ -174,9 +181,13 @@ def gap_figure(df: pd.DataFrame) -> Plot:
     for i, model in enumerate(m for m in models.index if m in c.index.get_level_values("model")
                               and m in ref.index.get_level_values("model")):
         at, pgd = c.xs(model, level="model"), ref.xs(model, level="model")["pgd"]
-        traces = [_trace(j, group, list(map(float, rows.index)),
-                         [float(a / pgd[e]) for e, a in rows["accuracy"].items()])
-                  for j, (group, rows) in enumerate(_curves(at, lambda e, pgd=pgd: pgd.get(e, 0) > 0))]
+        traces = []
+        for j, (group, rows) in enumerate(_curves(at)):
+            below = _attacked(rows, pgd)
+            kept = rows[below > 0]
+            if len(kept):
+                traces.append(_trace(j, group, list(map(float, kept.index)),
+                                     list(map(float, kept["accuracy"] / below[below > 0]))))
         top, bottom = arch(models.loc[model])
         panels.append(Panel(f"{letter(i)} {top}\n{bottom}", EPS_AXIS, "", traces, xscale="log",
                             yscale="linear", ref=1.0))

@@ -141,17 +141,25 @@ def verdicts(cert: pd.DataFrame) -> pd.Series:
 
 def counts(df: pd.DataFrame, files: bool = False) -> pd.DataFrame:
     """Per (model, eps, bound): ``k`` images certified of ``n``, ``accuracy`` = k/n, its Wilson
-    interval ``lo``, ``hi``, ``seconds`` per image and (a cascade's, when its rows say) the share of
-    images ``sent`` on to CROWN. An image stored by two sweeps counts once. ``files``: of the
-    networks read from files (:func:`network`)."""
+    interval ``lo``, ``hi``, ``seconds`` per image, (a cascade's, when its rows say) the share of
+    images ``sent`` on to CROWN, and ``attacked``, PGD's robust accuracy over the same images (classified
+    right and not broken, as each row records; NaN where a row does not). An image stored by two
+    sweeps counts once. ``files``: of the networks read from files (:func:`network`)."""
     sub = network(df, files)
     cert = sub[sub["role"] == "certify"].drop_duplicates(["model", "eps", "bound", "sample"])
+    known = (cert["correct"].notna() & cert["pgd_broken"].notna() if {"correct", "pgd_broken"} <= set(cert)
+             else pd.Series(False, cert.index))
+    robust = (flag(cert["correct"]) & ~flag(cert["pgd_broken"])).astype(float) if known.any() else math.nan
     cert = cert.assign(ok=verdicts(cert).astype(int),
                        sent=flag(cert[SENT]).astype(float).where(cert[SENT].notna()) if SENT in cert
-                       else math.nan)
+                       else math.nan,
+                       robust=robust, known=known)
     g = cert.groupby(["model", "eps", "bound"])
     out = pd.DataFrame({"k": g["ok"].sum(), "n": g["ok"].size(), "seconds": g["seconds"].mean(),
                         "sent": g["sent"].mean()})
+    # an image's PGD verdict is known only where its row says: the share over those rows alone would
+    # be of other images, so a bound with any row unknown has none
+    out["attacked"] = g["robust"].mean().where(g["known"].all())
     out["accuracy"] = out["k"] / out["n"]
     ci = [wilson(k, n) for k, n in zip(out["k"], out["n"], strict=True)]
     out["lo"], out["hi"] = [c[0] for c in ci], [c[1] for c in ci]
