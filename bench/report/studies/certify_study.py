@@ -184,10 +184,10 @@ def gap_figure(df: pd.DataFrame) -> Plot:
         traces = []
         for j, (group, rows) in enumerate(_curves(at)):
             below = _attacked(rows, pgd)
-            kept = rows[below > 0]
-            if len(kept):
-                traces.append(_trace(j, group, list(map(float, kept.index)),
-                                     list(map(float, kept["accuracy"] / below[below > 0]))))
+            kept = below > 0
+            if kept.any():
+                traces.append(_trace(j, group, list(map(float, rows.index[kept])),
+                                     list(map(float, rows["accuracy"][kept] / below[kept]))))
         top, bottom = arch(models.loc[model])
         panels.append(Panel(f"{letter(i)} {top}\n{bottom}", EPS_AXIS, "", traces, xscale="log",
                             yscale="linear", ref=1.0))

@@ -147,9 +147,9 @@ def counts(df: pd.DataFrame, files: bool = False) -> pd.DataFrame:
     sweeps counts once. ``files``: of the networks read from files (:func:`network`)."""
     sub = network(df, files)
     cert = sub[sub["role"] == "certify"].drop_duplicates(["model", "eps", "bound", "sample"])
-    known = (cert["correct"].notna() & cert["pgd_broken"].notna() if {"correct", "pgd_broken"} <= set(cert)
-             else pd.Series(False, cert.index))
-    robust = (flag(cert["correct"]) & ~flag(cert["pgd_broken"])).astype(float) if known.any() else math.nan
+    attack = {"correct", "pgd_broken"} <= set(cert)  # older tables lack the columns
+    known = cert["correct"].notna() & cert["pgd_broken"].notna() if attack else False
+    robust = (flag(cert["correct"]) & ~flag(cert["pgd_broken"])).astype(float) if attack else math.nan
     cert = cert.assign(ok=verdicts(cert).astype(int),
                        sent=flag(cert[SENT]).astype(float).where(cert[SENT].notna()) if SENT in cert
                        else math.nan,
