@@ -217,12 +217,12 @@ OPTIMIZED = "+alpha"
 
 def normalize(S: DeviationSet, raw: Tensor, norm, eps: float, k: int | str, log: list | None = None,
               radii: tuple[Tensor, Tensor] | None = None,
-              refuse: bool = True) -> tuple[DeviationSet, Tensor]:
+              refuse: bool = True, refine: Refine | None = None) -> tuple[DeviationSet, Tensor]:
     """The norm stage of a vanilla or standard block: :func:`layer_norm`, or :func:`batch_norm` (affine
     in eval) for the standard variant's BatchNorm."""
     if isinstance(norm, TokenBatchNorm):
         return batch_norm(S, norm, log, eps)
-    return layer_norm(S, raw, norm, eps, k, log, radii=radii, refuse=refuse)
+    return layer_norm(S, raw, norm, eps, k, log, radii=radii, refuse=refuse, refine=refine)
 
 
 # the last stage's name in :meth:`TaylorNet.stages` where it stopped: every image's set was refused
@@ -457,7 +457,8 @@ class TaylorNet:
                     return out
                 continue
             if block.norm is not None:  # the vanilla variant: LayerNorm where LayerProject is
-                S, s = normalize(S, self.raw[k][images], block.norm, eps, k, log, radii=entry, refuse=refuse)
+                S, s = normalize(S, self.raw[k][images], block.norm, eps, k, log, radii=entry, refuse=refuse,
+                                 refine=refine if k else None)
                 out.append((f"norm{k}", S, s))
                 if refused(S):
                     out.append((REFUSED, S, None))
@@ -472,7 +473,8 @@ class TaylorNet:
             S, u = ffn(S, block, self.mids[k][images], self.lip[k], eps, log, refine, form or not last)
             out.append((f"ffn{k}", S, u))
         if self.net.standard:  # the final norm (every token; the margins read one, or the mean)
-            S, s = normalize(S, self.last[images], self.net.norm, eps, "_out", log, refuse=False)
+            S, s = normalize(S, self.last[images], self.net.norm, eps, "_out", log, refuse=False,
+                             refine=refine)
             out.append(("norm_out", S, s))
         return out
 
@@ -493,7 +495,8 @@ class TaylorNet:
         the backward pass (docs/bounds.md §5.1, "Residual branches")."""
         mark = (lambda rec: log.append(rec)) if log is not None else (lambda rec: None)
         mark(Fork())
-        S1, s = normalize(S, self.raw[k][images], block.norm, eps, k, log, radii=entry, refuse=refuse)
+        S1, s = normalize(S, self.raw[k][images], block.norm, eps, k, log, radii=entry, refuse=refuse,
+                          refine=refine if k else None)
         out.append((f"norm{k}", S1, s))
         branch = self._attention(S1, k, images, log, refine, split, eps)
         mark(Join())
@@ -503,7 +506,8 @@ class TaylorNet:
             return S
         mark(Fork())
         # the FFN's branch is per token: E's map across it is tracked from the fork (DeviationSet.fork)
-        S2, s = normalize(S.fork(), self.mids[k][images], block.norm2, eps, f"{k}b", log, refuse=refuse)
+        S2, s = normalize(S.fork(), self.mids[k][images], block.norm2, eps, f"{k}b", log, refuse=refuse,
+                          refine=refine)
         out.append((f"norm{k}b", S2, s))
         branch, u = ffn(S2, block, self.mid_norms[k][images], self.lip[k] - 1.0, eps, log, refine,
                         residual=False)

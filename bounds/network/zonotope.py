@@ -175,6 +175,16 @@ class DeviationSet:
             out = torch.minimum(out, along * (1 + 1e-12))
         return out
 
+    def along_range(self, u: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        """The range of u_tᵀΔ_t over the set for one functional u [B, n, d] a token: its centre and
+        half-width [B, n] from each part's support (the first order's, the symbols', the groups'
+        over their budgets, and the balls')."""
+        half = (eps * along_u(u, self.G).norm(dim=-1)
+                + torch.einsum("bnd,bndm->bnm", u, self.A).abs().sum(-1)
+                + self.grouped(torch.einsum("bnd,bndkg->bnkg", u, self.Q).norm(dim=-1))
+                + self.token_ball_along(u[:, :, None])[..., 0])
+        return (u * self.c).sum(-1), half
+
     def ball_support(self, c: Tensor) -> Tensor:
         """An upper bound of ⟨c, E⟩ for functionals c [B, ..., n, d], [B, ...]: ‖c‖_F·Σ_s ρ_s, or
         ‖Wᵀc‖ where the columns are carried and it is smaller."""

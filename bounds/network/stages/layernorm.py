@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from ...norms import gram_norm
 from ..record import Step
 from ..zonotope import DeviationSet
+from .ffn import Refine
 from .symmetric import abs_low, hyp, on_half_disc
 
 # rings and sectors of LayerNorm's half-disc (:func:`norm_error`): its error changes along a and b alike,
@@ -54,11 +55,13 @@ def norm_jacobian(norm: nn.LayerNorm, X: Tensor) -> Tensor:
     return _gamma(norm, X)[:, None] * (math.sqrt(d) / rho0)[..., None, None] * (M @ C)
 
 
-def norm_remainder(norm: nn.LayerNorm, X: Tensor, r: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def norm_remainder(norm: nn.LayerNorm, X: Tensor, r: Tensor, a_lo: Tensor | None = None,
+                   a_hi: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per token of X [B, n, d] with deviation radius r [B, n]: (the error bound of the module
-    docstring, or through h's symmetry where smaller (:func:`norm_error`), [B, n]; whether it is a
-    second-order form [B, n] bool; the Lipschitz constant max|γ|·√d/ρ_min of LayerNorm on the
-    token's ball [B, n]; each second-order token's cap in the shared budget [B, n]: r², or E/K)."""
+    docstring, or through h's symmetry where smaller (:func:`norm_error`, on the ball cut to
+    a = ẑ₀ᵀΔ ∈ [a_lo, a_hi] where given), [B, n]; whether it is a second-order form [B, n] bool; the
+    Lipschitz constant max|γ|·√d/ρ_min of LayerNorm on the token's ball [B, n]; each second-order
+    token's cap in the shared budget [B, n]: r², or E/K)."""
     d = X.shape[-1]
     z = X - X.mean(-1, keepdim=True)
     nu = z.norm(dim=-1)
@@ -74,7 +77,7 @@ def norm_remainder(norm: nn.LayerNorm, X: Tensor, r: Tensor) -> tuple[Tensor, Te
     lip = torch.where(r > 0, lip, 0.0)
     caps = torch.where(r > 0, r**2, 1.0)
     # through h's symmetry about z₀ (docs/bounds.md §5.1): E, shared at cap E/K, where smaller
-    E, K = norm_error(nu, c, g, r)
+    E, K = norm_error(nu, c, g, r, a_lo, a_hi)
     exact = (E < second) & (K > 0) & torch.isfinite(K)
     second = torch.where(exact, E, second)
     caps = torch.where(exact, E / torch.where(exact, K, 1.0), caps)
@@ -82,21 +85,30 @@ def norm_remainder(norm: nn.LayerNorm, X: Tensor, r: Tensor) -> tuple[Tensor, Te
     return torch.where(use2, second, lip), use2, g / rho_min2.sqrt(), caps
 
 
-def norm_error(m: Tensor, c: float, g: float, r: Tensor, cells: int = NORM_CELLS) -> tuple[Tensor, Tensor]:
+def norm_error(m: Tensor, c: float, g: float, r: Tensor, a_lo: Tensor | None = None,
+               a_hi: Tensor | None = None, part: str = "norm",
+               cells: int = NORM_CELLS) -> tuple[Tensor, Tensor]:
     """LayerNorm's error on each token's ball through the symmetry of h(z) = z/(‖z‖² + c)^½ about the
     clean centred token z₀ (docs/bounds.md §5.1, "LayerNorm's error on the token's ball").
 
     Args:
         m: ‖z₀‖ per token, [B, n].
         c: d·eps.
-        g: max|γ|·√d.
+        g: max|γ|·√d (1 bounds h's own error e_h, e = √d·γ ⊙ e_h).
         r: the tokens' radii, [B, n] (‖CΔ‖ ≤ ‖Δ‖ ≤ r).
+        a_lo, a_hi: bounds of a = ẑ₀ᵀΔ [B, n] (default ±r).
+        part: ``"norm"`` bounds g·‖e_h‖; ``"along"`` g·|ẑ₀ᵀe_h| and ``"across"`` g·‖e_h − (ẑ₀ᵀe_h)ẑ₀‖
+            (each at most the norm, so the closed form still bounds them near the origin).
         cells: as :func:`.symmetric.on_half_disc`'s.
 
     Returns:
-        E ≥ sup ‖e‖ and K ≥ sup ‖e‖/‖Δ‖² over the ball, [B, n] each.
+        E ≥ sup ‖e‖ (or its part) and K ≥ sup ‖e‖/‖Δ‖² (the same) over the ball, [B, n] each.
     """
+    if part not in ("norm", "along", "across"):
+        raise ValueError(f"unknown part {part!r} of LayerNorm's error; expected norm, along or across")
     rho0 = (m.square() + c).sqrt()
+    a_lo = -r if a_lo is None else torch.maximum(a_lo, -r)
+    a_hi = r if a_hi is None else torch.minimum(a_hi, r)
 
     def box(m_: Tensor, a1: Tensor, a2: Tensor, b1: Tensor, b2: Tensor) -> Tensor:
         # with t = m + a, ρ = (t² + b² + c)^½, ρ_a = (t² + c)^½: e_ẑ = t(1/ρ − 1/ρ_a) + [ψ(t) − ψ(m) −
@@ -116,7 +128,9 @@ def norm_error(m: Tensor, c: float, g: float, r: Tensor, cells: int = NORM_CELLS
         amax = torch.maximum(a1.abs(), a2.abs())
         curve = 1.5 * c * xhi * amax.square() / (xlo.square() + c) ** 2.5 if c > 0 else torch.zeros_like(xhi)
         ew = b2 * torch.maximum((1 / rho_lo - 1 / r0).abs(), (1 / rho_hi - 1 / r0).abs())
-        return g * hyp(bend + curve, ew)
+        if part == "along":
+            return g * (bend + curve)
+        return g * (ew if part == "across" else hyp(bend + curve, ew))
 
     def closed(m_: Tensor, rho: Tensor, below: Tensor, simple: bool) -> Tensor:
         # ‖D²h‖ ≤ (2/√3)/ρ(z)² on the ball of radius ρ (docs/bounds.md §5.1, LayerNorm)
@@ -125,7 +139,7 @@ def norm_error(m: Tensor, c: float, g: float, r: Tensor, cells: int = NORM_CELLS
     # the rounding: every quantity is h's (norm below 1) or its change, relative to ρ over the ball
     scale = g * (1 + r / ((m - r).clamp_min(0).square() + c).sqrt().clamp_min(torch.finfo(m.dtype).tiny))
     zero = torch.zeros_like(m)
-    E, K = on_half_disc(box, closed, m, r, -r, r, zero, scale, cells)
+    E, K = on_half_disc(box, closed, m, r, a_lo, torch.maximum(a_hi, a_lo), zero, scale, cells)
     E = torch.where(r > 0, E, 0.0)
     return torch.where(rho0 > 0, E, torch.inf), K
 
@@ -144,37 +158,75 @@ class NormRecord:
     caps: Tensor
     budget: Tensor
     radii: Tensor  # each token's deviation radius r [B, n] (:func:`margin_sign` reads it)
+    weights: Tensor  # √d·γ [d]: e = √d·γ ⊙ e_h, e_h = h(z₀ + CΔ) − h(z₀) − Dh·CΔ
+    g: float  # max|γ|·√d, the factor err carries
+    zhat: Tensor  # ẑ₀ [B, n, d], the clean centred token's direction
+    along: Tensor  # |ẑ₀ᵀe_h| ≤ along and ≤ along_K·‖Δ_t‖², [B, n] (+inf: no such ratio)
+    along_K: Tensor
+    across: Tensor  # ‖e_h − (ẑ₀ᵀe_h)ẑ₀‖ ≤ across and ≤ across_K·‖Δ_t‖²
+    across_K: Tensor
 
-    def charge(self, norms: Tensor) -> Tensor:
-        """An upper bound of Σ_t ⟨Λ_t, e_t⟩ for functionals of token norms ``norms`` [B, C, n], [B, C]."""
-        two = norms * torch.where(self.second, self.err, 0.0)[:, None]
-        one = norms * torch.where(self.second, 0.0, self.err)[:, None]
+    def charge(self, Lam: Tensor) -> Tensor:
+        """An upper bound of Σ_t ⟨Λ_t, e_t⟩ for functionals Λ [B, C, n, d], [B, C] (docs/bounds.md §5.1,
+        "LayerNorm's charge"): ⟨Λ_t, e_t⟩ = ⟨λ_t, e_h⟩ with λ_t = C(√d·γ ⊙ Λ_t) (e_h is centred), so each
+        token's error is charged at ‖λ_t‖/g ≤ ‖Λ_t‖ times err_t, or by its parts along ẑ₀ and across
+        it, at |λ_t·ẑ₀| and ‖λ_t − (λ_t·ẑ₀)ẑ₀‖, whichever is smaller in all."""
+        lam = Lam * self.weights
+        lam = lam - lam.mean(-1, keepdim=True)
+        # rounding: λ_t and its parts are computed; 4d·u of ‖λ_t‖ covers them (ẑ₀ a unit vector to ulps)
+        norms = lam.norm(dim=-1)
+        pad = 4 * Lam.shape[-1] * torch.finfo(Lam.dtype).eps * norms
+        two = (norms + pad) / self.g * torch.where(self.second, self.err, 0.0)[:, None]
+        one = (norms + pad) / self.g * torch.where(self.second, 0.0, self.err)[:, None]
         shared = torch.minimum(two.sum(-1), self.budget[:, None] * (two / self.caps[:, None]).amax(-1))
-        return shared + one.sum(-1)
+        whole = shared + one.sum(-1)
+        alpha = (lam * self.zhat[:, None]).sum(-1)
+        perp = (lam - alpha[..., None] * self.zhat[:, None]).norm(dim=-1) + pad
+        alpha = alpha.abs() + pad
+        level = alpha * self.along[:, None] + perp * self.across[:, None]
+        finite = torch.isfinite(self.along_K) & torch.isfinite(self.across_K)
+        kU, kP = (torch.where(finite, k, 0.0)[:, None] for k in (self.along_K, self.across_K))
+        on = finite[:, None].expand_as(level)
+        parts = (torch.minimum(torch.where(on, level, 0.0).sum(-1),
+                               self.budget[:, None] * torch.where(on, alpha * kU + perp * kP, 0.0).amax(-1))
+                 + torch.where(on, 0.0, level).sum(-1))
+        return torch.minimum(whole, parts)
 
     def step(self, Lam: Tensor) -> Step:
         """L_tᵀΛ_t per token for functionals Λ [B, C, n, d], the remainder charged."""
-        return Step(torch.einsum("bcnd,bnde->bcne", Lam, self.L), charge=self.charge(Lam.norm(dim=-1)))
+        return Step(torch.einsum("bcnd,bnde->bcne", Lam, self.L), charge=self.charge(Lam))
 
 
 def layer_norm(S: DeviationSet, raw: Tensor, norm: nn.LayerNorm, eps: float, k: int | str,
                log: list | None = None, radii: tuple[Tensor, Tensor] | None = None,
-               refuse: bool = True) -> tuple[DeviationSet, Tensor]:
+               refuse: bool = True, refine: Refine | None = None) -> tuple[DeviationSet, Tensor]:
     """The set after LayerNorm at the clean tokens ``raw`` [B, n, d]: its per-token Jacobian applied
     (exactly, to every part of the set), E crossing it at ‖L_t‖₂, and the tokens' errors as a
     Frobenius ball of source ``norm<k>`` (second-order ones sharing the input ball's budget, as
     LayerProject's do). ``radii``: the set's token radii [B, n] and radius [B] where the caller has
     them. ``refuse``: an image whose every token's bound exceeds LayerNorm's range, 2√d·max|γ|, is
     refused (its set emptied and marked void; the final norm does not refuse, as the margins read it
-    through their sign, :func:`margin_sign`, and a class token's head reads no other token). Returns
-    the set and the count 0 per image (LayerNorm has no kink)."""
+    through their sign, :func:`margin_sign`, and a class token's head reads no other token). ``refine``:
+    the backward pass over the stages before, which cuts each token's range of a = ẑ₀ᵀΔ further than
+    the set's support does. Returns the set and the count 0 per image (LayerNorm has no kink)."""
     r, whole = radii if radii is not None else (S.token_radii(eps), None)
     whole = S.radius(eps, r) if whole is None else whole
     L = norm_jacobian(norm, raw)
-    err, use2, lip, caps = norm_remainder(norm, raw, r)
-    g = float(_gamma(norm, raw).abs().max()) * math.sqrt(raw.shape[-1])
-    d = raw.shape[-1]
-    rho0 = ((raw - raw.mean(-1, keepdim=True)).norm(dim=-1) ** 2 + d * norm.eps).sqrt()
+    n, d = raw.shape[-2:]
+    z = raw - raw.mean(-1, keepdim=True)
+    nu = z.norm(dim=-1)
+    zhat = z / nu.clamp_min(torch.finfo(raw.dtype).tiny)[..., None]
+    # a = ẑ₀ᵀΔ's range (the error's symmetry is about ẑ₀: docs/bounds.md §5.1): from the set, then the
+    # backward pass; ±r where the clean token has no direction
+    mid, half = S.along_range(zhat, eps)
+    a_lo, a_hi = mid - half, mid + half
+    if refine is not None:
+        units = torch.eye(n, dtype=raw.dtype, device=raw.device)[None, :, :, None] * zhat[:, None]
+        a_lo, a_hi = refine(units, a_lo, a_hi)
+    a_lo, a_hi = torch.where(nu > 0, a_lo, -r), torch.where(nu > 0, a_hi, r)
+    err, use2, lip, caps = norm_remainder(norm, raw, r, a_lo, a_hi)
+    g = float(_gamma(norm, raw).abs().max()) * math.sqrt(d)
+    rho0 = (nu**2 + d * norm.eps).sqrt()
     own = torch.minimum(gram_norm(L @ L.mT), g / rho0)  # ‖L_t‖₂ per token, [B, n]
     tok = None if S.tok is None else S.tok * own
     # the route: ‖LN(x + Δ) − LN(x)‖_F ≤ max_t Lip_t·‖Δ‖_F, LayerNorm's constant on each token's ball
@@ -203,7 +255,15 @@ def layer_norm(S: DeviationSet, raw: Tensor, norm: nn.LayerNorm, eps: float, k: 
     # constant)
     out = replace(out, route=out.radius(eps))
     if log is not None:
-        log.append(NormRecord(f"norm{k}", L, err, use2, caps, whole**2, r))
+        # e_h's parts along ẑ₀ and across it (each at most ‖e_h‖ ≤ err/g), for the charge by parts
+        whole_K = torch.where(use2, err / caps, torch.inf) / g
+        parts = []
+        for part in ("along", "across"):
+            E, K = norm_error(nu, d * norm.eps, 1.0, r, a_lo, a_hi, part)
+            E, K = (torch.where(t.isnan(), torch.inf, t) for t in (E, K))  # a ball reaching z = 0
+            parts += [torch.minimum(E, err / g), torch.minimum(K, whole_K)]
+        log.append(NormRecord(f"norm{k}", L, err, use2, caps, whole**2, r,
+                              math.sqrt(d) * _gamma(norm, raw), g, zhat, *parts))
     return out, torch.zeros(len(raw), dtype=torch.long, device=raw.device)
 
 

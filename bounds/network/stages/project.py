@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ...norms import gram_norm
 from ..record import Step
-from ..zonotope import DeviationSet, along_u, columns, relu_relaxation, symbols
+from ..zonotope import DeviationSet, columns, relu_relaxation, symbols
 from .ffn import Refine, relu_bounds
 from .projection_error import exact_error
 
@@ -50,12 +50,7 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     u = raw / nu.clamp_min(torch.finfo(raw.dtype).tiny)[..., None]
     inside = nu + r <= R
     wild = ~inside & (r >= SAFE * nu)  # the decomposition needs r < ν
-    a_G = along_u(u, S.G)
-    a_A = torch.einsum("bnd,bndm->bnm", u, S.A)
-    a_Q = torch.einsum("bnd,bndkg->bnkg", u, S.Q)
-    a_mid = (u * S.c).sum(-1)
-    a_half = (eps * a_G.norm(dim=-1) + a_A.abs().sum(-1) + S.grouped(a_Q.norm(dim=-1))
-              + S.token_ball_along(u[:, :, None])[..., 0])
+    a_mid, a_half = S.along_range(u, eps)
     a_lo, a_hi = a_mid - a_half, a_mid + a_half
     n, d = raw.shape[1:]
     if refine is not None:  # the backward pass over the stages before gives its own range of a
@@ -91,6 +86,10 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     closed_K = err / r.clamp_min(torch.finfo(r.dtype).tiny) ** 2
     K_exact = torch.minimum(K_exact, torch.where(use_t | (nu <= R), closed_K, torch.inf))
     err = torch.minimum(err, exact)
+    # the error's parts along u and across it, each at most ‖e‖ (docs/bounds.md §5.1, "LayerProject's
+    # error along the token"): the backward pass may charge them at |Λ_t·u_t| and ‖Λ_t − (Λ_t·u_t)u_t‖
+    # where ‖e‖ is charged at ‖Λ_t‖, and the error of a token near its clean norm lies mostly along u
+    parts = [_parts(~off, use_t, nu, R, r, a_lo, a_hi, part, err, K_exact) for part in ("along", "across")]
     lam, beta, half, err = (torch.where(off, 0.0, t) for t in (lam, beta, half, err))
     straddle = half > 0
     # linear part per token: scale·I + coef·uuᵀ; the radial form's w − w₀ ∈ λa + β + μζ enters as −u·(…),
@@ -152,7 +151,8 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
         base = torch.where(wild, 0.0, torch.where(use_t, R / nu, 1.0))
         log.append(ProjectRecord(f"project{k}", base, use_t.to(raw.dtype), u, sign, sign * (nu - R), lo, hi,
                                  ~off, torch.where(off, 0.0, err - order1), order1,
-                                 torch.where(off, 1.0, cap), whole**2, torch.where(wild, r, 0.0)))
+                                 torch.where(off, 1.0, cap), whole**2, torch.where(wild, r, 0.0),
+                                 *parts[0], *parts[1]))
     # LayerProject is 1-Lipschitz per token: the projected set's radius is at most the input's
     # per token, a smooth token's error is its own err (a grouped token's error, both its parts, and a
     # wild token's are groups); E crosses the
@@ -208,7 +208,9 @@ class ProjectRecord:
     [tangential]·u_tu_tᵀ) as its two scalars and u_t [B, n, d], the radial change's ReLU (its sign,
     clean value, range, and whether it is relaxed at all), and the errors: second-order (sharing the
     ball's budget over caps: r², or E/K where the error is bounded through the symmetry), first-order
-    (and a symmetric bound with no quadratic constant) and a wild token's."""
+    (and a symmetric bound with no quadratic constant) and a wild token's; and the whole error's parts
+    along u_t and across it (bounds and ratios to ‖Δ_t‖², +inf where none), which the charge may take
+    instead (:meth:`_by_parts`)."""
 
     name: str
     base: Tensor
@@ -224,6 +226,10 @@ class ProjectRecord:
     caps: Tensor
     budget: Tensor
     wild: Tensor
+    along: Tensor
+    along_K: Tensor
+    across: Tensor
+    across_K: Tensor
 
     def step(self, Lam: Tensor, alpha: Tensor | None = None) -> Step:
         """Λ_t ↦ L_tᵀΛ_t plus the radial ReLU's slope along u_t (CROWN's per sign, or the lower slopes
@@ -237,21 +243,52 @@ class ProjectRecord:
         second = norms * self.second[:, None]
         # the tokens' second-order errors share the ball's budget (DeviationSet.grouped's argument)
         shared = torch.minimum(second.sum(-1), self.budget[:, None] * (second / self.caps[:, None]).amax(-1))
-        charge = shared + (norms * (self.first + self.wild)[:, None]).sum(-1)
+        whole = shared + (norms * self.first[:, None]).sum(-1)
+        charge = torch.minimum(whole, self._by_parts(Lam, gam, norms)) + (norms * self.wild[:, None]).sum(-1)
         radial = (gam * s * self.sign[:, None])[..., None] * u
         # L_tᵀΛ_t = base_t·(Λ_t − [tangential]·u_t(u_tᵀΛ_t)), and u_tᵀΛ_t = −γ_t
         along = (self.tangent[:, None] * gam)[..., None] * u
         moved = self.base[:, None, :, None] * (Lam + along) + radial
         return Step(moved, (gam * b).sum(-1), (gam * b).abs().sum(-1), charge)
 
+    def _by_parts(self, Lam: Tensor, gam: Tensor, norms: Tensor) -> Tensor:
+        """The errors' charge [B, C] from their parts: Λ_tᵀe_t = (Λ_t·u_t)(u_tᵀe_t) + Λ_⊥ᵀe_⊥ with
+        Λ_⊥ = Λ_t − (Λ_t·u_t)u_t, so |Λ_tᵀe_t| ≤ |Λ_t·u_t|·U_t + ‖Λ_⊥‖·P_t, and ≤ (|Λ_t·u_t|·K_U +
+        ‖Λ_⊥‖·K_P)‖Δ_t‖² where both ratios are finite: those tokens share the ball's budget as above,
+        the others pay their bound (docs/bounds.md §5.1, "LayerProject's error along the token")."""
+        u = self.u[:, None]
+        # rounding: u is a unit vector to a few ulps, and Λ_⊥ is computed; 4d·u_r of ‖Λ_t‖ covers both
+        pad = 4 * Lam.shape[-1] * torch.finfo(Lam.dtype).eps * norms
+        g = gam.abs() + pad
+        perp = (Lam + gam[..., None] * u).norm(dim=-1) + pad  # Λ − (Λ·u)u, as u·Λ = −γ
+        level = g * self.along[:, None] + perp * self.across[:, None]
+        finite = torch.isfinite(self.along_K) & torch.isfinite(self.across_K)
+        kU, kP = (torch.where(finite, k, 0.0)[:, None] for k in (self.along_K, self.across_K))
+        ratio = g * kU + perp * kP
+        on = finite[:, None].expand_as(level)
+        shared = torch.minimum(torch.where(on, level, 0.0).sum(-1),
+                               self.budget[:, None] * torch.where(on, ratio, 0.0).amax(-1))
+        return shared + torch.where(on, 0.0, level).sum(-1)
+
+
+def _parts(keep: Tensor, use_t: Tensor, nu: Tensor, R: float, r: Tensor, a_lo: Tensor, a_hi: Tensor,
+           part: str, err: Tensor, K: Tensor) -> tuple[Tensor, Tensor]:
+    """One part of each token's error (``"along"`` or ``"across"`` u), in the form the token takes
+    (tangential where ``use_t``): its bound over the ball and its ratio to ‖Δ_t‖², each at most the
+    whole error's (``err``, ``K``: the part is at most ‖e‖); 0 where a token is not ``keep``."""
+    radial = _exact_on(keep & ~use_t, nu, R, r, a_lo, a_hi, tangential=False, part=part)
+    tangential = _exact_on(keep & use_t, nu, R, r, a_lo, a_hi, tangential=True, part=part)
+    E, P = (torch.where(use_t, t, q) for t, q in zip(tangential, radial, strict=True))
+    return torch.where(keep, torch.minimum(E, err), 0.0), torch.where(keep, torch.minimum(P, K), 0.0)
+
 
 def _exact_on(keep: Tensor, nu: Tensor, R: float, r: Tensor, a_lo: Tensor, a_hi: Tensor,
-              tangential: bool) -> tuple[Tensor, Tensor]:
+              tangential: bool, part: str = "norm") -> tuple[Tensor, Tensor]:
     """:func:`exact_error` on the tokens ``keep`` [B, n] alone (2·CELLS² cells a token; the
     others' bounds are masked anyway), +inf elsewhere."""
     E, K = torch.full_like(nu, torch.inf), torch.full_like(nu, torch.inf)
     if bool(keep.any()):
         E_kept, K_kept = exact_error(nu[keep][None], R, r[keep][None], a_lo[keep][None],
-                                     a_hi[keep][None], tangential)
+                                     a_hi[keep][None], tangential, part=part)
         E[keep], K[keep] = E_kept[0], K_kept[0]
     return E, K

@@ -15,10 +15,15 @@ from torch import Tensor
 
 from .symmetric import CELLS, abs_low, hyp, on_half_disc
 
+# the parts of the error e a bound may be asked for: its norm, |uᵀe| (along the clean token) and
+# ‖e − (uᵀe)u‖ (across it)
+PARTS = ("norm", "along", "across")
+
 
 def exact_error(nu: Tensor, R: float, r: Tensor, a_lo: Tensor, a_hi: Tensor, tangential: bool,
-                cells: int = CELLS) -> tuple[Tensor, Tensor]:
-    """Upper bounds of ‖e‖ and of ‖e‖/‖Δ‖² over the token's ball for one of LayerProject's forms.
+                cells: int = CELLS, part: str = "norm") -> tuple[Tensor, Tensor]:
+    """Upper bounds of ‖e‖ and of ‖e‖/‖Δ‖² over the token's ball for one of LayerProject's forms
+    (or of one part of e, ``part``).
 
     Args:
         nu: the clean tokens' norms ν, [B, n].
@@ -28,12 +33,17 @@ def exact_error(nu: Tensor, R: float, r: Tensor, a_lo: Tensor, a_hi: Tensor, tan
         tangential: the tangential form (linear part (R/ν)(I − uuᵀ), ReLU v = relu(R − ν − a); meant
             for ν > R) rather than the radial one (linear part I, ReLU w = relu(ν − R + a)).
         cells: cells per axis.
+        part: ``"norm"`` bounds ‖e‖; ``"along"`` |uᵀe| and ``"across"`` ‖e − (uᵀe)u‖ (:data:`PARTS`),
+            both at most ‖e‖, so the closed forms' ratio still bounds them near the origin.
 
     Returns:
-        E [B, n] ≥ sup ‖e‖ and K [B, n] ≥ sup ‖e‖/‖Δ‖² over {0 < ‖Δ‖ ≤ r, a_lo ≤ uᵀΔ ≤ a_hi}, rounding
-        included; K is +inf where e has a first-order part (the radial form outside the sphere).
+        E [B, n] ≥ sup ‖e‖ (or its part) and K [B, n] ≥ sup ‖e‖/‖Δ‖² (the same) over
+        {0 < ‖Δ‖ ≤ r, a_lo ≤ uᵀΔ ≤ a_hi}, rounding included; K is +inf where e has a first-order part
+        (the radial form outside the sphere).
     """
-    box = lambda nu_, a1, a2, b1, b2: _error_box(nu_, R, a1, a2, b1, b2, tangential)
+    if part not in PARTS:
+        raise ValueError(f"unknown part {part!r} of LayerProject's error; expected one of {PARTS}")
+    box = lambda nu_, a1, a2, b1, b2: _error_box(nu_, R, a1, a2, b1, b2, tangential, part)
 
     def closed(nu_: Tensor, rho: Tensor, below: Tensor, simple: bool) -> Tensor:
         # below r_v the form is simpler: tangential, no v (a ≥ −‖Δ‖ > R − ν); radial with ν ≤ R,
@@ -65,10 +75,13 @@ def closed_form(nu: Tensor, R: float, rho: Tensor, tangential: bool, below: Tens
 
 
 def _error_box(nu: Tensor, R: float, a1: Tensor, a2: Tensor, b1: Tensor, b2: Tensor,
-               tangential: bool) -> Tensor:
-    """An upper bound of ‖e(a, b)‖ over the box [a1, a2] × [b1, b2] (b ≥ 0): the largest over the
-    cases the box meets of each case's closed form, every one monotone in c = ν + a, b and
-    s = (c² + b²)^½ on the part of the box where the case holds (docs/bounds.md §5.1)."""
+               tangential: bool, part: str = "norm") -> Tensor:
+    """An upper bound of ‖e(a, b)‖ (or of its part along u or across it, ``part``) over the box
+    [a1, a2] × [b1, b2] (b ≥ 0): the largest over the cases the box meets of each case's closed
+    form, every one monotone in c = ν + a, b and s = (c² + b²)^½ on the part of the box where the
+    case holds (docs/bounds.md §5.1). In every case e = e_u·u + e_⊥ with e_⊥ ⊥ u, and the norm is
+    (e_u² + ‖e_⊥‖²)^½ of the two parts' bounds."""
+    join = {"norm": torch.hypot, "along": lambda x, y: x, "across": lambda x, y: y}[part]
     c1, c2 = nu + a1, nu + a2
     # |c| over the box, and over its part below the sphere's radius (c ≤ R)
     low = abs_low(c1, c2)
@@ -81,18 +94,23 @@ def _error_box(nu: Tensor, R: float, a1: Tensor, a2: Tensor, b1: Tensor, b2: Ten
     sr, s_hi = hyp(cr, b1), hyp(c2.abs(), b2)
     eu_above = R * b2.square() / (sr * (sr + cr))
     if not tangential:
-        # s ≤ R: e = 0. c ≤ R < s: ‖e‖ = s − R. c > R: ‖e‖² = R²(1 − c/s)² + (1 − R/s)²b²
-        outside = torch.where((c1 <= R) & (hyp(top_below, b2) > R), hyp(top_below, b2) - R, zero)
-        beyond = torch.hypot(eu_above, (1 - R / s_hi).clamp_min(0) * b2)
+        # s ≤ R: e = 0. c ≤ R < s: e = (1 − R/s)x, ‖e‖ = s − R (e_u = (1 − R/s)c, ‖e_⊥‖ = (1 − R/s)b).
+        # c > R: ‖e‖² = R²(1 − c/s)² + (1 − R/s)²b²
+        sb = hyp(top_below, b2)
+        cut = (1 - R / sb).clamp_min(0)
+        out = sb - R if part == "norm" else cut * (top_below if part == "along" else b2)
+        outside = torch.where((c1 <= R) & (sb > R), out, zero)
+        beyond = join(eu_above, (1 - R / s_hi).clamp_min(0) * b2)
         return torch.maximum(outside, torch.where(c2 > R, beyond, zero))
     # s ≥ R: e_⊥ = Rb(1/s − 1/ν), and e_u = R(c/s − 1) (c ≥ R) or c(R/s − 1) (c < R);
     # s < R: e = (1 − R/ν)·b along Δ − au
     perp = lambda lo, hi: R * b2 * torch.maximum((1 / lo - 1 / nu).abs(), (1 / hi - 1 / nu).abs())
-    A = torch.hypot(eu_above, perp(sr.clamp_min(R), s_hi.clamp_min(R)))
+    A = join(eu_above, perp(sr.clamp_min(R), s_hi.clamp_min(R)))
     sb_hi = hyp(top_below, b2)  # c < R here
-    B = torch.hypot(top_below * (1 - R / sb_hi).clamp_min(0), perp(s1.clamp_min(R), sb_hi.clamp_min(R)))
-    # s < R: b < (R² − c²)^½
+    B = join(top_below * (1 - R / sb_hi).clamp_min(0), perp(s1.clamp_min(R), sb_hi.clamp_min(R)))
+    # s < R: b < (R² − c²)^½, and e = (1 − R/ν)Δ_⊥ lies across u
     C = (1 - R / nu).abs() * torch.minimum(b2, (R * R - low.square()).clamp_min(0).sqrt())
+    C = torch.zeros_like(C) if part == "along" else C
     A = torch.where((s_hi >= R) & (c2 >= R), A, zero)
     B = torch.where((sb_hi >= R) & (c1 < R), B, zero)
     C = torch.where(s1 < R, C, zero)

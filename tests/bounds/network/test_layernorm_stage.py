@@ -252,3 +252,91 @@ def test_the_error_through_the_symmetry_holds_sampled_errors_and_ratios(d, eps, 
     if share <= 0.5:  # nearer σ = 0 the error bends faster than 96 cells follow (0.9: 16 % above)
         clear = (m - r) > 10 * math.sqrt(d * eps + 1e-300)
         assert (E[clear] <= 1.06 * worst[clear] + 1e-12).all()
+
+
+def error_vectors(norm: nn.LayerNorm, X: torch.Tensor, dev: torch.Tensor) -> torch.Tensor:
+    """LN(x + Δ) − LN(x) − JΔ per token [1, n, d], J by torch.func."""
+    J = torch.stack([torch.func.jacrev(norm)(x) for x in X[0]])[None]
+    return norm(X + dev) - norm(X) - torch.einsum("bnde,bne->bnd", J, dev)
+
+
+@pytest.mark.parametrize("d,eps", [(8, 1e-5), (16, 0.0), (32, 1e-3)])
+@pytest.mark.parametrize("share,cut", [(0.1, 1.0), (0.5, 1.0), (0.5, 0.1), (0.9, 0.3)])
+def test_the_errors_parts_hold_sampled_errors_on_a_cut_ball(d, eps, share, cut):
+    """norm_error's parts (γ = 1, g = √d): |ẑ₀ᵀe| ≤ along, ‖e − (ẑ₀ᵀe)ẑ₀‖ ≤ across, and their ratios to ‖Δ‖²,
+    for deviations on and inside the ball with a = ẑ₀ᵀΔ cut to [−cut·r, 0.7·cut·r], e from nn.LayerNorm
+    and torch.func; the whole error's bound on the cut ball holds them too and is not above the uncut."""
+    from bounds.network.stages.layernorm import norm_error
+
+    norm = nn.LayerNorm(d, eps=eps, elementwise_affine=False).double()
+    X = tokens(d, 9, d + 5)
+    z = X - X.mean(-1, keepdim=True)
+    m = z.norm(dim=-1)
+    zhat = z / m[..., None]
+    r = share * m
+    lo, hi = -cut * r, 0.7 * cut * r
+    g = math.sqrt(d)
+    bounds = {part: norm_error(m, d * eps, g, r, lo, hi, part) for part in ("norm", "along", "across")}
+    assert (bounds["norm"][0] <= norm_error(m, d * eps, g, r)[0]).all()
+    gen = torch.Generator().manual_seed(d)
+    worst = {part: torch.zeros_like(m) for part in bounds}
+    ratio = {part: torch.zeros_like(m) for part in bounds}
+    for k in range(200):
+        v = torch.randn(X.shape, generator=gen, dtype=X.dtype)
+        v = v - v.mean(-1, keepdim=True)
+        size = r * (1.0 if k % 2 else torch.rand(1, generator=gen, dtype=X.dtype))
+        v = v / v.norm(dim=-1, keepdim=True) * size[..., None]
+        a = (v * zhat).sum(-1)  # into the cut: a's part moved to the nearest end
+        v = v + (a.clamp(lo, hi) - a)[..., None] * zhat
+        e = error_vectors(norm, X, v)
+        along = (e * zhat).sum(-1)
+        across = (e - along[..., None] * zhat).norm(dim=-1)
+        got = {"norm": e.norm(dim=-1), "along": along.abs(), "across": across}
+        for part, value in got.items():
+            value = value - 1e-13  # the sample's own rounding
+            worst[part] = torch.maximum(worst[part], value)
+            ratio[part] = torch.maximum(ratio[part], value / v.norm(dim=-1).square())
+    for part, (E, K) in bounds.items():
+        assert (worst[part] <= E).all() and (ratio[part] <= K).all(), part
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_charge_holds_the_attacked_error_and_gains_from_gamma(seed):
+    """NormRecord.charge ≥ ⟨Λ, e⟩ at the deviations an ascent on it reaches over one token's ball
+    {εp : ‖p‖ ≤ 1} (e from nn.LayerNorm and torch.func, random γ; 4 starts a sign of Λ, 300 steps),
+    within 2.5× of it, and below the charge at max|γ|·√d·‖Λ‖ that it replaced."""
+    from bounds.network.stages.layernorm import NormRecord
+    from bounds.network.stages.layernorm import layer_norm as stage
+    from bounds.network.zonotope import DeviationSet
+
+    d, eps = 8, 0.3
+    norm = layer_norm(d, 1e-5, seed).requires_grad_(False)
+    X = tokens(d, 9, seed)[:, -2:-1]  # one token, centred norm 2.4: r = 0.13·‖z₀‖
+    gen = torch.Generator().manual_seed(seed)
+    G = torch.eye(d, dtype=torch.float64).expand(1, 1, d, d)
+    S = DeviationSet.ball_of(G, torch.tensor([eps], dtype=torch.float64))
+    log: list = []
+    stage(S, X, norm, eps, 0, log)
+    rec = log[-1]
+    assert isinstance(rec, NormRecord)
+    Lam = torch.randn(1, 4, 1, d, generator=gen, dtype=torch.float64)
+    charge = rec.charge(Lam)
+    old = (Lam.norm(dim=-1) * rec.err[:, None]).sum(-1)
+    assert (charge <= old).all() and (charge < 0.9 * old).any()
+    J = torch.func.jacrev(norm)(X[0, 0])
+    error = lambda p: norm(X[0, 0] + eps * p) - norm(X[0, 0]) - J @ (eps * p)
+    for c in range(Lam.shape[1]):
+        best = 0.0
+        for sign in (1.0, -1.0) * 4:
+            p = torch.randn(d, generator=gen, dtype=torch.float64)
+            p = (p / p.norm()).requires_grad_(True)
+            opt = torch.optim.Adam([p], lr=0.05)
+            for _ in range(300):
+                opt.zero_grad()
+                (-sign * (Lam[0, c, 0] @ error(p))).backward()
+                opt.step()
+                with torch.no_grad():
+                    p /= p.norm().clamp_min(1.0)
+            with torch.no_grad():
+                best = max(best, sign * float(Lam[0, c, 0] @ error(p)) - 1e-12)
+        assert best <= float(charge[0, c]) <= 2.5 * best

@@ -24,10 +24,12 @@ def project(x: torch.Tensor, R: float) -> torch.Tensor:
     return x * (R / x.norm(dim=-1, keepdim=True)).clamp_max(1)
 
 
-def form_error(x0: torch.Tensor, D: torch.Tensor, R: float, tangential: bool) -> torch.Tensor:
+def form_error(x0: torch.Tensor, D: torch.Tensor, R: float, tangential: bool,
+               part: str = "norm") -> torch.Tensor:
     """‖e‖ for deviations D [N, d] of one token x0 [d], from p itself and the form's linear part and
     ReLU (docs/bounds.md §5.1): radial Δp = Δ − (w − w₀)u + e, w = relu(ν − R + a); tangential
-    Δp = (R/ν)(I − uuᵀ)Δ − (v − v₀)u + e, v = relu(R − ν − a)."""
+    Δp = (R/ν)(I − uuᵀ)Δ − (v − v₀)u + e, v = relu(R − ν − a). ``part``: |uᵀe| (``"along"``) or
+    ‖e − (uᵀe)u‖ (``"across"``) in its place."""
     nu = x0.norm()
     u = x0 / nu
     a = D @ u
@@ -36,7 +38,11 @@ def form_error(x0: torch.Tensor, D: torch.Tensor, R: float, tangential: bool) ->
         lin = (R / nu) * (D - a[:, None] * u) - (torch.relu(R - nu - a) - torch.relu(R - nu))[:, None] * u
     else:
         lin = D - (torch.relu(nu - R + a) - torch.relu(nu - R))[:, None] * u
-    return (dp - lin).norm(dim=-1)
+    e = dp - lin
+    along = e @ u
+    if part == "along":
+        return along.abs()
+    return (e - along[:, None] * u).norm(dim=-1) if part == "across" else e.norm(dim=-1)
 
 
 def deviations(d: int, r: float, a_lo: float, a_hi: float, n: int, g: torch.Generator,
@@ -61,7 +67,8 @@ CASES = [  # ν, R, r/ν: tokens outside, on and inside the sphere, small and la
 @pytest.mark.parametrize("nu,R,frac", CASES)
 @pytest.mark.parametrize("tangential", [False, True])
 @pytest.mark.parametrize("cut", [1.0, 0.3])
-def test_bound_holds_every_sampled_deviation(nu, R, frac, tangential, cut):
+@pytest.mark.parametrize("part", ["norm", "along", "across"])
+def test_bound_holds_every_sampled_deviation(nu, R, frac, tangential, cut, part):
     if tangential and nu <= R:
         pytest.skip("the tangential form is built for tokens outside the sphere")
     g = torch.Generator().manual_seed(int(1000 * nu + 10 * frac))
@@ -72,23 +79,25 @@ def test_bound_holds_every_sampled_deviation(nu, R, frac, tangential, cut):
     r = frac * nu
     a_lo, a_hi = -cut * r, 0.8 * cut * r
     E, K = exact_error(f64([[nu]]), R, f64([[r]]), f64([[a_lo]]),
-                       f64([[a_hi]]), tangential)
+                       f64([[a_hi]]), tangential, part=part)
     D = deviations(d, r, a_lo, a_hi, 40_000, g, u)
     # the sampled error's own rounding (a few ulps of ‖x₀ + Δ‖) is taken off it
-    e = (form_error(x0, D, R, tangential) - 1e-14 * (nu + r)).clamp_min(0)
+    e = (form_error(x0, D, R, tangential, part) - 1e-14 * (nu + r)).clamp_min(0)
     assert float(e.max()) <= float(E)
     ratio = e / D.norm(dim=-1).square()
     assert float(ratio.max()) <= float(K)
 
 
-def grid_max(nu: float, R: float, r: float, a_lo: float, a_hi: float, tangential: bool, k: int = 1500):
-    """The largest ‖e‖ and ‖e‖/‖Δ‖² on a fine polar grid of the cut half-disc, from R^2 vectors
-    (a token in the plane of u and Δ: the error's norm is the same in every dimension)."""
+def grid_max(nu: float, R: float, r: float, a_lo: float, a_hi: float, tangential: bool, k: int = 1500,
+             part: str = "norm"):
+    """The largest ‖e‖ (or its part) and its ratio to ‖Δ‖² on a fine polar grid of the cut half-disc,
+    from R^2 vectors (a token in the plane of u and Δ: the error's parts are the same in every
+    dimension)."""
     th = torch.linspace(0, math.pi, k, dtype=F64)[:, None]
     rho = torch.linspace(r / k, r, k, dtype=F64)[None]
     D = torch.stack([rho * th.cos(), rho * th.sin()], -1).reshape(-1, 2)
     D = D[(D[:, 0] >= a_lo) & (D[:, 0] <= a_hi)]
-    e = form_error(f64([nu, 0.0]), D, R, tangential)
+    e = form_error(f64([nu, 0.0]), D, R, tangential, part)
     return float(e.max()), float((e / D.norm(dim=-1).square()).max())
 
 
@@ -107,6 +116,34 @@ def test_bound_is_within_a_few_per_cent_of_the_grid(nu, R, frac):
         assert top <= float(E) <= 1.05 * top + floor * r * r
         if math.isfinite(float(K)):
             assert ratio <= float(K) <= 1.35 * ratio + floor
+
+
+@pytest.mark.parametrize("nu,R,frac", CASES[:6])
+@pytest.mark.parametrize("part", ["along", "across"])
+def test_parts_are_within_a_few_per_cent_of_the_grid(nu, R, frac, part):
+    """Each part's bound against the grid's largest part; and a token whose a-range is narrow, off
+    the sphere, has an error mostly along u (what the backward pass's charge by parts gains)."""
+    r = frac * nu
+    for tangential in (False, True):
+        if tangential and nu <= R:
+            continue
+        E, _ = exact_error(f64([nu]), R, f64([r]), f64([-0.3 * r]), f64([0.3 * r]), tangential, part=part)
+        top, _ = grid_max(nu, R, r, -0.3 * r, 0.3 * r, tangential, part=part)
+        floor = 0.01 * float(closed_form(f64(nu), R, f64(r), tangential))
+        assert top <= float(E) <= 1.05 * top + floor * r * r
+
+
+def test_a_narrow_cut_leaves_the_error_along_u():
+    nu, R, r = f64([4.2]), 1.0, f64([0.2])
+    norm, _ = exact_error(nu, R, r, -0.02 * r, 0.02 * r, tangential=True)
+    across, _ = exact_error(nu, R, r, -0.02 * r, 0.02 * r, tangential=True, part="across")
+    along, _ = exact_error(nu, R, r, -0.02 * r, 0.02 * r, tangential=True, part="along")
+    assert float(across) < 0.1 * float(norm) and float(along) > 0.9 * float(norm)
+
+
+def test_an_unknown_part_is_refused():
+    with pytest.raises(ValueError, match="unknown part"):
+        exact_error(f64([1.2]), 1.0, f64([0.1]), f64([-0.1]), f64([0.1]), True, part="both")
 
 
 def test_a_range_cut_lowers_the_bound():
