@@ -256,6 +256,7 @@ def layer_norm(S: DeviationSet, raw: Tensor, norm: nn.LayerNorm, eps: float, k: 
     out = replace(out, route=out.radius(eps))
     if log is not None:
         # e_h's parts along ẑ₀ and across it (each at most ‖e_h‖ ≤ err/g), for the charge by parts
+        g = max(g, torch.finfo(raw.dtype).tiny)  # γ ≡ 0 (LayerNorm constant, err = 0): no 0/0 below
         whole_K = torch.where(use2, err / caps, torch.inf) / g
         parts = []
         for part in ("along", "across"):

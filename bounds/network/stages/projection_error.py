@@ -94,7 +94,7 @@ def _error_box(nu: Tensor, R: float, a1: Tensor, a2: Tensor, b1: Tensor, b2: Ten
     sr, s_hi = hyp(cr, b1), hyp(c2.abs(), b2)
     eu_above = R * b2.square() / (sr * (sr + cr))
     if not tangential:
-        # s ≤ R: e = 0. c ≤ R < s: e = (1 − R/s)x, ‖e‖ = s − R (e_u = (1 − R/s)c, ‖e_⊥‖ = (1 − R/s)b).
+        # s ≤ R: e = 0. c ≤ R < s: e = −(1 − R/s)x, ‖e‖ = s − R (|e_u| = (1 − R/s)c, ‖e_⊥‖ = (1 − R/s)b).
         # c > R: ‖e‖² = R²(1 − c/s)² + (1 − R/s)²b²
         sb = hyp(top_below, b2)
         cut = (1 - R / sb).clamp_min(0)

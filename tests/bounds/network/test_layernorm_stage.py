@@ -340,3 +340,22 @@ def test_the_charge_holds_the_attacked_error_and_gains_from_gamma(seed):
             with torch.no_grad():
                 best = max(best, sign * float(Lam[0, c, 0] @ error(p)) - 1e-12)
         assert best <= float(charge[0, c]) <= 2.5 * best
+
+
+def test_a_layernorm_with_zero_gamma_is_charged_nothing():
+    """γ ≡ 0 makes LayerNorm constant: its errors and their charge are 0, not 0/0."""
+    from bounds.network.stages.layernorm import layer_norm as stage
+    from bounds.network.zonotope import DeviationSet
+
+    d, n = 8, 3
+    norm = nn.LayerNorm(d).double().requires_grad_(False)
+    with torch.no_grad():
+        norm.weight.zero_()
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(1, n, d, generator=gen, dtype=torch.float64)
+    G = torch.randn(1, n, d, 5, generator=gen, dtype=torch.float64)
+    log: list = []
+    S = DeviationSet.ball_of(G, 0.1 * torch.linalg.matrix_norm(G.reshape(1, n * d, 5), 2))
+    stage(S, X, norm, 0.1, 0, log)
+    assert torch.equal(log[-1].charge(torch.randn(1, 2, n, d, generator=gen, dtype=torch.float64)),
+                       torch.zeros(1, 2, dtype=torch.float64))
