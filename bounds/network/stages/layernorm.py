@@ -28,7 +28,7 @@ from ...norms import gram_norm
 from ..record import Step
 from ..zonotope import DeviationSet
 from .ffn import Refine
-from .symmetric import abs_low, hyp, on_half_disc
+from .symmetric import abs_low, charge_by_parts, hyp, on_half_disc
 
 # rings and sectors of LayerNorm's half-disc (:func:`norm_error`): its error changes along a and b alike,
 # so its bound converges as 1/cells (48: 10 % above a fine grid at r = ‖z₀‖/2, 96: 5 %, 192: 2.5 %)
@@ -183,13 +183,8 @@ class NormRecord:
         alpha = (lam * self.zhat[:, None]).sum(-1)
         perp = (lam - alpha[..., None] * self.zhat[:, None]).norm(dim=-1) + pad
         alpha = alpha.abs() + pad
-        level = alpha * self.along[:, None] + perp * self.across[:, None]
-        finite = torch.isfinite(self.along_K) & torch.isfinite(self.across_K)
-        kU, kP = (torch.where(finite, k, 0.0)[:, None] for k in (self.along_K, self.across_K))
-        on = finite[:, None].expand_as(level)
-        parts = (torch.minimum(torch.where(on, level, 0.0).sum(-1),
-                               self.budget[:, None] * torch.where(on, alpha * kU + perp * kP, 0.0).amax(-1))
-                 + torch.where(on, 0.0, level).sum(-1))
+        parts = charge_by_parts(alpha, perp, self.along, self.along_K, self.across, self.across_K,
+                                self.budget)
         return torch.minimum(whole, parts)
 
     def step(self, Lam: Tensor) -> Step:

@@ -15,6 +15,7 @@ from ..record import Step
 from ..zonotope import DeviationSet, columns, relu_relaxation, symbols
 from .ffn import Refine, relu_bounds
 from .projection_error import exact_error
+from .symmetric import charge_by_parts
 
 # A straddling token needs its radius below its clean norm (the decomposition's remainder blows up at
 # the origin); beyond it the token is bounded by LayerProject's 1-Lipschitz property alone.
@@ -261,14 +262,7 @@ class ProjectRecord:
         pad = 4 * Lam.shape[-1] * torch.finfo(Lam.dtype).eps * norms
         g = gam.abs() + pad
         perp = (Lam + gam[..., None] * u).norm(dim=-1) + pad  # Λ − (Λ·u)u, as u·Λ = −γ
-        level = g * self.along[:, None] + perp * self.across[:, None]
-        finite = torch.isfinite(self.along_K) & torch.isfinite(self.across_K)
-        kU, kP = (torch.where(finite, k, 0.0)[:, None] for k in (self.along_K, self.across_K))
-        ratio = g * kU + perp * kP
-        on = finite[:, None].expand_as(level)
-        shared = torch.minimum(torch.where(on, level, 0.0).sum(-1),
-                               self.budget[:, None] * torch.where(on, ratio, 0.0).amax(-1))
-        return shared + torch.where(on, 0.0, level).sum(-1)
+        return charge_by_parts(g, perp, self.along, self.along_K, self.across, self.across_K, self.budget)
 
 
 def _parts(keep: Tensor, use_t: Tensor, nu: Tensor, R: float, r: Tensor, a_lo: Tensor, a_hi: Tensor,

@@ -56,6 +56,23 @@ def on_half_disc(box: Box, closed: Closed, nu: Tensor, r: Tensor, a_lo: Tensor, 
     return tuple(torch.cat(part).reshape(shape) for part in zip(*out, strict=True))
 
 
+def charge_by_parts(along: Tensor, perp: Tensor, U: Tensor, K_U: Tensor, P: Tensor, K_P: Tensor,
+                    budget: Tensor) -> Tensor:
+    """An upper bound of Σ_t |⟨Λ_t, e_t⟩| [B, C] from each token's error parts (docs/bounds.md §5.1,
+    "LayerProject's error along the token"): |⟨Λ_t, e_t⟩| ≤ along_t·U_t + perp_t·P_t and
+    ≤ (along_t·K_U + perp_t·K_P)‖Δ_t‖², with ``along`` ≥ |Λ_t·u_t| and ``perp`` ≥ ‖Λ_t − (Λ_t·u_t)u_t‖
+    [B, C, n] (rounding included by the caller), the parts' bounds and ratios [B, n]. Tokens whose
+    ratios are both finite share the ball's budget [B] (Σ_t ‖Δ_t‖² ≤ budget), the others pay their
+    bound."""
+    level = along * U[:, None] + perp * P[:, None]
+    finite = torch.isfinite(K_U) & torch.isfinite(K_P)
+    kU, kP = (torch.where(finite, k, 0.0)[:, None] for k in (K_U, K_P))
+    on = finite[:, None].expand_as(level)
+    shared = torch.minimum(torch.where(on, level, 0.0).sum(-1),
+                           budget[:, None] * torch.where(on, along * kU + perp * kP, 0.0).amax(-1))
+    return shared + torch.where(on, 0.0, level).sum(-1)
+
+
 def abs_low(x1: Tensor, x2: Tensor) -> Tensor:
     """min |x| over [x1, x2] (x1 ≤ x2): 0 where the interval holds 0, else the end nearer 0."""
     return torch.where((x1 <= 0) & (x2 >= 0), 0.0, torch.minimum(x1.abs(), x2.abs()))
