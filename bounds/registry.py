@@ -37,7 +37,8 @@ TAYLOR_NET = "taylor_net"
 # taylor_net with each attention bound that can serve as its remainder (docs/bounds.md §5.1, "what
 # the attention bound buys"): the name → bounds.network.taylor_net's split
 TAYLOR_NETS = {TAYLOR_NET: "taylor", "taylor_net_lofast": "lofast", "taylor_net_lofast_half": "lofast_half",
-               "taylor_net_best": "best", "taylor_net_alpha": "taylor+alpha"}
+               "taylor_net_best": "best", "taylor_net_alpha": "taylor+alpha",
+               "taylor_net_bab": "taylor+bab"}
 # the same cascade with taylor_net first: CROWN gets only what taylor_net leaves (docs/bounds.md §5.1)
 CASCADE_TN = "cascade_taylor_net_crown"
 CASCADES = {CASCADE: CASCADE_FIRST, CASCADE_TN: TAYLOR_NET}
@@ -180,6 +181,13 @@ BOUNDS: tuple[Bound, ...] = (
           certified=True, kinds=frozenset(), ours=True, opt_in=True, display="taylor_net, α slopes",
           description="taylor_net with the lower slopes of every relaxed ReLU in its second pass's last "
                       "backward pass tuned by projected Adam steps on the margins' bound"),
+    Bound(name="taylor_net_bab", fn=_taylor_net_only,
+          paper="this suite, docs/bounds.md §5.1, with β-CROWN's branches (Wang et al. 2021)",
+          equation="§5.1, the second pass's short margins on the parts of the ball where their costliest "
+                   "ReLUs keep one sign (\"Branches on the kinks\")",
+          certified=True, kinds=frozenset(), ours=True, opt_in=True, display="taylor_net, branches",
+          description="taylor_net with every margin its second pass leaves short bounded again on the parts "
+                      "of the ball where its costliest relaxed ReLUs keep one sign, up to 20,000 parts"),
     Bound(name=CASCADE_TN, fn=_network_only,
           paper="this suite, docs/bounds.md §5.1, with LoFAST Table 2's cascade",
           equation=f"{TAYLOR_NET}, then whole-network CROWN on the rest (docs/bounds.md §5.1)",

@@ -23,16 +23,19 @@ STAGES = (AttentionRecord, FFNRecord, NormRecord, ProjectRecord, ScaleRecord)
 class Losses:
     """What a backward bound loses where, each [B, C]: its first order, its kinks (net of the
     relaxations' offsets) and each stage's remainder by its source's name (the diagnostics where
-    this bound is the better)."""
+    this bound is the better); and each ReLU unit's offset, by record."""
 
     first_order: Tensor | None = None
     kinks: Tensor | None = None
     remainders: dict[str, Tensor] = field(default_factory=dict)
+    # per index of the log, each ReLU unit's offset [B, C, *units] (negative: what its relaxation costs)
+    units: dict[int, Tensor] = field(default_factory=dict)
 
 
 def backward(log: list, Lam: Tensor, embed: Tensor, eps: float,
              losses: Losses | None = None,
-             alphas: dict[int, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+             alphas: dict[int, Tensor] | None = None,
+             phases: dict[int, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """Lower bounds of ⟨Λ_j, Δ_N⟩ for C functionals Λ [B, C, n, d] on the last tokens, by one pass
     back through the stages of ``log`` (docs/bounds.md §5.1, "the backward pass"): every smooth stage
     by its exact Jacobian (transposed) with its remainder charged at its own coefficients, every
@@ -41,7 +44,10 @@ def backward(log: list, Lam: Tensor, embed: Tensor, eps: float,
     of the magnitudes of their terms, for the rounding slack); ``losses`` (a :class:`Losses`, empty at
     first) receives what the bound loses where.
     ``alphas``: the ReLUs' lower slopes of the records at these indices of ``log``, in place of
-    CROWN's (:mod:`bounds.network.slopes`); any values in [0, 1] give a sound bound."""
+    CROWN's (:mod:`bounds.network.slopes`); any values in [0, 1] give a sound bound.
+    ``phases``: the ReLU units of the records at these indices held on one side of 0 (int8 [B, C,
+    *units], +1 / −1 / 0 free): a bound over the part of the ball where they are
+    (:mod:`bounds.network.branches`)."""
     B, C = Lam.shape[:2]
     const = Lam.new_zeros(B, C)
     mag = Lam.new_zeros(B, C)
@@ -61,7 +67,12 @@ def backward(log: list, Lam: Tensor, embed: Tensor, eps: float,
             # a stage this pass does not know has no backward step: crossing it as another would be unsound
             kind = rec.get("kind") if isinstance(rec, dict) else type(rec).__name__
             raise ValueError(f"backward: unknown stage record {kind!r}")
-        step = rec.step(Lam, alphas[at]) if alphas and at in alphas else rec.step(Lam)
+        extra = {}
+        if alphas and at in alphas:
+            extra["alpha"] = alphas[at]
+        if phases and at in phases:
+            extra["phase"] = phases[at]
+        step = rec.step(Lam, **extra)
         Lam = step.Lam
         if step.charge is None:
             const, mag = const + step.gain, mag + step.offsets
@@ -71,6 +82,8 @@ def backward(log: list, Lam: Tensor, embed: Tensor, eps: float,
             losses.kinks = losses.kinks - step.gain
             if step.charge is not None:
                 losses.remainders[rec.name] = step.charge
+            if step.units is not None:
+                losses.units[at] = step.units
     first = eps * torch.einsum("bcnd,ndp->bcp", Lam, embed).norm(dim=-1)
     if losses is not None:
         losses.first_order = first

@@ -17,12 +17,15 @@ __all__ = ["Fork", "Join", "Step"]
 class Step:
     """One stage crossed backward: ``Lam`` the functionals on the stage's input [B, C, n, d]; ``gain``
     [B, C] the relaxations' offsets added to the bound and ``offsets`` their magnitudes (the rounding
-    slack); ``charge`` [B, C] the stage's remainder, subtracted (None: the stage has none)."""
+    slack); ``charge`` [B, C] the stage's remainder, subtracted (None: the stage has none); ``units``
+    [B, C, *units] each ReLU unit's own offset in ``gain`` (what its relaxation costs the bound where
+    negative; :mod:`bounds.network.branches` splits the costliest), None where the stage has none."""
 
     Lam: Tensor
     gain: Tensor | float = 0.0
     offsets: Tensor | float = 0.0
     charge: Tensor | None = None
+    units: Tensor | None = None
 
 
 @dataclass(frozen=True)

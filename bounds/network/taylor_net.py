@@ -55,6 +55,7 @@ from models.vit import TokenBatchNorm, ViT
 from ..certificates import Certificate, Ledger
 from ..norms import gram_norm
 from .backward import Losses, backward
+from .branches import BUDGET, branch_and_bound
 from .constants import NetConstants, net_constants
 from .propagated import check_stages
 from .record import Fork, Join
@@ -213,6 +214,9 @@ HOPELESS = 10000.0
 BALL_ND = 4096
 # a split's suffix that tunes the second pass's ReLU slopes (registry: taylor_net_alpha)
 OPTIMIZED = "+alpha"
+# ... and one that branches on the second pass's costliest ReLUs where a margin is left short
+# (registry: taylor_net_bab; :mod:`bounds.network.branches`)
+BRANCHED = "+bab"
 
 
 def normalize(S: DeviationSet, raw: Tensor, norm, eps: float, k: int | str, log: list | None = None,
@@ -261,12 +265,16 @@ class TaylorNet:
         form_entries: the second pass forms attention's second order on the set's first generator
             where its forms have at most this many entries (:func:`.stages.second_order.fits`; the
             default keeps it to the digits ViTs on a CPU, ``math.inf`` forms it everywhere).
+        branch_budget: the most parts a margin is bounded on by the split ``taylor+bab``
+            (:func:`.branches.branch_and_bound`).
     """
 
     def __init__(self, net: ViT, images: Tensor, labels: Tensor, constants: NetConstants | None = None,
-                 form_entries: float = FORM_ENTRIES):
+                 form_entries: float = FORM_ENTRIES, branch_budget: int = BUDGET):
         check_stages(net)
-        self.form_entries = form_entries
+        if branch_budget < 0:
+            raise InputError(f"branch_budget must be at least 0, got {branch_budget}")
+        self.form_entries, self.branch_budget = form_entries, branch_budget
         if net.head.weight.dtype != torch.float64:
             raise InputError("certify a float64 network (models.load_vit loads one)")
         if net.head.weight.shape[0] < 2:
@@ -315,7 +323,7 @@ class TaylorNet:
         would pad every image's symbols to the largest count in it (:data:`CPU_CHUNK`), the whole
         batch at once on a GPU. Kept per (ε, split), so a
         ``best`` after its splits (or the reverse) reuses them; its seconds are still its own."""
-        known = (*SPLITS, BEST, f"taylor{OPTIMIZED}")
+        known = (*SPLITS, BEST, f"taylor{OPTIMIZED}", f"taylor{BRANCHED}")
         if split not in known:
             raise InputError(f"unknown attention split {split!r}; expected one of {', '.join(known)}")
         key = (float(eps), split)
@@ -415,7 +423,8 @@ class TaylorNet:
 
     def one_pass(self, eps: float, images: slice | Tensor, split: str, refine: bool):
         """One pass on ``images``; a split ending in :data:`OPTIMIZED` tunes the ReLUs' slopes of the
-        second pass's last backward pass (:mod:`bounds.network.slopes`)."""
+        second pass's last backward pass (:mod:`bounds.network.slopes`), one ending in :data:`BRANCHED`
+        branches on its costliest ReLUs where a margin is left short (:mod:`bounds.network.branches`)."""
         log: list = []
         split, _, tuned = split.partition("+")
         stages = self.stages(eps, images, log, refine, split, form=False)
@@ -424,7 +433,8 @@ class TaylorNet:
         unstable = [count for name, _, count in stages if name.startswith("ffn")]
         straddling = [count for name, _, count in stages if re.fullmatch(r"(project|norm)\d+", name)]
         return self._margins(stages[-1][1], eps, unstable, straddling, images, log,
-                             optimize=refine and bool(tuned), curved=refine)
+                             optimize=refine and f"+{tuned}" == OPTIMIZED, curved=refine,
+                             branch=refine and f"+{tuned}" == BRANCHED)
 
     def stages(self, eps: float, images: slice | Tensor = slice(None), log: list | None = None,
                refine: bool = False, split: str = "taylor", form: bool = True,
@@ -604,7 +614,7 @@ class TaylorNet:
         return log[:-1], torch.cat([step.Lam, sign], 1), charges, ratio
 
     def _margins(self, S: DeviationSet | Mapped, eps: float, unstable, straddling, images: slice | Tensor,
-                 log: list, optimize: bool = False, curved: bool = False):
+                 log: list, optimize: bool = False, curved: bool = False, branch: bool = False):
         W = self.net.head_matrix()
         y = self.labels[images]
         logits = self.logits[images]
@@ -675,6 +685,14 @@ class TaylorNet:
             tuned, tuned_mag = tuned - charge, tuned_mag + charge
             take = tuned - ROUND * tuned_mag > back - ROUND * mag
             back, mag = torch.where(take, tuned, back), torch.where(take, tuned_mag, mag)
+        if branch:  # the margins still short, on the parts of the ball where their costliest ReLUs keep signs
+            net = back - ROUND * mag
+            need = two(margins) + back <= ROUND * (scale + mag)
+            parts = branch_and_bound(log_b, Lam, self.embed, eps, need, ROUND * scale - two(margins), net,
+                                     ROUND, charge if torch.is_tensor(charge) else None, self.branch_budget)
+            # a part's bound is already net of its rounding slack: it stands with no magnitude left
+            won = parts > net
+            back, mag = torch.where(won, parts, back), torch.where(won, 0.0, mag)
         signed = None
         if sign is not None:  # the sign's reading (m̃'s units) where it verifies a margin the other does not
             verifies = two(margins) + back > ROUND * (scale + mag)

@@ -39,9 +39,9 @@ MARKERS = {"naive": "o", "lofast_M": "v", "lofast_xi": "^", "lofast_M_half": "<"
            "specformer": "D", "taylor": "s", "taylor_net": "P", "taylor_net_lofast": "X",
            "taylor_net_lofast_half": "p", "taylor_net_best": "x", "crown": "h", "alpha_crown": "H",
            "cascade": "*", "cascade_crown": "*", "cascade_taylor_net_crown": "d", "cascade_alpha_crown": "8",
-           "castin": "1", "yudin": "2", "taylor_net_alpha": "4"}
+           "castin": "1", "yudin": "2", "taylor_net_alpha": "4", "taylor_net_bab": "+"}
 # a bound not pinned above (a plugin's, a new one) takes a shape no pinned bound has, by its name's hash
-SPARE_MARKERS = ("3", "+", "|", "_", ".")
+SPARE_MARKERS = ("3", "|", "_", ".")
 
 
 def name_of(bound: str) -> str:

@@ -129,12 +129,14 @@ def crown_slope(lo: Tensor, hi: Tensor) -> Tensor:
 
 
 def relu_bounds(g: Tensor, z0: Tensor, lo: Tensor, hi: Tensor,
-                alpha: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                alpha: Tensor | None = None, phase: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(s, b) with ``g·(relu(z) − relu(z0)) ≥ g·s·(z − z0) + g·b`` for every z ∈ [lo, hi] (CROWN's
     relaxation, Zhang et al. 2018, chosen per sign of the coefficient g): where g ≥ 0 the lower line
     αz (α = 1 if hi ≥ −lo, else 0; or ``alpha``, any values in [0, 1]: relu(z) ≥ αz holds for each),
     where g < 0 the chord λ(z − lo), λ = hi/(hi − lo); exact where the unit is stable (docs/bounds.md
-    §5.1)."""
+    §5.1). ``phase`` (int8, +1 / −1 / 0): a branch's units held at z ≥ 0 (relu(z) = z) or z ≤ 0
+    (relu(z) = 0), exact there whatever side of 0 the clean z0 is on (docs/bounds.md §5.1, "Branches
+    on the kinks"); 0 leaves a unit to its relaxation."""
     active, dead = lo >= 0, hi <= 0
     unstable = ~active & ~dead
     lam = hi / torch.where(unstable, hi - lo, 1.0)
@@ -142,6 +144,10 @@ def relu_bounds(g: Tensor, z0: Tensor, lo: Tensor, hi: Tensor,
     up = g < 0
     s = torch.where(active, 1.0, torch.where(dead, 0.0, torch.where(up, lam, alpha)))
     b = torch.where(unstable, torch.where(up, lam * (z0 - lo), alpha * z0) - torch.relu(z0), 0.0)
+    if phase is not None:  # relu(z) − relu(z0) = (z − z0) + (z0 − relu(z0)) on z ≥ 0, −relu(z0) on z ≤ 0
+        held = phase != 0
+        s = torch.where(held, (phase > 0).to(s.dtype), s)
+        b = torch.where(held, torch.where(phase > 0, z0, 0.0) - torch.relu(z0), b)
     return s.to(g.dtype), b
 
 
@@ -160,16 +166,21 @@ class FFNRecord:
     residual: bool
     name = None
 
-    def step(self, Lam: Tensor, alpha: Tensor | None = None) -> Step:
+    def step(self, Lam: Tensor, alpha: Tensor | None = None, phase: Tensor | None = None) -> Step:
         """Λ ↦ Λ + W₁ᵀ diag(s) W₂ᵀΛ (without the identity for a branch), the slopes s and offsets b
         chosen per sign of W₂ᵀΛ: CROWN's for ReLU (or its lower slopes ``alpha`` [B, C, n, w] in [0, 1],
-        :mod:`bounds.network.slopes`), the exact slope and the error's end for GELU."""
+        :mod:`bounds.network.slopes`; its units held on one side of 0 by ``phase`` [B, C, n, w],
+        :mod:`bounds.network.branches`), the exact slope and the error's end for GELU."""
         g = Lam @ self.W2  # [B, C, n, w]
-        if self.act == "relu":
-            s, b = relu_bounds(g, self.z0[:, None], self.lo[:, None], self.hi[:, None], alpha)
+        relu = self.act == "relu"
+        if relu:
+            s, b = relu_bounds(g, self.z0[:, None], self.lo[:, None], self.hi[:, None], alpha, phase)
+        elif phase is not None:
+            raise ValueError(f"FFNRecord.step: a {self.act} unit has no sides to branch on")
         else:
             s, b = gelu_bounds(g, self.z0[:, None], self.lo[:, None], self.hi[:, None],
                                TANH_FORMS.get(self.act))
         moved = (g * s) @ self.W1
         gain = g * b
-        return Step(Lam + moved if self.residual else moved, gain.sum((-1, -2)), gain.abs().sum((-1, -2)))
+        return Step(Lam + moved if self.residual else moved, gain.sum((-1, -2)), gain.abs().sum((-1, -2)),
+                    units=gain if relu else None)

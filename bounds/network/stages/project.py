@@ -232,12 +232,13 @@ class ProjectRecord:
     across: Tensor
     across_K: Tensor
 
-    def step(self, Lam: Tensor, alpha: Tensor | None = None) -> Step:
+    def step(self, Lam: Tensor, alpha: Tensor | None = None, phase: Tensor | None = None) -> Step:
         """Λ_t ↦ L_tᵀΛ_t plus the radial ReLU's slope along u_t (CROWN's per sign, or the lower slopes
-        ``alpha`` [B, C, n]), its offset gained and every error charged at ‖Λ_t‖."""
+        ``alpha`` [B, C, n]; held on one side of 0 by ``phase`` [B, C, n]), its offset gained and every
+        error charged at ‖Λ_t‖."""
         u = self.u[:, None]  # [B, 1, n, d]
         gam = -(Lam * u).sum(-1)  # the coefficient of q − q₀ (q = w or v), [B, C, n]
-        s, b = relu_bounds(gam, self.z0[:, None], self.lo[:, None], self.hi[:, None], alpha)
+        s, b = relu_bounds(gam, self.z0[:, None], self.lo[:, None], self.hi[:, None], alpha, phase)
         on = self.relu[:, None]
         s, b = torch.where(on, s, 0.0), torch.where(on, b, 0.0)
         norms = Lam.norm(dim=-1)  # ‖Λ_t‖
@@ -250,7 +251,7 @@ class ProjectRecord:
         # L_tᵀΛ_t = base_t·(Λ_t − [tangential]·u_t(u_tᵀΛ_t)), and u_tᵀΛ_t = −γ_t
         along = (self.tangent[:, None] * gam)[..., None] * u
         moved = self.base[:, None, :, None] * (Lam + along) + radial
-        return Step(moved, (gam * b).sum(-1), (gam * b).abs().sum(-1), charge)
+        return Step(moved, (gam * b).sum(-1), (gam * b).abs().sum(-1), charge, units=gam * b)
 
     def _by_parts(self, Lam: Tensor, gam: Tensor, norms: Tensor) -> Tensor:
         """The errors' charge [B, C] from their parts: Λ_tᵀe_t = (Λ_t·u_t)(u_tᵀe_t) + Λ_⊥ᵀe_⊥ with
