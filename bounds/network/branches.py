@@ -45,13 +45,30 @@ def branch_and_bound(log: list, Lam: Tensor, embed: Tensor, eps: float, need: Te
       [B, C] net bounds, each at least ``root``: where a functional was branched on, the smallest over
       its last parts of each part's bound (the larger of its own and its parents'); ``root`` elsewhere.
     """
-    pairs = need.nonzero()  # [P, 2]: (image, functional)
     at = [a for a, rec in enumerate(log) if _units(rec)]
-    if not len(pairs) or not at or budget < 1:
-        return root
-    B = Lam.shape[0]
-    image, col = pairs[:, 0], pairs[:, 1]
-    P, dev = len(pairs), Lam.device
+    out = root.clone()
+    if not need.any() or not at or budget < 1:
+        return out
+    todo = need.clone()
+    # each round, every image branches on its margin furthest short: where that fails the image is not
+    # certified, and its other margins are not worth the parts (their bounds stay the root's)
+    short = threshold - root
+    while todo.any():
+        rows = todo.any(-1).nonzero()[:, 0]
+        pick = short.masked_fill(~todo, -math.inf).argmax(-1)[rows]
+        low = _branch(log, Lam, embed, eps, rows, pick, threshold, root, slack, charge, budget, at)
+        out[rows, pick] = low
+        todo[rows, pick] = False
+        todo[rows[low <= threshold[rows, pick]]] = False
+    return out
+
+
+def _branch(log: list, Lam: Tensor, embed: Tensor, eps: float, image: Tensor, col: Tensor,
+            threshold: Tensor, root: Tensor, slack: float, charge: Tensor | None, budget: int,
+            at: list[int]) -> Tensor:
+    """:func:`branch_and_bound` of the functionals ``col`` [P] of the images ``image`` [P], their net
+    bounds [P] (at least the root's); ``at``: the indices of the records with ReLU units."""
+    P, dev = len(image), Lam.device
     lim = threshold[image, col]
     extra = torch.zeros_like(lim) if charge is None else charge[image, col]
     # the open parts: their functional, the units they hold (record, unit, sign), their bounds, and
@@ -62,20 +79,16 @@ def branch_and_bound(log: list, Lam: Tensor, embed: Tensor, eps: float, need: Te
     value = torch.maximum(value - extra, root[image, col])
     closed = torch.full_like(value, math.inf)  # the smallest bound of each functional's closed parts
     spent = torch.ones(P, dtype=torch.long, device=dev)
-    stopped = torch.zeros(P, dtype=torch.bool, device=dev)
     while len(owner):
         done = value > lim[owner]
         closed = closed.scatter_reduce(0, owner[done], value[done], "amin")
         owner, held, value, nxt = owner[~done], held[~done], value[~done], nxt[~done]
         open_ = torch.bincount(owner, minlength=P)
         # a functional stops where a part has no unit left whose relaxation costs anything, or where
-        # its next level exceeds the budget; its image is then not certified, so its others stop too
+        # its next level would exceed the budget: it is not verified, and its bound is its leaves' least
         exhausted = torch.zeros(P, dtype=torch.bool, device=dev).index_fill(0, owner[nxt[:, 1] < 0], True)
-        stop = (open_ > 0) & (exhausted | (spent + 2 * open_ > budget))
-        lost = torch.zeros(B, dtype=torch.bool, device=dev)
-        lost[image[stop]] = True
-        stopped |= lost[image] & (open_ > 0)
-        go = ~stopped[owner]
+        stop = exhausted | (spent + 2 * open_ > budget)
+        go = ~stop[owner]
         if not go.any():
             break
         parent = owner[go]
@@ -92,9 +105,7 @@ def branch_and_bound(log: list, Lam: Tensor, embed: Tensor, eps: float, need: Te
             torch.cat([nxt[keep], fresh_next])
         held = torch.cat([_pad(held[keep], child.shape[1]), child])
     low = closed.scatter_reduce(0, owner, value, "amin") if len(owner) else closed
-    out = root.clone()
-    out[image, col] = torch.maximum(root[image, col], low)
-    return out
+    return torch.maximum(root[image, col], low)
 
 
 def _pad(held: Tensor, depth: int) -> Tensor:
