@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_taylor_net import SHARP, attacked_margins_hold, margins_hold, perturbations, random_vit
+from test_taylor_net import SHARP, attacked_margins_hold, margins_hold, perturbations, six_images
 
 from bench.nets.accuracy import first_test_images
 from bounds.network.backward import Losses, backward
@@ -129,20 +129,9 @@ def test_each_part_bounds_the_margin_where_its_unit_keeps_its_sign():
     assert seen[1] and seen[-1], seen
 
 
-def _case(which: str):
-    if which == "sharp":
-        net, _ = load_vit(SHARP)
-        x, y = first_test_images("digits", net, 6)
-        return net, x.double(), y
-    net = random_vit(11, depth=2, qk={"random": 1.0, "saturated": 8.0}[which])
-    x = torch.rand(6, 8, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
-    with torch.no_grad():
-        return net, x, net(x).argmax(-1)
-
-
 @pytest.mark.parametrize("which,eps", [("sharp", 0.1), ("random", 0.4), ("saturated", 0.05)])
 def test_branched_margins_are_sound_and_never_worse(which, eps):
-    net, x, y = _case(which)
+    net, x, y = six_images(which)
     tn = TaylorNet(net, x, y, branch_budget=2000)  # the default's 20,000 cost minutes on the short images
     with torch.no_grad():
         plain = tn.one_pass(eps, slice(None), "taylor", refine=True)[0]
@@ -157,7 +146,7 @@ def test_branched_margins_are_sound_and_never_worse(which, eps):
 
 def test_nothing_to_branch_on_returns_the_root():
     """No margin asked, a zero budget, or a log without a ReLU: the root's bounds, unchanged."""
-    net, x, y = _case("random")
+    net, x, y = six_images("random")
     tn = TaylorNet(net, x, y)
     log: list = []
     eps = 0.4

@@ -7,28 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_taylor_net import SHARP, attacked_margins_hold, margins_hold, random_vit
+from test_taylor_net import attacked_margins_hold, margins_hold, six_images
 
-from bench.nets.accuracy import first_test_images
 from bounds.network.slopes import optimized_backward
 from bounds.network.taylor_net import TaylorNet
-from models.vit_io import load_vit
-
-
-def _case(which: str):
-    if which == "sharp":
-        net, _ = load_vit(SHARP)
-        x, y = first_test_images("digits", net, 6)
-        return net, x.double(), y
-    net = random_vit(11, depth=2, qk={"random": 1.0, "saturated": 8.0}[which])
-    x = torch.rand(6, 8, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
-    with torch.no_grad():
-        return net, x, net(x).argmax(-1)
 
 
 @pytest.mark.parametrize("which,eps", [("sharp", 0.05), ("random", 0.2), ("saturated", 0.01)])
 def test_tuned_slopes_are_sound_and_never_worse(which, eps):
-    net, x, y = _case(which)
+    net, x, y = six_images(which)
     tn = TaylorNet(net, x, y)
     with torch.no_grad():
         plain = tn.one_pass(eps, slice(None), "taylor", refine=True)[0]

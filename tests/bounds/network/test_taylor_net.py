@@ -42,6 +42,20 @@ def random_vit(seed: int, depth: int = 2, qk: float = 1.0, heads: int = 2) -> Vi
     return net
 
 
+def six_images(which: str) -> tuple[ViT, torch.Tensor, torch.Tensor]:
+    """Six images on a model with ReLUs to relax: the zoo's sharp digits ViT (``"sharp"``, its first
+    test images) or a random 2-block ViT (``"random"``; ``"saturated"``: queries and keys scaled by 8),
+    labelled by the net itself."""
+    if which == "sharp":
+        net, _ = load_vit(SHARP)
+        x, y = first_test_images("digits", net, 6)
+        return net, x.double(), y
+    net = random_vit(11, depth=2, qk={"random": 1.0, "saturated": 8.0}[which])
+    x = torch.rand(6, 8, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    with torch.no_grad():
+        return net, x, net(x).argmax(-1)
+
+
 def true_stages(net: ViT, x: torch.Tensor) -> list[torch.Tensor]:
     """Every stage's output on the images x, in the order of ``TaylorNet.stages``."""
     out, X = [], net.tokens(x)
