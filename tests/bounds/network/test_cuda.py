@@ -83,3 +83,16 @@ def test_certify_cli_on_cuda(capsys):
     assert meta["device"] == "cuda" and meta["device_name"] == torch.cuda.get_device_name(0)
     assert got["violations"] == 0
     assert set(got["certified_accuracy"]) == {"taylor_net", "lofast_M"}
+
+
+def test_branches_on_cuda_are_never_below_the_pass_and_hold_the_attack():
+    """taylor_net_bab on the GPU, the second pass's images branched together: every margin at least
+    the plain pass's there, and no image it certifies broken by the attack run there."""
+    _, again, X, y = _pair(STEMS[1])
+    tn = TaylorNet(again.cuda(), X.cuda(), y.cuda(), branch_budget=2000)
+    plain, branched = tn.certify(0.1), tn.certify(0.1, "taylor+bab")
+    finite = torch.isfinite(plain.lower)
+    assert (branched.lower[finite] >= plain.lower[finite] - 1e-6).all()
+    assert (branched.certified >= plain.certified).all()
+    rows = run_certify(again, X, y, [0.1], ["taylor_net_bab"], steps=50, restarts=4, device="cuda")
+    assert not (rows.pairwise["taylor_net_bab", 0.1] & rows.pgd_broken[0.1]).any()
