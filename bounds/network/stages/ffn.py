@@ -141,13 +141,19 @@ def relu_bounds(g: Tensor, z0: Tensor, lo: Tensor, hi: Tensor,
     unstable = ~active & ~dead
     lam = hi / torch.where(unstable, hi - lo, 1.0)
     alpha = crown_slope(lo, hi).to(g.dtype) if alpha is None else alpha.clamp(0, 1)
+    # each side's slope and offset on the units' shape, then one choice per coefficient: g [B, C, …]
+    # is C times the units' size, and a pass crosses it once per stage
+    stable = active.to(lo.dtype)
+    relu0 = torch.relu(z0)
+    s_up, s_low = torch.where(unstable, lam, stable), torch.where(unstable, alpha, stable)
+    b_up = torch.where(unstable, lam * (z0 - lo) - relu0, 0.0)
+    b_low = torch.where(unstable, alpha * z0 - relu0, 0.0)
     up = g < 0
-    s = torch.where(active, 1.0, torch.where(dead, 0.0, torch.where(up, lam, alpha)))
-    b = torch.where(unstable, torch.where(up, lam * (z0 - lo), alpha * z0) - torch.relu(z0), 0.0)
+    s, b = torch.where(up, s_up, s_low), torch.where(up, b_up, b_low)
     if phase is not None:  # relu(z) − relu(z0) = (z − z0) + (z0 − relu(z0)) on z ≥ 0, −relu(z0) on z ≤ 0
         held = phase != 0
         s = torch.where(held, (phase > 0).to(s.dtype), s)
-        b = torch.where(held, torch.where(phase > 0, z0, 0.0) - torch.relu(z0), b)
+        b = torch.where(held, torch.where(phase > 0, z0, 0.0) - relu0, b)
     return s.to(g.dtype), b
 
 
