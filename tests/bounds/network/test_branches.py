@@ -129,8 +129,11 @@ def test_each_part_bounds_the_margin_where_its_unit_keeps_its_sign():
     assert seen[1] and seen[-1], seen
 
 
-@pytest.mark.parametrize("which,eps", [("sharp", 0.1), ("random", 0.4), ("saturated", 0.05)])
-def test_branched_margins_are_sound_and_never_worse(which, eps):
+@pytest.mark.parametrize("which,eps,moves", [("sharp", 0.1, True), ("saturated", 0.01, True),
+                                            ("random", 0.3, False), ("saturated", 0.05, False)])
+def test_branched_margins_are_sound_and_never_worse(which, eps, moves):
+    """``moves``: some margin's bound rises (an image branches on its furthest-short margin first and
+    stops where that fails, so where every image is far short no bound need rise)."""
     net, x, y = six_images(which)
     tn = TaylorNet(net, x, y, branch_budget=2000)  # the default's 20,000 cost minutes on the short images
     with torch.no_grad():
@@ -139,7 +142,7 @@ def test_branched_margins_are_sound_and_never_worse(which, eps):
     finite = torch.isfinite(plain)
     # a part's bound is net of its rounding slack (1e-9 of its terms): never below the pass's beyond that
     assert (branched[finite] >= plain[finite] - 1e-6).all()
-    assert (branched[finite] > plain[finite] + 1e-6).any()  # and the branches move some margin
+    assert (branched[finite] > plain[finite] + 1e-6).any() or not moves
     lower = margins_hold(net, x, y, branched, eps, 12, 5)
     attacked_margins_hold(net, x, y, lower, eps, 40)  # an attack on each margin ends above its bound
 
@@ -156,7 +159,7 @@ def test_nothing_to_branch_on_returns_the_root():
                           dtype=torch.float64)
         root = backward(log, Lam, tn.embed, eps)[0]
         need = torch.ones_like(root, dtype=torch.bool)
-        lim = torch.full_like(root, 1e9)  # no part verifies: every part stays open
+        lim = root + 0.05 * root.abs()  # within reach of the branches (REACH)
         assert torch.equal(branch_and_bound(log, Lam, tn.embed, eps, ~need, lim, root, ROUND), root)
         assert torch.equal(branch_and_bound(log, Lam, tn.embed, eps, need, lim, root, ROUND, budget=0), root)
         assert torch.equal(branch_and_bound([], Lam, tn.embed, eps, need, lim, root, ROUND), root)
