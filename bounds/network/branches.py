@@ -76,7 +76,8 @@ def _branch(log: list, Lam: Tensor, embed: Tensor, eps: float, image: Tensor, co
     bounds [P] (at least the root's); ``at``: the indices of the records with ReLU units."""
     P, dev = len(image), Lam.device
     lim = threshold[image, col]
-    extra = torch.zeros_like(lim) if charge is None else charge[image, col]
+    # the charge with its own rounding slack, as the root's bound carries it among its magnitudes
+    extra = torch.zeros_like(lim) if charge is None else charge[image, col] * (1 + slack)
     # the open parts: their functional, the units they hold (record, unit, sign), their bounds, and
     # the unit each would split next (its costliest free one in its own pass)
     owner = torch.arange(P, device=dev)

@@ -687,7 +687,9 @@ class TaylorNet:
             back, mag = torch.where(take, tuned, back), torch.where(take, tuned_mag, mag)
         if branch:  # the margins still short, on the parts of the ball where their costliest ReLUs keep signs
             net = back - ROUND * mag
-            need = two(margins) + back <= ROUND * (scale + mag)
+            # a margin the forward set's bound verifies needs no parts (and, branched first and failed,
+            # would stop its image's other margins)
+            need = (two(margins) + back <= ROUND * (scale + mag)) & ~two(margins + lower > slack)
             parts = branch_and_bound(log_b, Lam, self.embed, eps, need, ROUND * scale - two(margins), net,
                                      ROUND, charge if torch.is_tensor(charge) else None, self.branch_budget)
             # a part's bound is already net of its rounding slack: it stands with no magnitude left
