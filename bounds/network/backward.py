@@ -19,6 +19,12 @@ from .stages.project import ProjectRecord
 STAGES = (AttentionRecord, FFNRecord, NormRecord, ProjectRecord, ScaleRecord)
 
 
+def has_relus(rec) -> bool:
+    """Whether a stage record has ReLU units (a ReLU FFN's neurons, LayerProject's radial changes): the
+    units whose slopes :mod:`bounds.network.slopes` tunes and :mod:`bounds.network.branches` splits."""
+    return isinstance(rec, ProjectRecord) or (isinstance(rec, FFNRecord) and rec.act == "relu")
+
+
 @dataclass
 class Losses:
     """What a backward bound loses where, each [B, C]: its first order, its kinks (net of the

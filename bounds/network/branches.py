@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from .backward import Losses, backward
+from .backward import Losses, backward, has_relus
 
 # the most parts one margin may bound (each a column of a backward pass): 20,000 parts of the 3-block
 # 0.88 Fashion-MNIST model cost about 18 s on one core (docs/results.md, "Branches on the kinks")
@@ -51,7 +51,7 @@ def branch_and_bound(log: list, Lam: Tensor, embed: Tensor, eps: float, need: Te
       [B, C] net bounds, each at least ``root``: where a functional was branched on, the smallest over
       its last parts of each part's bound (the larger of its own and its parents'); ``root`` elsewhere.
     """
-    at = [a for a, rec in enumerate(log) if _units(rec)]
+    at = [a for a, rec in enumerate(log) if has_relus(rec)]
     out = root.clone()
     if not need.any() or not at or budget < 1:
         return out
@@ -120,13 +120,6 @@ def _pad(held: Tensor, depth: int) -> Tensor:
     """``held`` [K, D, 3] padded to depth ``depth`` with entries of sign 0 (held nowhere)."""
     pad = held.new_zeros(held.shape[0], depth - held.shape[1], 3)
     return torch.cat([held, pad], 1)
-
-
-def _units(rec) -> bool:
-    """Whether a record has ReLU units a part can hold (a ReLU FFN, LayerProject)."""
-    from .stages.ffn import FFNRecord
-    from .stages.project import ProjectRecord
-    return isinstance(rec, ProjectRecord) or (isinstance(rec, FFNRecord) and rec.act == "relu")
 
 
 def _bound(log: list, Lam: Tensor, embed: Tensor, eps: float, slack: float, image: Tensor, col: Tensor,

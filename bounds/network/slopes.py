@@ -11,9 +11,8 @@ from dataclasses import fields, is_dataclass, replace
 import torch
 from torch import Tensor
 
-from .backward import backward
-from .stages.ffn import FFNRecord, crown_slope
-from .stages.project import ProjectRecord
+from .backward import backward, has_relus
+from .stages.ffn import crown_slope
 
 # Adam steps and their rate: on the 4-block Fashion-MNIST model (image 0, ε 0.01) 100 steps at half
 # the rate reach the same bound as these 20 (docs/results.md, "The balls as columns")
@@ -37,13 +36,9 @@ def _plain(x):
 
 def _start(rec, B: int, C: int) -> Tensor | None:
     """CROWN's lower slopes of a record's ReLUs as a [B, C, ...] tensor to tune (None: no ReLU)."""
-    if isinstance(rec, FFNRecord) and rec.act == "relu":
-        lo, hi = rec.lo, rec.hi
-    elif isinstance(rec, ProjectRecord):
-        lo, hi = rec.lo, rec.hi
-    else:
+    if not has_relus(rec):
         return None
-    alpha = crown_slope(lo, hi)[:, None]
+    alpha = crown_slope(rec.lo, rec.hi)[:, None]
     return alpha.expand(B, C, *alpha.shape[2:]).clone()
 
 
