@@ -571,7 +571,8 @@ class TaylorNet:
         att = sum((v for k, v in losses.remainders.items() if k.startswith("attention")),
                   torch.zeros_like(back))
         hopeful = (~need | (margins + back + att > ROUND * (scale + mag - att))).all(-1)
-        short = (need & hopeful[:, None]).any(0).nonzero()[:, 0]  # any image's
+        asked = need & hopeful[:, None]
+        short = asked.any(0).nonzero()[:, 0]  # any image's
         if again is None or not len(short):
             return back, mag
         more = Losses()
@@ -579,7 +580,9 @@ class TaylorNet:
         for name, charge in (beyond or {}).items():
             back2, mag2 = back2 - charge[:, short], mag2 + charge[:, short]
             more.remainders[name] = charge[:, short]
-        take = back2 - ROUND * mag2 > back[:, short] - ROUND * mag[:, short]
+        # an image takes the pass on its own short margins alone, so that its bounds do not depend on
+        # which images share its batch (the columns are any image's)
+        take = asked[:, short] & (back2 - ROUND * mag2 > back[:, short] - ROUND * mag[:, short])
         pick = lambda new, old: old.index_copy(1, short, torch.where(take, new, old[:, short]))
         losses.first_order = pick(more.first_order, losses.first_order)
         losses.kinks = pick(more.kinks, losses.kinks)

@@ -80,12 +80,13 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
     up to QUAD_LIMIT. ``core`` as in :func:`global_remainder`, ``cache`` as in
     :func:`quadratic_remainder`. ``negligible`` [B]: the quadratic remainder is computed only at the
     inputs where the others exceed it (``bounds.taylor.TaylorOptions``). ``enough`` [B]: where
-    the global bound is at most this at every input and ``quadratic`` is not True, the global bound
-    alone (the others' row quantities cost 2–3× it; ``taylor_net``'s first pass, where the remainder
+    the global bound is at most this at an input and ``quadratic`` is not True, the global bound
+    alone there (each input's value its own; the others are computed only where some input needs them) (the others' row quantities cost 2–3× it; ``taylor_net``'s first pass, where the remainder
     is negligible beside its first order: docs/bounds.md §5, "What a network certificate skips")."""
     core = xi(layer, X) if core is None else core
     glob = global_remainder(layer, X, eps, core)
-    if enough is not None and not quadratic and bool((glob.sum(-1) <= enough).all()):
+    skip = None if enough is None or quadratic else glob.sum(-1) <= enough  # [B]
+    if skip is not None and bool(skip.all()):
         return glob.sum(-1)
     rows = row_stats(layer, X, radius(eps, X)[:, None, None])  # what the three bounds share
     if spans is not None:  # each row's logit span over the deviations considered, where it is smaller
@@ -107,4 +108,6 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
             sub = ledger.value(("inputs", tuple(idx.tolist())), (X,), lambda: X[idx])
             quad = quadratic_remainder(layer, sub, radius(eps, X)[idx], ledger=ledger)
             out[idx] = torch.minimum(out[idx], quad + ROUND_ABS * glob.sum(-1)[idx])
-    return out
+    # an input whose global bound is enough keeps it, as it would alone (no input's value depends on
+    # the inputs beside it)
+    return out if skip is None else torch.where(skip, glob.sum(-1), out)

@@ -118,11 +118,16 @@ class QuadraticRemainder:
         # where that is within TERM_SLACK of it above its estimate from below (a Ritz value), else certified
         self.lower = lower = self.assemble(Estimate.BELOW, False)
         logit = clean.form  # (2‖𝒜‖)², a bounds.forms.Deferred
+        # each input by its own test (the batch only decides what is computed), so that no input's
+        # value depends on the inputs beside it
         above = 0.5 * logit.cheap.clamp_min(0).sqrt()
-        if not bool((above * r1**2 <= TERM_SLACK * lower).all()):
-            above, below = 0.5 * logit.upper.clamp_min(0).sqrt(), 0.5 * logit.below.clamp_min(0).sqrt()
-            if not bool(((above - below) * r1**2 <= TERM_SLACK * (lower + below * r1**2)).all()):
-                above = 0.5 * logit.value().clamp_min(0).sqrt()
+        done = above * r1**2 <= TERM_SLACK * lower
+        if not bool(done.all()):
+            upper, below = 0.5 * logit.upper.clamp_min(0).sqrt(), 0.5 * logit.below.clamp_min(0).sqrt()
+            close = (upper - below) * r1**2 <= TERM_SLACK * (lower + below * r1**2)
+            if not bool((done | close).all()):
+                upper = torch.where(close, upper, 0.5 * logit.value().clamp_min(0).sqrt())
+            above = torch.where(done, above, upper)
         self.logit = above
 
     def value_c(self, how: Estimate) -> Tensor:
@@ -176,16 +181,23 @@ class QuadraticRemainder:
         TERM_SLACK (rule 4)."""
         total, assemble = self.total, self.assemble
         upper = total(assemble(Estimate.ABOVE, False))
-        if bool((upper <= (1 + SPREAD_SLACK) * total(self.lower)).all()):
+        # an input stops at its own first test it passes: the batch goes on while any input is left,
+        # and the later, smaller values reach only those left (each input's value is its own)
+        done = upper <= (1 + SPREAD_SLACK) * total(self.lower)
+        if bool(done.all()):
             return upper
-        upper = torch.minimum(upper, total(assemble(Estimate.ABOVE, True)))
-        if bool((upper <= (1 + SPREAD_SLACK) * total(assemble(Estimate.BELOW, True))).all()):
+        upper = torch.where(done, upper, torch.minimum(upper, total(assemble(Estimate.ABOVE, True))))
+        done = done | (upper <= (1 + SPREAD_SLACK) * total(assemble(Estimate.BELOW, True)))
+        if bool(done.all()):
             return upper
-        upper = torch.minimum(upper, total(assemble(Estimate.CERTIFIED, True, Estimate.ABOVE)))
+        upper = torch.where(done, upper, torch.minimum(
+            upper, total(assemble(Estimate.CERTIFIED, True, Estimate.ABOVE))))
         below = total(assemble(Estimate.CERTIFIED, True, Estimate.BELOW))
-        if bool((upper <= (1 + TERM_SLACK) * below).all()):
+        done = done | (upper <= (1 + TERM_SLACK) * below)
+        if bool(done.all()):
             return upper
-        return torch.minimum(upper, total(assemble(Estimate.CERTIFIED, True, Estimate.CERTIFIED)))
+        return torch.where(done, upper, torch.minimum(
+            upper, total(assemble(Estimate.CERTIFIED, True, Estimate.CERTIFIED))))
 
 
 def _deferred(form: Deferred, how: Estimate) -> Tensor:

@@ -76,6 +76,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     (:func:`.second_order.fits`)."""
     r = S.route  # the radius LayerProject left (bounds.network.zonotope.DeviationSet.radius)
     rows = None  # the remainder per output token, where the set is known (eps)
+    rowwise = None  # [B]: the images whose remainder the rows bound (the others' rows are the whole)
     along = None  # its rows' factors, for the remainder along a backward pass's functionals
     parts = attention_parts(layer, X)
     N = X.shape[-2] * X.shape[-1]
@@ -125,6 +126,10 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
                          cache=None if cache is None else cache.forms, enough=enough,
                          ledger=ledger, spans=None if box is None else spans)
         if box is not None and bool((rest > enough).any()):  # the rows' own bound on the set (§5.1)
+            # on the images whose remainder is above negligible alone: an image below it keeps its
+            # remainder whole, as it would in a batch of its own, so that no bound depends on its batch
+            rowwise = rest > enough  # [B]
+            plain = rest
             whole, rows = set_remainder(layer, parts, box, r, own, spread)
             rest = torch.minimum(rest, whole)
             # each output token's share, for functionals that read a few tokens (§5.1)
@@ -138,6 +143,8 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
                 rows = torch.minimum(rows, second_order_rows(S, layer, parts, eps, box, readings, own))
             # ‖R‖_F² = Σ_t ‖R_t‖²: the rows' bounds bound the whole too (their root's rounding: 1e-12)
             rest = torch.minimum(rest, rows.norm(dim=-1) * (1 + 1e-12))
+            rest = torch.where(rowwise, rest, plain)
+            rows = torch.where(rowwise[:, None], rows, plain[:, None])  # a whole remainder at every token
     blocks = None  # the d×d blocks' norms, which E's per-token bounds cross (of X alone: kept)
     if S.tok is not None and split == "taylor" and N <= NORM_J:
         if cache is None:
@@ -149,7 +156,8 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
     out = replace(out, rho=S.rho * bound[:, None], route=bound * r + rest,
                   tok=mix_tokens(layer, parts, blocks, S.tok, split))
     if log is not None:
-        log.append(AttentionRecord(f"attention{k}", layer, X, J, rest, parts, split, rows, along, r))
+        log.append(AttentionRecord(f"attention{k}", layer, X, J, rest, parts, split, rows, along, r,
+                                   rowwise=rowwise))
     return out.add_ball(f"attention{k}", rest, rows)
 
 
@@ -365,6 +373,8 @@ class AttentionRecord:
     # second pass's margins that its backward pass leaves short, as a Hessian per functional costs more
     # than the rest of a backward step
     curved: bool = False
+    # [B]: the images whose remainder the rows bound; ``along`` serves those alone (None: every image)
+    rowwise: Tensor | None = None
 
     def step(self, Lam: Tensor) -> Step:
         """Λ ↦ JᵀΛ (or Δ₁ᵀΛ for LoFAST's split), the remainder charged at ‖Λ‖_F·ρ, or at Σ_t ‖Λ_t‖ρ_t
@@ -374,13 +384,16 @@ class AttentionRecord:
         if self.rows is not None:
             charge = torch.minimum(charge, (Lam.norm(dim=-1) * self.rows[:, None]).sum(-1) * (1 + 1e-12))
         if self.along is not None:  # each row's bound along its own Λ_i (docs/bounds.md §5.1)
+            # on the images the rows bound (an image alone in its batch would have none)
+            mine = (lambda v: v) if self.rowwise is None else (
+                lambda v: torch.where(self.rowwise[:, None], v, torch.inf))
             rows = functional_rows(self.layer, self.X, *self.along, Lam)
-            charge = torch.minimum(charge, rows.sum(-1) * (1 + 1e-12))
+            charge = torch.minimum(charge, mine(rows.sum(-1) * (1 + 1e-12)))
             if self.curved and Lam.shape[1] <= CURVED_MAX:
                 # the second order exactly along Λ, the rest row by row (docs/bounds.md §5.1)
                 second = 0.5 * negative_curvature(self.layer, self.X, Lam) * self.radius[:, None] ** 2
                 beyond = functional_beyond(self.layer, self.X, *self.along, Lam).sum(-1)
-                charge = torch.minimum(charge, (second + beyond) * (1 + 1e-12))
+                charge = torch.minimum(charge, mine((second + beyond) * (1 + 1e-12)))
         if self.split == "taylor":
             moved = transpose_apply(self.layer, self.X, self.J, Lam, self.parts)
         else:
