@@ -160,8 +160,9 @@ class QuadraticRemainder:
         if mode is Estimate.CERTIFIED:
             value_pairs(layer, clean, r1, self.cs_upper, self.shared_upper, lazy=True)
         bilinear, value3, pair = clean.pair_values(r1)
-        if mode is Estimate.BELOW:
-            value3 = torch.where(clean.covered(), value3, clean.value3_below)
+        if mode is Estimate.BELOW:  # a pair that covers ‖𝓑₂‖ can still be above the form certified
+            # alone (the certified assembly's lazy pair): the estimate from below is below either
+            value3 = torch.minimum(value3, clean.value3_below)
         # the value term: Cauchy–Schwarz (√(cΛ)) or the bilinear form itself (‖𝓑‖), the smaller
         second = torch.minimum(cv.sqrt() * clean.spread, bilinear) * r1**2
         apart, paired = self.cubic(spread, shared, cubic_sq.sqrt(), value3, pair, small)
