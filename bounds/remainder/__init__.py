@@ -81,8 +81,10 @@ def remainder(layer: DotMHA, X: Tensor, eps, core: Tensor | None = None,
     :func:`quadratic_remainder`. ``negligible`` [B]: the quadratic remainder is computed only at the
     inputs where the others exceed it (``bounds.taylor.TaylorOptions``). ``enough`` [B]: where
     the global bound is at most this at an input and ``quadratic`` is not True, the global bound
-    alone there (each input's value its own; the others are computed only where some input needs them) (the others' row quantities cost 2–3× it; ``taylor_net``'s first pass, where the remainder
-    is negligible beside its first order: docs/bounds.md §5, "What a network certificate skips")."""
+    alone there (the others' row quantities cost 2–3× it, and are computed only where some input
+    needs them; each input's value is the one it gets alone; ``taylor_net``'s first pass, where the
+    remainder is negligible beside its first order: docs/bounds.md §5, "What a network certificate
+    skips")."""
     core = xi(layer, X) if core is None else core
     glob = global_remainder(layer, X, eps, core)
     skip = None if enough is None or quadratic else glob.sum(-1) <= enough  # [B]
