@@ -732,3 +732,19 @@ def test_an_overflowed_krylov_space_estimates_zero_and_does_not_raise():
     start[..., 1] = torch.arange(6.0)
     top = ritz_below(lambda Q: scale * (M @ Q), start, 3)
     assert float(top[1]) == 0.0 and 0 < float(top[0]) <= 6.0 + 1e-9
+
+
+@pytest.mark.parametrize("case", range(len(CASES + WIDE)))
+def test_each_inputs_quadratic_remainder_is_its_own(case):
+    """quadratic_remainder on a batch of two inputs against each input alone: the same values (to the
+    rounding of batched eigenproblems), finite at the same inputs. Each input stops at its own slack
+    test (docs/bounds.md §2.3.4, rule 1); a batch-wide stop gave an input beside a harder one the
+    harder one's later, smaller assembly."""
+    n, d, h, w, xn, r, bias = (CASES + WIDE)[case]
+    layer = random_dot(d, h, seed=case, q_norm=w, k_norm=w, bias_norm=bias)
+    X = _case(n, d, h, w, xn, case)
+    both = quadratic_remainder(layer, X, r)
+    apart = torch.cat([quadratic_remainder(layer, X[i:i + 1], r) for i in range(X.shape[0])])
+    assert torch.equal(torch.isfinite(both), torch.isfinite(apart))
+    finite = torch.isfinite(both)
+    torch.testing.assert_close(both[finite], apart[finite], rtol=1e-8, atol=0)
