@@ -1,0 +1,145 @@
+"""Block k's LayerProject on one test image (docs/results.md, "Accurate ViTs", "Where the slack lives at
+ε 0.1"): what the second pass's last backward pass charges for its errors along each margin's
+functional Λ, against an attack on the true error along the same Λ, ⟨Λ, p(X + Δ) − p(X) − JΔ⟩ with Δ
+the true deviation of the block's input over ‖δ‖ ≤ ε (both signs: the one that lowers the margin is
+what the charge pays for). Also the token radii of the set entering it against an attack on each
+token's true deviation. A lower bound from an attack, never a certificate.
+
+    python tools/project_along.py zoo/digits-d32-b2-h2-c0.5-q1.safetensors --dataset digits \\
+        --eps 0.1 --image 15 --block 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import contextmanager
+
+import torch
+from radius_attack import attack  # this script's folder is on the path when run as a script
+
+from bench.nets.accuracy import load_model
+from bounds.network.stages.project import ProjectRecord
+from bounds.network.taylor_net import TaylorNet
+from models import InputError, check_eps
+from models.data import load_dataset
+from models.vit import layer_project
+
+
+def ascend(f, eps: float, starts: list[torch.Tensor], steps: int) -> float:
+    """The largest f(δ) found over ‖δ‖ ≤ ε by normalised gradient steps of ε/10, projected, from each
+    start; with :func:`attack`'s Adam the larger of the two is reported (neither is the stronger on
+    every quantity here)."""
+    best = 0.0
+    for start in starts:
+        d = start.clone().requires_grad_(True)
+        for _ in range(steps):
+            value = f(d)
+            best = max(best, float(value.detach()))
+            (g,) = torch.autograd.grad(value, d)
+            with torch.no_grad():
+                d += 0.1 * eps * g / g.norm().clamp_min(torch.finfo(g.dtype).tiny)
+                d.mul_(torch.clamp(eps / d.norm(), max=1.0))
+    return best
+
+
+def strongest(f, eps: float, starts: list[torch.Tensor], steps: int) -> float:
+    """The larger of the two attacks' values."""
+    return max(attack(f, eps, starts, steps), ascend(f, eps, starts, steps))
+
+
+@contextmanager
+def charges_of(name: str, out: list):
+    """Every (Λ, charge) the backward passes give the record ``name`` while the block runs: the step is
+    wrapped for the pass alone, so the tool reads what the certificate pays without a second code path."""
+    step = ProjectRecord.step
+
+    def wrapped(self, Lam, alpha=None, phase=None):
+        result = step(self, Lam, alpha, phase)
+        if self.name == name:
+            out.append((Lam.detach().clone(), result.charge.detach().clone()))
+        return result
+
+    ProjectRecord.step = wrapped
+    try:
+        yield
+    finally:
+        ProjectRecord.step = step
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("--dataset", default="digits")
+    p.add_argument("--eps", type=float, default=0.1)
+    p.add_argument("--image", type=int, default=0)
+    p.add_argument("--block", type=int, default=1)
+    p.add_argument("--steps", type=int, default=100)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    try:  # what needs no work first: ε and the steps, then the model, the data and the indices
+        check_eps(a.eps)
+        if a.steps < 1:
+            raise InputError(f"--steps must be at least 1, got {a.steps}")
+        net = load_model(a.model)[0].double().eval().requires_grad_(False)
+        _, _, images, labels = load_dataset(a.dataset)
+        if not 0 <= a.image < len(labels):
+            raise InputError(f"--image must be an index below {len(labels)}, got {a.image}")
+        if not 0 <= a.block < len(net.blocks):
+            raise InputError(f"--block must be below the model's {len(net.blocks)} blocks, got {a.block}")
+        if net.blocks[a.block].R is None:
+            raise InputError(f"block {a.block} has no LayerProject (a {net.cfg.variant} block)")
+    except InputError as e:
+        print(f"error: {e}".replace("\n", " "), file=sys.stderr)
+        sys.exit(2)
+    x, y, k, eps = images[a.image:a.image + 1].double(), labels[a.image:a.image + 1], a.block, a.eps
+    tn = TaylorNet(net, x, y)
+    seen: list = []
+    with charges_of(f"project{k}", seen):
+        low = tn.one_pass(eps, slice(None), "taylor", refine=True)[0]
+    if not seen:
+        print(f"{a.model} image {a.image}: no backward pass reached project{k} (the pass stopped before)")
+        return
+    Lam, charge = seen[-1]  # the margins' last backward pass
+    R = net.cfg.R
+
+    def raw(z: torch.Tensor) -> torch.Tensor:  # block k's input before LayerProject
+        X = net.tokens(z)
+        for block in net.blocks[:k]:
+            X = block(X)
+        return X[0]
+
+    clean = raw(x)
+    p0 = layer_project(clean, R)
+    J = torch.func.vmap(torch.func.jacrev(lambda t: layer_project(t, R)))(clean)  # [n, d, d] per token
+
+    def error(d: torch.Tensor) -> torch.Tensor:
+        D = raw(x + d) - clean
+        return layer_project(clean + D, R) - p0 - torch.einsum("nde,ne->nd", J, D)
+
+    Jx = torch.autograd.functional.jacobian(lambda z: raw(z).flatten(), x)
+    v = torch.linalg.svd(Jx.reshape(-1, x.numel())).Vh[0].reshape(x.shape)
+    starts = [eps * v, -eps * v] + [eps * (g := torch.randn_like(x)) / g.norm() for _ in range(4)]
+    others = [j for j in range(low.shape[1]) if j != int(y[0])]
+    print(f"{a.model} image {a.image}, ε {eps}, project{k} (R = {R}):")
+    print("  margin  charged  attacked: lowering  raising")
+    for c, j in enumerate(others):
+        L = Lam[0, c]
+        down = strongest(lambda d, L=L: -(L * error(d)).sum(), eps, starts, a.steps)
+        up = strongest(lambda d, L=L: (L * error(d)).sum(), eps, starts, a.steps)
+        print(f"  {y[0].item()}−{j}  {float(charge[0, c]):8.4g}  {down:10.4g}  {up:8.4g}")
+    print("  token radii entering it (the set's, then an attack on each token's true deviation):")
+    stages = tn.stages(eps, slice(None), [], refine=True, refuse=False)
+    names = [name for name, _, _ in stages]
+    at = names.index(f"project{k}")
+    if at:  # the set the stage reads (block 0's is the pixels' ball through the embedding)
+        radii = stages[at - 1][1].token_radii(eps)[0]
+        for t in range(clean.shape[0]):
+            reached = strongest(lambda d, t=t: (raw(x + d)[t] - clean[t]).norm(), eps, starts, a.steps)
+            norm = float(clean[t].norm())
+            print(f"  token {t:2d}: {float(radii[t]):.4g}  {reached:.4g}  (‖x_t‖ {norm:.4g})")
+
+
+if __name__ == "__main__":
+    main()
