@@ -26,28 +26,6 @@ from models.data import load_dataset
 from models.vit import layer_project
 
 
-def ascend(f, eps: float, starts: list[torch.Tensor], steps: int) -> float:
-    """The largest f(δ) found over ‖δ‖ ≤ ε by normalised gradient steps of ε/10, projected, from each
-    start; with :func:`attack`'s Adam the larger of the two is reported (neither is the stronger on
-    every quantity here)."""
-    best = 0.0
-    for start in starts:
-        d = start.clone().requires_grad_(True)
-        for _ in range(steps):
-            value = f(d)
-            best = max(best, float(value.detach()))
-            (g,) = torch.autograd.grad(value, d)
-            with torch.no_grad():
-                d += 0.1 * eps * g / g.norm().clamp_min(torch.finfo(g.dtype).tiny)
-                d.mul_(torch.clamp(eps / d.norm(), max=1.0))
-    return best
-
-
-def strongest(f, eps: float, starts: list[torch.Tensor], steps: int) -> float:
-    """The larger of the two attacks' values."""
-    return max(attack(f, eps, starts, steps), ascend(f, eps, starts, steps))
-
-
 @contextmanager
 def charges_of(name: str, out: list):
     """Every (Λ, charge) the backward passes give the record ``name`` while the block runs: the step is
@@ -126,8 +104,8 @@ def main() -> None:
     print("  margin  charged  attacked: lowering  raising")
     for c, j in enumerate(others):
         L = Lam[0, c]
-        down = strongest(lambda d, L=L: -(L * error(d)).sum(), eps, starts, a.steps)
-        up = strongest(lambda d, L=L: (L * error(d)).sum(), eps, starts, a.steps)
+        down = attack(lambda d, L=L: -(L * error(d)).sum(), eps, starts, a.steps)
+        up = attack(lambda d, L=L: (L * error(d)).sum(), eps, starts, a.steps)
         print(f"  {y[0].item()}−{j}  {float(charge[0, c]):8.4g}  {down:10.4g}  {up:8.4g}")
     print("  token radii entering it (the set's, then an attack on each token's true deviation):")
     stages = tn.stages(eps, slice(None), [], refine=True, refuse=False)
@@ -136,7 +114,7 @@ def main() -> None:
     if at:  # the set the stage reads (block 0's is the pixels' ball through the embedding)
         radii = stages[at - 1][1].token_radii(eps)[0]
         for t in range(clean.shape[0]):
-            reached = strongest(lambda d, t=t: (raw(x + d)[t] - clean[t]).norm(), eps, starts, a.steps)
+            reached = attack(lambda d, t=t: (raw(x + d)[t] - clean[t]).norm(), eps, starts, a.steps)
             norm = float(clean[t].norm())
             print(f"  token {t:2d}: {float(radii[t]):.4g}  {reached:.4g}  (‖x_t‖ {norm:.4g})")
 

@@ -1,10 +1,11 @@
 """Block k's attention on one test image (docs/results.md, "Accurate ViTs"): taylor_net's radius of the
 set entering it (second pass) and its parts, and the remainder bound it pays there, against an attack on
 the true deviation ‖X_k(x + δ) − X_k(x)‖ and on the true remainder ‖F(X_k + Δ) − F(X_k) − JΔ‖ over
-‖δ‖ ≤ ε (Adam, projected, from ±ε along the top singular vector of the input-to-X_k Jacobian and from
-random starts), §2.3's remainder on the plain ball at both radii, and an attack on the true remainder
-over the plain ball of the set's radius. Says which of the three, the radius, the set's shape or the
-remainder's constant, a bound loses to. A lower bound from an attack, never a certificate.
+‖δ‖ ≤ ε (projected Adam and normalised gradient steps, from ±ε along the top singular vector of the
+input-to-X_k Jacobian and from random starts), §2.3's remainder on the plain ball at both radii, and
+an attack on the true remainder over the plain ball of the set's radius. Says which of the three, the
+radius, the set's shape or the remainder's constant, a bound loses to. A lower bound from an attack,
+never a certificate.
 
     python tools/radius_attack.py zoo/digits-d32-b3-h2-c0.5-q2.safetensors --dataset digits \\
         --eps 0.05 --image 15 --block 2
@@ -26,8 +27,8 @@ from models.data import load_dataset
 from models.structured import dot_jacobian
 
 
-def attack(f, eps: float, starts: list[torch.Tensor], steps: int) -> float:
-    """The largest f(δ) found over ‖δ‖ ≤ ε by projected Adam from each start."""
+def adam(f, eps: float, starts: list[torch.Tensor], steps: int) -> float:
+    """The largest f(δ) found over ‖δ‖ ≤ ε by projected Adam (step ε/50) from each start."""
     best = 0.0
     for start in starts:
         d = start.clone().requires_grad_(True)
@@ -41,6 +42,28 @@ def attack(f, eps: float, starts: list[torch.Tensor], steps: int) -> float:
             with torch.no_grad():
                 d.mul_(torch.clamp(eps / d.norm(), max=1.0))
     return best
+
+
+def ascend(f, eps: float, starts: list[torch.Tensor], steps: int) -> float:
+    """The largest f(δ) found over ‖δ‖ ≤ ε by normalised gradient steps of ε/10, projected, from each
+    start: it crosses the ball in ten steps where Adam's ε/50 creeps (on the BatchNorm ViT's block 0
+    at ε 0.05 it finds a true remainder of 1.70 on the set where Adam stopped at 0.41)."""
+    best = 0.0
+    for start in starts:
+        d = start.clone().requires_grad_(True)
+        for _ in range(steps):
+            value = f(d)
+            best = max(best, float(value.detach()))
+            (g,) = torch.autograd.grad(value, d)
+            with torch.no_grad():
+                d += 0.1 * eps * g / g.norm().clamp_min(torch.finfo(g.dtype).tiny)
+                d.mul_(torch.clamp(eps / d.norm(), max=1.0))
+    return best
+
+
+def attack(f, eps: float, starts: list[torch.Tensor], steps: int) -> float:
+    """The larger of :func:`adam`'s and :func:`ascend`'s values: neither is the stronger everywhere."""
+    return max(adam(f, eps, starts, steps), ascend(f, eps, starts, steps))
 
 
 def main() -> None:
