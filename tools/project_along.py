@@ -11,18 +11,14 @@ token's true deviation. A lower bound from an attack, never a certificate.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from contextlib import contextmanager
 
 import torch
-from radius_attack import attack  # this script's folder is on the path when run as a script
+from radius_attack import attack, case, starts  # this script's folder is on the path as a script
 
-from bench.nets.accuracy import load_model
 from bounds.network.stages.project import ProjectRecord
 from bounds.network.taylor_net import TaylorNet
-from models import InputError, check_eps
-from models.data import load_dataset
+from models import InputError
 from models.vit import layer_project
 
 
@@ -46,31 +42,11 @@ def charges_of(name: str, out: list):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("model")
-    p.add_argument("--dataset", default="digits")
-    p.add_argument("--eps", type=float, default=0.1)
-    p.add_argument("--image", type=int, default=0)
-    p.add_argument("--block", type=int, default=1)
-    p.add_argument("--steps", type=int, default=100)
-    a = p.parse_args()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    try:  # what needs no work first: ε and the steps, then the model, the data and the indices
-        check_eps(a.eps)
-        if a.steps < 1:
-            raise InputError(f"--steps must be at least 1, got {a.steps}")
-        net = load_model(a.model)[0].double().eval().requires_grad_(False)
-        _, _, images, labels = load_dataset(a.dataset)
-        if not 0 <= a.image < len(labels):
-            raise InputError(f"--image must be an index below {len(labels)}, got {a.image}")
-        if not 0 <= a.block < len(net.blocks):
-            raise InputError(f"--block must be below the model's {len(net.blocks)} blocks, got {a.block}")
+    def has_project(net, a) -> None:
         if net.blocks[a.block].R is None:
             raise InputError(f"block {a.block} has no LayerProject (a {net.cfg.variant} block)")
-    except InputError as e:
-        print(f"error: {e}".replace("\n", " "), file=sys.stderr)
-        sys.exit(2)
+
+    a, net, images, labels = case(__doc__.splitlines()[0], eps=0.1, block=1, steps=100, check=has_project)
     x, y, k, eps = images[a.image:a.image + 1].double(), labels[a.image:a.image + 1], a.block, a.eps
     tn = TaylorNet(net, x, y)
     seen: list = []
@@ -96,16 +72,14 @@ def main() -> None:
         D = raw(x + d) - clean
         return layer_project(clean + D, R) - p0 - torch.einsum("nde,ne->nd", J, D)
 
-    Jx = torch.autograd.functional.jacobian(lambda z: raw(z).flatten(), x)
-    v = torch.linalg.svd(Jx.reshape(-1, x.numel())).Vh[0].reshape(x.shape)
-    starts = [eps * v, -eps * v] + [eps * (g := torch.randn_like(x)) / g.norm() for _ in range(4)]
+    begin = starts(raw, x, eps, 4)[0]
     others = [j for j in range(low.shape[1]) if j != int(y[0])]
     print(f"{a.model} image {a.image}, ε {eps}, project{k} (R = {R}):")
     print("  margin  charged  attacked: lowering  raising")
     for c, j in enumerate(others):
         L = Lam[0, c]
-        down = attack(lambda d, L=L: -(L * error(d)).sum(), eps, starts, a.steps)
-        up = attack(lambda d, L=L: (L * error(d)).sum(), eps, starts, a.steps)
+        down = attack(lambda d, L=L: -(L * error(d)).sum(), eps, begin, a.steps)
+        up = attack(lambda d, L=L: (L * error(d)).sum(), eps, begin, a.steps)
         print(f"  {y[0].item()}−{j}  {float(charge[0, c]):8.4g}  {down:10.4g}  {up:8.4g}")
     print("  token radii entering it (the set's, then an attack on each token's true deviation):")
     stages = tn.stages(eps, slice(None), [], refine=True, refuse=False)
@@ -114,7 +88,7 @@ def main() -> None:
     if at:  # the set the stage reads (block 0's is the pixels' ball through the embedding)
         radii = stages[at - 1][1].token_radii(eps)[0]
         for t in range(clean.shape[0]):
-            reached = attack(lambda d, t=t: (raw(x + d)[t] - clean[t]).norm(), eps, starts, a.steps)
+            reached = attack(lambda d, t=t: (raw(x + d)[t] - clean[t]).norm(), eps, begin, a.steps)
             norm = float(clean[t].norm())
             print(f"  token {t:2d}: {float(radii[t]):.4g}  {reached:.4g}  (‖x_t‖ {norm:.4g})")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -66,18 +67,23 @@ def attack(f, eps: float, starts: list[torch.Tensor], steps: int) -> float:
     return max(adam(f, eps, starts, steps), ascend(f, eps, starts, steps))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def case(description: str, eps: float, block: int, steps: int, check: Callable | None = None
+         ) -> tuple[argparse.Namespace, torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """The tools' shared arguments (a model, its dataset, ε, a test image, a block, the attack's steps)
+    with these defaults, each checked before any work (ε and the steps, then the model, the data and the
+    indices; ``check(net, args)`` may refuse more): one ``error:`` line and exit 2 on a bad one. Returns
+    the arguments, the model in float64 and the dataset's test images and labels; one thread, seed 0."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("model")
     p.add_argument("--dataset", default="digits")
-    p.add_argument("--eps", type=float, default=0.05)
+    p.add_argument("--eps", type=float, default=eps)
     p.add_argument("--image", type=int, default=0)
-    p.add_argument("--block", type=int, default=0)
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--block", type=int, default=block)
+    p.add_argument("--steps", type=int, default=steps)
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    try:  # what needs no work first: ε and the steps, then the model, the data and the indices
+    try:
         check_eps(a.eps)
         if a.steps < 1:
             raise InputError(f"--steps must be at least 1, got {a.steps}")
@@ -87,9 +93,27 @@ def main() -> None:
             raise InputError(f"--image must be an index below {len(labels)}, got {a.image}")
         if not 0 <= a.block < len(net.blocks):
             raise InputError(f"--block must be below the model's {len(net.blocks)} blocks, got {a.block}")
+        if check is not None:
+            check(net, a)
     except InputError as e:
         print(f"error: {e}".replace("\n", " "), file=sys.stderr)
         sys.exit(2)
+    return a, net, images, labels
+
+
+def starts(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, eps: float,
+           randoms: int) -> tuple[list[torch.Tensor], float]:
+    """The attacks' starts on the ball ‖δ‖ ≤ ε around x: ±ε along the top right singular vector of the
+    Jacobian of f (a map of the image) at x, and ``randoms`` random directions; with ‖J_f(x)‖₂."""
+    J = torch.autograd.functional.jacobian(lambda z: f(z).flatten(), x)
+    _, sigma, Vh = torch.linalg.svd(J.reshape(-1, x.numel()))
+    v = Vh[0].reshape(x.shape)
+    return [eps * v, -eps * v] + [eps * (g := torch.randn_like(x)) / g.norm() for _ in range(randoms)], \
+        float(sigma[0])
+
+
+def main() -> None:
+    a, net, images, labels = case(__doc__.splitlines()[0], eps=0.05, block=0, steps=150)
     x, k, eps = images[a.image:a.image + 1].double(), a.block, a.eps
     tn = TaylorNet(net, x, labels[a.image:a.image + 1])
     log: list = []
@@ -109,15 +133,12 @@ def main() -> None:
         D = deviation(d)
         return (layer.forward(clean + D) - out0 - (J @ D.flatten()).reshape(D.shape)).norm()
 
-    Jx = torch.autograd.functional.jacobian(lambda z: net.trace(z).inputs[k].flatten(), x)
-    _, sigma, Vh = torch.linalg.svd(Jx.reshape(-1, x.numel()))  # its top pair: ε‖J_x‖₂ and a start
-    v = Vh[0].reshape(x.shape)
-    starts = [eps * v, -eps * v] + [eps * (g := torch.randn_like(x)) / g.norm() for _ in range(2)]
-    radius = attack(lambda d: deviation(d).norm(), eps, starts, a.steps)
-    rest = attack(true_remainder, eps, starts, a.steps)
+    begin, top = starts(lambda z: net.trace(z).inputs[k], x, eps, 2)
+    radius = attack(lambda d: deviation(d).norm(), eps, begin, a.steps)
+    rest = attack(true_remainder, eps, begin, a.steps)
     B, n, d, P = S.G.shape
     G = S.G.reshape(B, n * d, P)
-    linear = eps * float(sigma[0])
+    linear = eps * top
     first = float(eps * top_norm(G.mT @ G if P <= n * d else G @ G.mT)[0])
     print(f"{a.model} image {a.image}, ε {eps}, attention{k}:")
     print(f"  radius: the set's {float(S.radius(eps)[0]):.4g} (route {float(S.route[0]):.4g}); "
@@ -138,9 +159,9 @@ def main() -> None:
     def on_ball(D: torch.Tensor) -> torch.Tensor:
         return (layer.forward(clean + D) - out0 - (J @ D.flatten()).reshape(D.shape)).norm()
 
-    starts = [r * (g := torch.randn_like(clean)) / g.norm() for _ in range(4)]
+    plain = [r * (g := torch.randn_like(clean)) / g.norm() for _ in range(4)]
     print(f"  an attack on the true remainder over the plain ball of radius {r:.4g}: "
-          f"{attack(on_ball, r, starts, a.steps):.4g}")
+          f"{attack(on_ball, r, plain, a.steps):.4g}")
 
 
 if __name__ == "__main__":
