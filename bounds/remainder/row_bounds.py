@@ -208,13 +208,15 @@ def weighted_x(layer: DotMHA, rows: RowStats, spread: Spread, w: Tensor, r: Tens
 class RowFactors:
     """What :func:`row_remainders` bounds each row with, apart from the values' spread (docs/bounds.md
     §5.1, "Attention's remainder along a functional"), each [B, h, n]: ``s`` ≥ the span of the row's
-    logit change, ``sq`` ≥ std_p(q_i), ``su`` ≥ std_p(u_i) (u = δ + q), and ``keys`` with
-    std_{p_i}(Γ_k w) ≤ keys_i·‖w‖ over the deviations considered, for every fixed d-vector w."""
+    logit change, ``sq`` ≥ std_p(q_i), ``su`` ≥ std_p(u_i) (u = δ + q), ``keys`` with
+    std_{p_i}(Γ_k w) ≤ keys_i·‖w‖ over the deviations considered, for every fixed d-vector w, and
+    ``reach`` ≥ max_{j≠k} ‖Γ_j‖ + ‖Γ_k‖ over them (the same at every head and row)."""
 
     s: Tensor
     sq: Tensor
     su: Tensor
     keys: Tensor
+    reach: Tensor
 
 
 def row_factors(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None,
@@ -240,7 +242,13 @@ def row_factors(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None
         keys = torch.minimum(keys, own_keys * (1 + ROUND_REL))
     sq = rows.A[None, :, None] * g * keys / math.sqrt(layer.d_h)
     su = sd + sq  # ≥ std_p(u), u = δ + q
-    return rows, RowFactors(s, sq, su, keys.expand_as(su)), v
+    # the two largest keys' radii together, at most √2·r (‖Γ_j‖² + ‖Γ_k‖² ≤ r²): the span of Γ_k w over
+    # the keys is at most reach·‖w‖
+    reach = math.sqrt(2) * rr
+    if own is not None:
+        reach = torch.minimum(reach, g.topk(min(2, g.shape[-1]), dim=-1).values.sum(-1, keepdim=True))
+    reach = reach.expand_as(su)  # [B, h, n]
+    return rows, RowFactors(s, sq, su, keys.expand_as(su), reach), v
 
 
 def row_remainders(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None,
@@ -277,7 +285,10 @@ def functional_rows(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam
     functional"): :func:`row_remainders`' row bound with the values X C_l read along Λ_i, σ_i(Λ_i) =
     std_{p_i}(X C_l Λ_i) and diam(X C_l Λ_i) in place of σ_i‖Λ_i‖ and diam(X C_l)‖Λ_i‖, and keys_i‖C_lΛ_i‖
     in place of v_i‖Λ_i‖. Each is at most its counterpart, so the bound never exceeds ‖Λ_i‖ times the
-    row's; it is far below where Λ_i reads directions the values barely spread along."""
+    row's; it is far below where Λ_i reads directions the values barely spread along. Each head and
+    row pays the smaller of that and the same row's first-order form (docs/bounds.md §5.1, "at large
+    logit spans"): min(1, s/4)·(span(X C_l Λ_i) + reach·‖C_lΛ_i‖) + std(u)·σ_i(Λ_i), which does not
+    grow with e^s."""
     V = torch.einsum("bnd,hde->bhne", X, layer.W_v)  # [B, h, k, e]
     # ‖C_l Λ_i‖ = ‖W^V_l (W^O_l Λ_i)‖ = ‖R_l W^O_l Λ_i‖ with W^V_l = Q_l R_l: d_h-wide
     Rv = torch.linalg.qr(layer.W_v, mode="r").R  # [h, e, e]
@@ -327,6 +338,11 @@ def _along(layer: DotMHA, rows: RowStats, f: RowFactors, V: Tensor, Rv: Tensor, 
     else:
         logits = torch.minimum(sigma * curve_g2(s) * su, curve_h2(s) * diam * su.square())
         per = sigma * sq + logits + f.keys[:, None] * along * curve_g1(s) * su
+        # the first-order form: the attention's change along Λ_i and its linear part, each on its own
+        # (p' − p holds the span of Yλ and of ΓC_lλ to a quarter of s times it, or to all of it);
+        # where s is a few units, e^s makes the form above the larger (the BatchNorm ViT's block 1)
+        first = torch.clamp(s / 4, max=1) * (diam + f.reach[:, None] * along) + su * sigma
+        per = torch.fmin(per, first)  # where e^s overflowed (∞·0: NaN), the first-order form alone
     # a row Λ_i = 0 reads nothing, even where e^s overflowed (0·∞ would be NaN, read as ∞)
     per = torch.where((Lam != 0).any(-1)[:, :, None], per, 0.0)
     return nan_inf(per.sum(2) * (1 + ROUND_REL))

@@ -225,15 +225,21 @@ def test_the_remainder_along_a_functional_holds_the_true_deviations_and_never_ex
     assert below_rows
 
 
-@pytest.mark.parametrize("kind,seed,qk,eps", [("project", 15, 2.0, 0.05), ("layer", 16, 1.0, 0.02)])
-def test_the_remainder_along_a_functional_reads_the_values_as_a_dense_construction_does(kind, seed, qk, eps):
+# (norm, seed, q/k scale, ε, whether the first-order form is the smaller at some head and row): soft
+# attention pays the second-order form everywhere; saturated attention (q/k sharp, ε large) the first
+@pytest.mark.parametrize("kind,seed,qk,eps,saturated", [("project", 15, 2.0, 0.05, False),
+                                                        ("layer", 16, 1.0, 0.02, False),
+                                                        ("batch", 17, 8.0, 0.1, True)])
+def test_the_remainder_along_a_functional_reads_the_values_as_a_dense_construction_does(kind, seed, qk, eps,
+                                                                                       saturated):
     """functional_rows against the same row bound assembled from dense float64 quantities (C_l = W^V_l W^O_l
     formed, σ_i(λ) from pairwise differences, ‖C_lλ‖ and the span of X C_l λ directly), each head and row
-    apart, to 1e-9."""
+    apart the smaller of its second-order and first-order forms, to 1e-9."""
     from bounds.remainder.row_bounds import curve_g1, curve_g2, curve_h2
 
     tn, stages, clean, before = staged(kind, seed, qk, eps)
     gen = torch.Generator().manual_seed(seed)
+    took_first = False
     with torch.no_grad():
         for k, layer in enumerate(tn.layers):
             S, X = stages[f"{before}{k}"], clean[k]
@@ -251,8 +257,17 @@ def test_the_remainder_along_a_functional_reads_the_values_as_a_dense_constructi
                     span = yk.max() - yk.min()
                     logits = torch.minimum(sigma * curve_g2(s) * su, curve_h2(s) * span * su**2)
                     keys = f.keys[b, head, i] * (C @ lam).norm()
-                    want[b, c, i] += sigma * sq + logits + keys * curve_g1(s) * su
+                    second = sigma * sq + logits + keys * curve_g1(s) * su
+                    # the first-order form: ‖Γ_j‖ + ‖Γ_k‖ ≤ the two largest token radii (and ≤ √2 times
+                    # the ball's radius)
+                    radii = torch.minimum(S.token_radii(eps)[b], S.route[b]).sort(descending=True).values
+                    reach = min(float(radii[:2].sum()), math.sqrt(2) * float(S.route[b]))
+                    first = min(float(s) / 4, 1.0) * (span + reach * (C @ lam).norm()) + su * sigma
+                    # where e^s overflows the second-order form is ∞·0 (NaN): the first-order form alone
+                    want[b, c, i] += torch.fmin(second, first)
+                    took_first = took_first or not bool(second <= first)
             assert torch.allclose(got, want, rtol=2e-9, atol=1e-14), (k, float((got - want).abs().max()))
+    assert took_first == saturated
 
 
 def test_the_remainder_along_functionals_in_chunks_is_the_same_bit_for_bit(monkeypatch):
@@ -303,7 +318,8 @@ def ascend_along(layer, X: torch.Tensor, lam: torch.Tensor, i: int, r: float, ge
 
 
 @pytest.mark.parametrize("kind,seed,qk,eps", [("project", 11, 1.0, 0.05), ("project", 12, 4.0, 0.1),
-                                               ("batch", 13, 2.0, 0.01), ("layer", 14, 3.0, 0.02)])
+                                               ("batch", 13, 2.0, 0.01), ("layer", 14, 3.0, 0.02),
+                                               ("batch", 17, 8.0, 0.1)])
 def test_the_remainder_along_a_functional_holds_an_ascent_on_the_ball(kind, seed, qk, eps):
     """An independent attack: Adam ascent on |⟨Λ_i, R(Γ)_i⟩| over the whole ball ‖Γ‖_F ≤ r (the
     factors taken without the set's readings), the remainder from an autograd Jacobian of the layer,

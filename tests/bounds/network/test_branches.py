@@ -129,7 +129,10 @@ def test_each_part_bounds_the_margin_where_its_unit_keeps_its_sign():
     assert seen[1] and seen[-1], seen
 
 
-@pytest.mark.parametrize("which,eps,moves", [("sharp", 0.1, True), ("saturated", 0.01, True),
+# the saturated network at ε 0.01 moved (by 0.016) until attention's remainder along a functional took
+# its first-order form (docs/bounds.md §5.1, "At large logit spans"), which raised its furthest-short
+# bound from −0.56 to −0.39 and its kinks' cost from 0.048 to 0.021: no branch moves a bound there since
+@pytest.mark.parametrize("which,eps,moves", [("sharp", 0.1, True), ("saturated", 0.01, False),
                                             ("random", 0.3, False), ("saturated", 0.05, False)])
 def test_branched_margins_are_sound_and_never_worse(which, eps, moves):
     """``moves``: some margin's bound rises (an image branches on its furthest-short margin first and
