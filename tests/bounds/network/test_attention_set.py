@@ -243,10 +243,15 @@ def test_the_remainder_along_a_functional_reads_the_values_as_a_dense_constructi
     with torch.no_grad():
         for k, layer in enumerate(tn.layers):
             S, X = stages[f"{before}{k}"], clean[k]
-            stats, f, _ = row_factors(layer, X, S.route, None, S.token_radii(eps))
+            own = S.token_radii(eps)
+            stats, f, _ = row_factors(layer, X, S.route, None, own)
             Lam = functionals(X.shape[0], *X.shape[1:], layer, gen)
             got = functional_rows(layer, X, stats, f, Lam)
             want = torch.zeros_like(got)
+            # the first-order form's reach per image: ‖Γ_j‖ + ‖Γ_k‖ ≤ the two largest token radii (and
+            # ≤ √2 times the ball's radius)
+            radii = torch.minimum(own, S.route[:, None]).sort(dim=-1, descending=True).values
+            reach = [min(float(radii[b, :2].sum()), math.sqrt(2) * float(S.route[b])) for b in range(len(X))]
             for b, c, i in itertools.product(*map(range, got.shape)):
                 lam = Lam[b, c, i]
                 for head in range(layer.h):
@@ -258,11 +263,7 @@ def test_the_remainder_along_a_functional_reads_the_values_as_a_dense_constructi
                     logits = torch.minimum(sigma * curve_g2(s) * su, curve_h2(s) * span * su**2)
                     keys = f.keys[b, head, i] * (C @ lam).norm()
                     second = sigma * sq + logits + keys * curve_g1(s) * su
-                    # the first-order form: ‖Γ_j‖ + ‖Γ_k‖ ≤ the two largest token radii (and ≤ √2 times
-                    # the ball's radius)
-                    radii = torch.minimum(S.token_radii(eps)[b], S.route[b]).sort(descending=True).values
-                    reach = min(float(radii[:2].sum()), math.sqrt(2) * float(S.route[b]))
-                    first = min(float(s) / 4, 1.0) * (span + reach * (C @ lam).norm()) + su * sigma
+                    first = min(float(s) / 4, 1.0) * (span + reach[b] * (C @ lam).norm()) + su * sigma
                     # where e^s overflows the second-order form is ∞·0 (NaN): the first-order form alone
                     want[b, c, i] += torch.fmin(second, first)
                     took_first = took_first or not bool(second <= first)
