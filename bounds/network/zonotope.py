@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ..norms import dense_certified_norm, gram_norm
+from .budget import shared
 
 # the largest N·min(N, P)² (flops of the Gram of G, N = n·d) for which the set's radius takes the exact
 # ‖G‖₂ (the joint first order) rather than the tokens' own (Σ_t ε²‖G_t‖²)^½: it covers Fashion-MNIST's
@@ -87,8 +88,8 @@ class DeviationSet:
 
     def grouped(self, v: Tensor) -> Tensor:
         """The largest Σ_j (s_j/caps_j)·v_j over the groups' radii, from their supports v [B, ..., k]
-        (each at the group's largest radius): per source the smaller of Σ_j v_j and, where its groups
-        share a budget, budget·max_j v_j/caps_j (all of the budget on the best group)."""
+        (each at the group's largest radius): per source Σ_j v_j, or, where its groups share a budget,
+        that program's optimum (:func:`.budget.shared`; at most budget·max_j v_j/caps_j)."""
         if not self.groups:
             return v.sum(-1)
         shape = (v.shape[0],) + (1,) * (v.dim() - 2) + (v.shape[-1],)
@@ -99,7 +100,7 @@ class DeviationSet:
             plain = v[..., idx].sum(-1)
             if name in self.budgets:
                 budget = self.budgets[name].reshape(shape[:-1])
-                plain = torch.minimum(plain, budget * (v[..., idx] / caps[..., idx]).amax(-1))
+                plain = torch.minimum(plain, shared(v[..., idx], caps[..., idx], budget))
             total = total + plain
         return total
 
@@ -108,8 +109,9 @@ class DeviationSet:
         v [B, k]: per source :meth:`grouped`'s sum, or, where that source's groups each lie in one
         token and no two in the same (LayerProject's, until attention mixes them), their orthogonal
         sum: with t_j ∈ [0, 1] the share of group j's largest radius, Σ_j t_j caps_j ≤ budget,
-        ``‖Σ_j t_j Q_j η_j‖² = Σ_j t_j² ‖Q_j η_j‖² ≤ Σ_j t_j v_j² ≤ min(Σ_j v_j², budget·max_j v_j²/caps_j)``
-        (docs/bounds.md §5.1, "Groups in a radius")."""
+        ``‖Σ_j t_j Q_j η_j‖² = Σ_j t_j² ‖Q_j η_j‖² ≤ Σ_j t_j v_j²``, whose largest value is the
+        budget's program with values v_j² (:func:`.budget.shared`) (docs/bounds.md §5.1, "Groups in a
+        radius")."""
         if not self.groups:
             return v.sum(-1)
         # [B, n, k]: the tokens each group moves (a zero stays an exact zero under per-token maps)
@@ -123,7 +125,7 @@ class DeviationSet:
             square = v[:, idx].square().sum(-1)
             if name in self.budgets:
                 caps = self.caps[:, idx]
-                square = torch.minimum(square, self.budgets[name] * (v[:, idx].square() / caps).amax(-1))
+                square = torch.minimum(square, shared(v[:, idx].square(), caps, self.budgets[name]))
             # each square, sum and root off by a few ulps: a relative 1e-12 covers them
             orthogonal = square.sqrt() * (1 + 1e-12)
             total = total + torch.where(apart, torch.minimum(plain, orthogonal), plain)

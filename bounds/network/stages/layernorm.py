@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ...norms import gram_norm
+from ..budget import shared
 from ..record import Step
 from ..zonotope import DeviationSet
 from .ffn import Refine
@@ -178,8 +179,7 @@ class NormRecord:
         pad = 4 * Lam.shape[-1] * torch.finfo(Lam.dtype).eps * norms
         two = (norms + pad) / self.g * torch.where(self.second, self.err, 0.0)[:, None]
         one = (norms + pad) / self.g * torch.where(self.second, 0.0, self.err)[:, None]
-        shared = torch.minimum(two.sum(-1), self.budget[:, None] * (two / self.caps[:, None]).amax(-1))
-        whole = shared + one.sum(-1)
+        whole = shared(two, self.caps[:, None], self.budget[:, None]) + one.sum(-1)
         alpha = (lam * self.zhat[:, None]).sum(-1)
         perp = (lam - alpha[..., None] * self.zhat[:, None]).norm(dim=-1) + pad
         alpha = alpha.abs() + pad
@@ -230,7 +230,9 @@ def layer_norm(S: DeviationSet, raw: Tensor, norm: nn.LayerNorm, eps: float, k: 
     out = replace(S.per_token(L), rho=S.rho * own.amax(-1)[:, None], tok=tok, route=route, fresh=fresh)
     two = torch.where(use2, err, 0.0)
     one = torch.where(use2, 0.0, err)
-    smooth = torch.minimum(two.norm(dim=-1), (two / caps).amax(-1) * whole**2) + one.norm(dim=-1)
+    # ‖e‖_F² ≤ Σ_t two_t²·‖Δ_t‖²/cap_t under the budget (docs/bounds.md §5.1, "The budget, exactly")
+    smooth = (torch.minimum(torch.minimum(two.norm(dim=-1), (two / caps).amax(-1) * whole**2),
+                            shared(two.square(), caps, whole**2).sqrt()) + one.norm(dim=-1))
     out = out.add_ball(f"norm{k}", smooth, err)
     # [B]: LayerNorm is undefined at a point of the ball (e = 0), or every token's bound says less than
     # its range does: ‖LN(x) − LN(x₀)‖ = ‖γ ⊙ (u − u₀)‖ ≤ 2√d·max|γ| (‖u‖ ≤ √d), so the set carries

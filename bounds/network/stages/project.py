@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ...norms import gram_norm
+from ..budget import shared
 from ..record import Step
 from ..zonotope import DeviationSet, columns, relu_relaxation, symbols
 from .ffn import Refine, relu_bounds
@@ -141,7 +142,10 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
     # the other tokens: ‖e‖_F ≤ (Σ_t K_t² ‖Δ_t‖⁴)^½ ≤ max_t K_t · ‖Δ‖_F² (they share the ball's budget),
     # and ≤ ‖(level_t)‖ at every token's own radius
     K = torch.where(grouped | off, 0.0, level / cap.clamp_min(torch.finfo(raw.dtype).tiny))
-    smooth = (torch.minimum(torch.where(grouped | off, 0.0, level).norm(dim=-1), K.amax(-1) * whole**2)
+    # and ≤ (Σ_t level_t²·‖Δ_t‖²/cap_t)^½ under the same budget (docs/bounds.md §5.1, "The budget, exactly")
+    alone = torch.where(grouped | off, 0.0, level)
+    smooth = (torch.minimum(torch.minimum(alone.norm(dim=-1), K.amax(-1) * whole**2),
+                            shared(alone.square(), cap, whole**2).sqrt())
               + first.norm(dim=-1) + miss.norm(dim=-1))
     if log is not None:  # what the backward pass needs (:func:`backward`)
         sign = torch.where(use_t, -1.0, 1.0).to(raw.dtype)
@@ -243,9 +247,9 @@ class ProjectRecord:
         s, b = torch.where(on, s, 0.0), torch.where(on, b, 0.0)
         norms = Lam.norm(dim=-1)  # ‖Λ_t‖
         second = norms * self.second[:, None]
-        # the tokens' second-order errors share the ball's budget (DeviationSet.grouped's argument)
-        shared = torch.minimum(second.sum(-1), self.budget[:, None] * (second / self.caps[:, None]).amax(-1))
-        whole = shared + (norms * self.first[:, None]).sum(-1)
+        # the tokens' second-order errors share the ball's budget (docs/bounds.md §5.1, "The budget, exactly")
+        whole = (shared(second, self.caps[:, None], self.budget[:, None])
+                 + (norms * self.first[:, None]).sum(-1))
         charge = torch.minimum(whole, self._by_parts(Lam, gam, norms)) + (norms * self.wild[:, None]).sum(-1)
         radial = (gam * s * self.sign[:, None])[..., None] * u
         # L_tᵀΛ_t = base_t·(Λ_t − [tangential]·u_t(u_tᵀΛ_t)), and u_tᵀΛ_t = −γ_t

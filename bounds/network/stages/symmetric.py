@@ -11,6 +11,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..budget import shared
+
 # rings and sectors of the (a, b) half-disc: the bound's excess over the true maximum is about the
 # error's change across a cell, measured against a fine grid in the tests
 CELLS = 48
@@ -68,9 +70,12 @@ def charge_by_parts(along: Tensor, perp: Tensor, U: Tensor, K_U: Tensor, P: Tens
     finite = torch.isfinite(K_U) & torch.isfinite(K_P)
     kU, kP = (torch.where(finite, k, 0.0)[:, None] for k in (K_U, K_P))
     on = finite[:, None].expand_as(level)
-    shared = torch.minimum(torch.where(on, level, 0.0).sum(-1),
-                           budget[:, None] * torch.where(on, along * kU + perp * kP, 0.0).amax(-1))
-    return shared + torch.where(on, 0.0, level).sum(-1)
+    # each token pays min(level_t, k_t‖Δ_t‖²): all of it from ‖Δ_t‖² = level_t/k_t on (a token with
+    # k_t = 0 pays nothing), the tokens sharing the budget (docs/bounds.md §5.1, "The budget, exactly")
+    k = torch.where(on, along * kU + perp * kP, 0.0)
+    level_on = torch.where(on & (k > 0), level, 0.0)
+    caps = torch.where(k > 0, level_on / k.clamp_min(torch.finfo(k.dtype).tiny), 0.0)
+    return shared(level_on, caps, budget[:, None]) + torch.where(on, 0.0, level).sum(-1)
 
 
 def abs_low(x1: Tensor, x2: Tensor) -> Tensor:
