@@ -259,13 +259,17 @@ class ProjectRecord:
 
     def _by_parts(self, Lam: Tensor, gam: Tensor, norms: Tensor) -> Tensor:
         """The errors' charge [B, C] from their parts: Λ_tᵀe_t = (Λ_t·u_t)(u_tᵀe_t) + Λ_⊥ᵀe_⊥ with
-        Λ_⊥ = Λ_t − (Λ_t·u_t)u_t, so |Λ_tᵀe_t| ≤ |Λ_t·u_t|·U_t + ‖Λ_⊥‖·P_t, and ≤ (|Λ_t·u_t|·K_U +
-        ‖Λ_⊥‖·K_P)‖Δ_t‖² where both ratios are finite: those tokens share the ball's budget as above,
-        the others pay their bound (docs/bounds.md §5.1, "LayerProject's error along the token")."""
+        Λ_⊥ = Λ_t − (Λ_t·u_t)u_t. The part along u_t never points outward (−U_t ≤ u_tᵀe_t ≤ 0 in both
+        forms: the sphere bends the token inward), so −Λ_tᵀe_t ≤ (Λ_t·u_t)⁺·U_t + ‖Λ_⊥‖·P_t, and ≤
+        ((Λ_t·u_t)⁺·K_U + ‖Λ_⊥‖·K_P)‖Δ_t‖² where both ratios are finite: those tokens share the ball's
+        budget as above, the others pay their bound (docs/bounds.md §5.1, "LayerProject's error along
+        the token", "Inward only")."""
         u = self.u[:, None]
         # rounding: u is a unit vector to a few ulps, and Λ_⊥ is computed; 4d·u_r of ‖Λ_t‖ covers both
         pad = 4 * Lam.shape[-1] * torch.finfo(Lam.dtype).eps * norms
-        g = gam.abs() + pad
+        # the lower bound pays for −Λ_tᵀe_t alone, and −(Λ_t·u_t)(u_tᵀe_t) ≤ (Λ_t·u_t)⁺U_t as u_tᵀe_t ≤ 0:
+        # a functional that pulls the token inward (Λ_t·u_t = −γ_t < 0) gains from that part, never loses
+        g = (-gam).clamp_min(0) + pad
         perp = (Lam + gam[..., None] * u).norm(dim=-1) + pad  # Λ − (Λ·u)u, as u·Λ = −γ
         return charge_by_parts(g, perp, self.along, self.along_K, self.across, self.across_K, self.budget)
 

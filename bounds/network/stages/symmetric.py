@@ -63,7 +63,9 @@ def charge_by_parts(along: Tensor, perp: Tensor, U: Tensor, K_U: Tensor, P: Tens
     """An upper bound of Σ_t |⟨Λ_t, e_t⟩| [B, C] from each token's error parts (docs/bounds.md §5.1,
     "LayerProject's error along the token"): |⟨Λ_t, e_t⟩| ≤ along_t·U_t + perp_t·P_t and
     ≤ (along_t·K_U + perp_t·K_P)‖Δ_t‖², with ``along`` ≥ |Λ_t·u_t| and ``perp`` ≥ ‖Λ_t − (Λ_t·u_t)u_t‖
-    [B, C, n] (rounding included by the caller), the parts' bounds and ratios [B, n]. Tokens whose
+    [B, C, n] (rounding included by the caller), the parts' bounds and ratios [B, n]; or of Σ_t
+    −⟨Λ_t, e_t⟩ alone with ``along`` ≥ (Λ_t·u_t)⁺ where the part along u_t is never positive (as
+    LayerProject's). Tokens whose
     ratios are both finite share the ball's budget [B] (Σ_t ‖Δ_t‖² ≤ budget), the others pay their
     bound."""
     level = along * U[:, None] + perp * P[:, None]

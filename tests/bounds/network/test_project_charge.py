@@ -30,9 +30,10 @@ def record(B: int, n: int, d: int, g: torch.Generator, finite: bool = True) -> P
 
 
 def worst(rec: ProjectRecord, Lam: torch.Tensor, g: torch.Generator, draws: int = 4000) -> torch.Tensor:
-    """The largest Σ_t Λ_tᵀe_t [B, C] over sampled budgets s_t = ‖Δ_t‖² (Σ s_t ≤ budget, s_t ≤ r_t²),
-    each token's error at its worst for those budgets: e_t = ±α_t u_t + β_t w_t, w_t the unit part of
-    Λ_t across u_t, |α_t| ≤ min(U_t, K_U s_t) and β_t ≤ min(P_t, K_P s_t)."""
+    """The largest −Σ_t Λ_tᵀe_t [B, C] (what the errors take from a lower bound) over sampled budgets
+    s_t = ‖Δ_t‖² (Σ s_t ≤ budget, s_t ≤ r_t²), each token's error at its worst for those budgets:
+    e_t = −α_t u_t − β_t w_t, w_t the unit part of Λ_t across u_t, 0 ≤ α_t ≤ min(U_t, K_U s_t) (the
+    part along u_t is never outward) and β_t ≤ min(P_t, K_P s_t)."""
     B, C, n, _ = Lam.shape
     along = (Lam * rec.u[:, None]).sum(-1)  # [B, C, n]
     perp = (Lam - along[..., None] * rec.u[:, None]).norm(dim=-1)
@@ -43,7 +44,7 @@ def worst(rec: ProjectRecord, Lam: torch.Tensor, g: torch.Generator, draws: int 
         s = torch.minimum(s, rec.caps)  # caps = r_t² here
         a = torch.minimum(rec.along, rec.along_K * s)  # [100, B, n]
         b = torch.minimum(rec.across, torch.where(torch.isfinite(rec.across_K), rec.across_K * s, rec.across))
-        total = (along.abs()[None] * a[:, :, None] + perp[None] * b[:, :, None]).sum(-1)
+        total = (along.clamp_min(0)[None] * a[:, :, None] + perp[None] * b[:, :, None]).sum(-1)
         best = torch.maximum(best, total.amax(0))
     return best
 
@@ -71,3 +72,21 @@ def test_functionals_across_the_tokens_pay_the_across_part_alone():
     whole = (norms * rec.second[:, None]).sum(-1)
     assert (by_parts < whole).all()
     torch.testing.assert_close(rec.step(Lam).charge, by_parts)
+
+
+def test_functionals_pulling_inward_pay_nothing_along_the_tokens():
+    """The part of e_t along u_t is never outward: a functional with Λ_t·u_t ≤ 0 at every token pays
+    the across part alone, one with Λ_t·u_t > 0 pays the along part too, and the charge is tight
+    against the sampled worst to within the budget's sampling."""
+    g = torch.Generator().manual_seed(2)
+    rec = record(2, 4, 6, g)
+    Lam = torch.randn(2, 3, 4, 6, generator=g, dtype=F64)
+    along = (Lam * rec.u[:, None]).sum(-1, keepdim=True)
+    inward = Lam - (along.abs() + 1.0) * rec.u[:, None] - along * rec.u[:, None]  # Λ_t·u_t = −|·| − 1
+    outward = Lam + (along.abs() + 1.0) * rec.u[:, None] - along * rec.u[:, None]
+    charge = lambda L: rec._by_parts(L, -(L * rec.u[:, None]).sum(-1), L.norm(dim=-1))
+    across = Lam - along * rec.u[:, None]
+    torch.testing.assert_close(charge(inward), charge(across))
+    assert (charge(outward) > charge(across)).all()
+    for L in (inward, outward):
+        assert (worst(rec, L, g) <= charge(L)).all()

@@ -40,6 +40,8 @@ def form_error(x0: torch.Tensor, D: torch.Tensor, R: float, tangential: bool,
         lin = D - (torch.relu(nu - R + a) - torch.relu(nu - R))[:, None] * u
     e = dp - lin
     along = e @ u
+    if part == "signed":  # uᵀe itself, signed
+        return along
     if part == "along":
         return along.abs()
     return (e - along[:, None] * u).norm(dim=-1) if part == "across" else e.norm(dim=-1)
@@ -188,3 +190,26 @@ def test_chunks_give_the_same_bits(monkeypatch):
     monkeypatch.setattr(pe, "CHUNK", pe.CELLS * pe.CELLS * 5)
     parts = exact_error(nu, 1.0, r, -0.5 * r, 0.4 * r, tangential=False)
     assert all(torch.equal(x, y) for x, y in zip(whole, parts, strict=True))
+
+
+@pytest.mark.parametrize("nu,R,frac", CASES)
+@pytest.mark.parametrize("tangential", [False, True])
+def test_the_error_along_the_token_is_never_outward(nu, R, frac, tangential):
+    """uᵀe ≤ 0 in both forms (docs/bounds.md §5.1, "Inward only"), which the backward pass's one-sided
+    charge (Λ_t·u_t)⁺·U_t relies on: sampled through the ball and at its rim, where a token moved
+    across u is pulled back toward the sphere's centre; and the bound U is reached from below."""
+    if tangential and nu <= R:
+        pytest.skip("the tangential form is built for tokens outside the sphere")
+    g = torch.Generator().manual_seed(int(1000 * nu + 10 * frac) + 7)
+    d = 6
+    u = torch.randn(d, generator=g, dtype=F64)
+    u = u / u.norm()
+    x0, r = nu * u, frac * nu
+    D = deviations(d, r, -r, r, 40_000, g, u)
+    along = form_error(x0, D, R, tangential, part="signed")
+    scale = nu + r + R
+    assert float(along.max()) <= 1e-14 * scale
+    U, _ = exact_error(f64([[nu]]), R, f64([[r]]), f64([[-r]]), f64([[r]]), tangential, part="along")
+    assert float((-along).max()) <= float(U)
+    if nu + r > R:  # the ball reaches beyond the sphere: the error is not 0 everywhere
+        assert float((-along).max()) > 0
