@@ -65,9 +65,8 @@ def charge_by_parts(along: Tensor, perp: Tensor, U: Tensor, K_U: Tensor, P: Tens
     ≤ (along_t·K_U + perp_t·K_P)‖Δ_t‖², with ``along`` ≥ |Λ_t·u_t| and ``perp`` ≥ ‖Λ_t − (Λ_t·u_t)u_t‖
     [B, C, n] (rounding included by the caller), the parts' bounds and ratios [B, n]; or of Σ_t
     −⟨Λ_t, e_t⟩ alone with ``along`` ≥ (Λ_t·u_t)⁺ where the part along u_t is never positive (as
-    LayerProject's). Tokens whose
-    ratios are both finite share the ball's budget [B] (Σ_t ‖Δ_t‖² ≤ budget), the others pay their
-    bound."""
+    LayerProject's). Tokens whose ratios are both finite share the ball's budget [B] (Σ_t ‖Δ_t‖² ≤
+    budget), the others pay their bound."""
     level = along * U[:, None] + perp * P[:, None]
     finite = torch.isfinite(K_U) & torch.isfinite(K_P)
     kU, kP = (torch.where(finite, k, 0.0)[:, None] for k in (K_U, K_P))

@@ -76,8 +76,8 @@ def test_functionals_across_the_tokens_pay_the_across_part_alone():
 
 def test_functionals_pulling_inward_pay_nothing_along_the_tokens():
     """The part of e_t along u_t is never outward: a functional with Λ_t·u_t ≤ 0 at every token pays
-    the across part alone, one with Λ_t·u_t > 0 pays the along part too, and the charge is tight
-    against the sampled worst to within the budget's sampling."""
+    the across part alone, one with Λ_t·u_t > 0 pays the along part too, and both charges hold the
+    sampled worst inward errors."""
     g = torch.Generator().manual_seed(2)
     rec = record(2, 4, 6, g)
     Lam = torch.randn(2, 3, 4, 6, generator=g, dtype=F64)

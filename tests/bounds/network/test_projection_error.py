@@ -28,8 +28,8 @@ def form_error(x0: torch.Tensor, D: torch.Tensor, R: float, tangential: bool,
                part: str = "norm") -> torch.Tensor:
     """‖e‖ for deviations D [N, d] of one token x0 [d], from p itself and the form's linear part and
     ReLU (docs/bounds.md §5.1): radial Δp = Δ − (w − w₀)u + e, w = relu(ν − R + a); tangential
-    Δp = (R/ν)(I − uuᵀ)Δ − (v − v₀)u + e, v = relu(R − ν − a). ``part``: |uᵀe| (``"along"``) or
-    ‖e − (uᵀe)u‖ (``"across"``) in its place."""
+    Δp = (R/ν)(I − uuᵀ)Δ − (v − v₀)u + e, v = relu(R − ν − a). ``part``: |uᵀe| (``"along"``),
+    ‖e − (uᵀe)u‖ (``"across"``) or uᵀe itself (``"signed"``) in its place."""
     nu = x0.norm()
     u = x0 / nu
     a = D @ u
@@ -40,7 +40,7 @@ def form_error(x0: torch.Tensor, D: torch.Tensor, R: float, tangential: bool,
         lin = D - (torch.relu(nu - R + a) - torch.relu(nu - R))[:, None] * u
     e = dp - lin
     along = e @ u
-    if part == "signed":  # uᵀe itself, signed
+    if part == "signed":
         return along
     if part == "along":
         return along.abs()
