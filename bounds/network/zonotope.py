@@ -187,6 +187,20 @@ class DeviationSet:
                 + self.token_ball_along(u[:, :, None])[..., 0])
         return (u * self.c).sum(-1), half
 
+    def ranges(self, V: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        """The ranges of v_tᵀΔ_t over the set for C functionals V [B, C, n, d], one a token each: their
+        centres and half-widths [B, C, n], from each part's support as :meth:`along_range`'s."""
+        G = self.G
+        if G.dim() > 3 and G.shape[0] > 1 and G.stride(0) == 0:  # one set of columns for every image
+            first = torch.einsum("bcnd,ndp->bcnp", V, G[0])
+        else:
+            first = torch.einsum("bcnd,bndp->bcnp", V, G)
+        half = (eps * first.norm(dim=-1)
+                + torch.einsum("bcnd,bndm->bcnm", V, self.A).abs().sum(-1)
+                + self.grouped(torch.einsum("bcnd,bndkg->bcnkg", V, self.Q).norm(dim=-1))
+                + self.token_ball_along(V.transpose(1, 2)).transpose(1, 2))
+        return (V * self.c[:, None]).sum(-1), half
+
     def ball_support(self, c: Tensor) -> Tensor:
         """An upper bound of ⟨c, E⟩ for functionals c [B, ..., n, d], [B, ...]: ‖c‖_F·Σ_s ρ_s, or
         ‖Wᵀc‖ where the columns are carried and it is smaller."""

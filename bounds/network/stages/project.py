@@ -16,7 +16,7 @@ from ..record import Step
 from ..zonotope import DeviationSet, columns, relu_relaxation, symbols
 from .ffn import Refine, relu_bounds
 from .projection_error import exact_error
-from .symmetric import charge_by_parts
+from .symmetric import across_corners, charge_by_parts
 
 # A straddling token needs its radius below its clean norm (the decomposition's remainder blows up at
 # the origin); beyond it the token is bounded by LayerProject's 1-Lipschitz property alone.
@@ -154,10 +154,17 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
         # the linear part L_t = base_t·(I − [tangential]·u_tu_tᵀ) (0 at a wild token), symmetric, kept
         # as its two scalars: the backward pass applies it through u_tᵀΛ_t, O(d) a functional
         base = torch.where(wild, 0.0, torch.where(use_t, R / nu, 1.0))
+        # φ(s) = min(1, R/s) at s = ‖x₀ + Δ‖, which the part across u of either form's error takes:
+        # s² = ν² + 2νa + ‖Δ‖² ≤ ν² + 2ν·a_hi + r² and s ≥ ν + a_lo (each widened for its rounding)
+        s_hi = (nu**2 + r**2 + 2 * nu * torch.minimum(a_hi, r)).clamp_min(0).sqrt() * (1 + 1e-12)
+        s_lo = (nu + torch.maximum(a_lo, -r)).clamp_min(0) * (1 - 1e-12)
+        phi_lo = torch.clamp(R / s_hi * (1 - 1e-12), max=1.0)
+        phi_hi = torch.where(s_lo > 0, torch.clamp(R / s_lo.clamp_min(torch.finfo(raw.dtype).tiny)
+                                                   * (1 + 1e-12), max=1.0), 1.0)
         log.append(ProjectRecord(f"project{k}", base, use_t.to(raw.dtype), u, sign, sign * (nu - R), lo, hi,
                                  ~off, torch.where(off, 0.0, err - order1), order1,
                                  torch.where(off, 1.0, cap), whole**2, torch.where(wild, r, 0.0),
-                                 *parts[0], *parts[1]))
+                                 *parts[0], *parts[1], S, eps, r, phi_lo, phi_hi))
     # LayerProject is 1-Lipschitz per token: the projected set's radius is at most the input's
     # per token, a smooth token's error is its own err (a grouped token's error, both its parts, and a
     # wild token's are groups); E crosses the
@@ -215,7 +222,8 @@ class ProjectRecord:
     ball's budget over caps: r², or E/K where the error is bounded through the symmetry), first-order
     (and a symmetric bound with no quadratic constant) and a wild token's; and the whole error's parts
     along u_t and across it (bounds and ratios to ‖Δ_t‖², +inf where none), which the charge may take
-    instead (:meth:`_by_parts`)."""
+    instead (:meth:`_by_parts`); and for the part across u_t along a functional, the set entering the
+    stage with φ's range on each token's ball (:meth:`_across`)."""
 
     name: str
     base: Tensor
@@ -235,6 +243,14 @@ class ProjectRecord:
     along_K: Tensor
     across: Tensor
     across_K: Tensor
+    # the part across u_t along a functional (docs/bounds.md §5.1, "Across, by the functional's range"):
+    # e_⊥ = (φ − base_t)Δ_⊥ with φ = min(1, R/‖x₀ + Δ‖) in [phi_lo, phi_hi], and ⟨Λ_⊥, Δ_t⟩'s range
+    # read off ``reach``, the set entering the stage at radius ``eps`` (None: not taken); radius r_t
+    reach: DeviationSet | None = None
+    eps: float = 0.0
+    radius: Tensor | None = None
+    phi_lo: Tensor | None = None
+    phi_hi: Tensor | None = None
 
     def step(self, Lam: Tensor, alpha: Tensor | None = None, phase: Tensor | None = None) -> Step:
         """Λ_t ↦ L_tᵀΛ_t plus the radial ReLU's slope along u_t (CROWN's per sign, or the lower slopes
@@ -270,8 +286,21 @@ class ProjectRecord:
         # the lower bound pays for −Λ_tᵀe_t alone, and −(Λ_t·u_t)(u_tᵀe_t) ≤ (Λ_t·u_t)⁺U_t as u_tᵀe_t ≤ 0:
         # a functional that pulls the token inward (Λ_t·u_t = −γ_t < 0) gains from that part, never loses
         g = (-gam).clamp_min(0) + pad
-        perp = (Lam + gam[..., None] * u).norm(dim=-1) + pad  # Λ − (Λ·u)u, as u·Λ = −γ
-        return charge_by_parts(g, perp, self.along, self.along_K, self.across, self.across_K, self.budget)
+        lp = Lam + gam[..., None] * u  # Λ_⊥ = Λ − (Λ·u)u, as u·Λ = −γ
+        perp = lp.norm(dim=-1) + pad
+        return charge_by_parts(g, perp, self.along, self.along_K, self.across, self.across_K, self.budget,
+                               self._across(lp, pad))
+
+    def _across(self, lp: Tensor, pad: Tensor) -> Tensor | None:
+        """Upper bounds [B, C, n] of −⟨Λ_⊥, e_⊥⟩ for the functionals' parts across the tokens, lp [B, C, n,
+        d] (``pad`` [B, C, n] of rounding in each): e_⊥ = (φ − κ_t)Δ_⊥ with κ_t = base_t, and ⟨Λ_⊥, Δ_⊥⟩ =
+        ⟨Λ_⊥, Δ_t⟩, so −⟨Λ_⊥, e_⊥⟩ = (κ_t − φ)·⟨Λ_⊥, Δ_t⟩ with κ_t − φ ∈ [κ_t − φ_hi, κ_t − φ_lo]
+        (:func:`.symmetric.across_corners`; docs/bounds.md §5.1, "Across, by the functional's range")."""
+        if self.reach is None:
+            return None
+        out = across_corners(self.reach, lp, self.eps, self.base - self.phi_hi, self.base - self.phi_lo, pad,
+                             self.radius)
+        return None if out is None else torch.where(self.relu[:, None], out, 0.0)
 
 
 def _parts(keep: Tensor, use_t: Tensor, nu: Tensor, R: float, r: Tensor, a_lo: Tensor, a_hi: Tensor,

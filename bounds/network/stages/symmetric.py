@@ -13,6 +13,10 @@ from torch import Tensor
 
 from ..budget import shared
 
+# the most multiply-adds (functionals × tokens × d × the set's columns) a backward step spends on the
+# ranges of the functionals' parts across the tokens (:func:`across_corners`): every pass over the
+# margins, and the units' ranges of the digits ViTs; not the thousands of units of a Fashion-MNIST block
+ACROSS_WORK = 2**29
 # rings and sectors of the (a, b) half-disc: the bound's excess over the true maximum is about the
 # error's change across a cell, measured against a fine grid in the tests
 CELLS = 48
@@ -59,15 +63,18 @@ def on_half_disc(box: Box, closed: Closed, nu: Tensor, r: Tensor, a_lo: Tensor, 
 
 
 def charge_by_parts(along: Tensor, perp: Tensor, U: Tensor, K_U: Tensor, P: Tensor, K_P: Tensor,
-                    budget: Tensor) -> Tensor:
+                    budget: Tensor, across: Tensor | None = None) -> Tensor:
     """An upper bound of Σ_t |⟨Λ_t, e_t⟩| [B, C] from each token's error parts (docs/bounds.md §5.1,
     "LayerProject's error along the token"): |⟨Λ_t, e_t⟩| ≤ along_t·U_t + perp_t·P_t and
     ≤ (along_t·K_U + perp_t·K_P)‖Δ_t‖², with ``along`` ≥ |Λ_t·u_t| and ``perp`` ≥ ‖Λ_t − (Λ_t·u_t)u_t‖
     [B, C, n] (rounding included by the caller), the parts' bounds and ratios [B, n]; or of Σ_t
     −⟨Λ_t, e_t⟩ alone with ``along`` ≥ (Λ_t·u_t)⁺ where the part along u_t is never positive (as
     LayerProject's). Tokens whose ratios are both finite share the ball's budget [B] (Σ_t ‖Δ_t‖² ≤
-    budget), the others pay their bound."""
-    level = along * U[:, None] + perp * P[:, None]
+    budget), the others pay their bound. ``across`` [B, C, n]: another bound of what the part across u_t
+    of each token's error takes along its functional (of −⟨Λ_⊥, e_⊥⟩ in the one-sided case), taken
+    where smaller than perp_t·P_t."""
+    side = perp * P[:, None]
+    level = along * U[:, None] + (side if across is None else torch.minimum(side, across))
     finite = torch.isfinite(K_U) & torch.isfinite(K_P)
     kU, kP = (torch.where(finite, k, 0.0)[:, None] for k in (K_U, K_P))
     on = finite[:, None].expand_as(level)
@@ -77,6 +84,31 @@ def charge_by_parts(along: Tensor, perp: Tensor, U: Tensor, K_U: Tensor, P: Tens
     level_on = torch.where(on & (k > 0), level, 0.0)
     caps = torch.where(k > 0, level_on / k.clamp_min(torch.finfo(k.dtype).tiny), 0.0)
     return shared(level_on, caps, budget[:, None]) + torch.where(on, 0.0, level).sum(-1)
+
+
+def across_corners(reach, V: Tensor, eps: float, k_lo: Tensor, k_hi: Tensor, pad: Tensor,
+                   radius: Tensor) -> Tensor | None:
+    """Upper bounds [B, C, n] of k·⟨v, Δ_t⟩ over every k ∈ [k_lo, k_hi] [B, n] and every deviation Δ of
+    the set ``reach`` (a :class:`~bounds.network.zonotope.DeviationSet`), for functionals V [B, C, n, d]
+    known to ``pad`` [B, C, n] (the exact ones within pad of them in norm; ‖Δ_t‖ ≤ ``radius`` [B, n]):
+    a bilinear form is largest at a corner of the box of k and ⟨v, Δ_t⟩'s range over the set
+    (docs/bounds.md §5.1, "Across, by the functional's range"). None where ``reach`` is None or its
+    supports would cost more than :data:`ACROSS_WORK` multiply-adds; +inf where k is not finite."""
+    if reach is None:
+        return None
+    C, n, d = V.shape[1:]
+    width = reach.G.shape[-1] + reach.A.shape[-1] + reach.Q.shape[-2] * reach.Q.shape[-1] + d
+    if C * n * d * width > ACROSS_WORK:
+        return None
+    mid, half = reach.ranges(V, eps)
+    half = half * (1 + 1e-12)  # the supports' rounding, a few ulps of each norm and sum
+    w_lo, w_hi = mid - half, mid + half
+    finite = (torch.isfinite(k_lo) & torch.isfinite(k_hi))[:, None]
+    k_lo, k_hi = (torch.where(finite, k[:, None], 0.0) for k in (k_lo, k_hi))
+    corner = torch.stack([k_lo * w_lo, k_lo * w_hi, k_hi * w_lo, k_hi * w_hi]).amax(0)
+    # the products' rounding (relative), and V's own: |⟨v − v_exact, Δ_t⟩| ≤ pad·r_t, at most |k| times
+    corner = corner.clamp_min(0) * (1 + 1e-12) + pad * radius[:, None] * torch.maximum(k_lo.abs(), k_hi.abs())
+    return torch.where(finite, corner, torch.inf)
 
 
 def abs_low(x1: Tensor, x2: Tensor) -> Tensor:

@@ -144,15 +144,16 @@ def test_the_charge_holds_an_ascent_on_the_ball_and_is_below_the_rows_somewhere(
 
 
 def test_the_margins_left_short_take_the_curved_pass_soundly_and_certify_more(monkeypatch):
-    """On the 3-block q2 digits ViT at ε 0.05, test images 2 and 8 (certified by the curved pass alone
-    since the shared budget is taken exactly, of 2, 8, 19 and 24 among the first 30; images 3 and 16
-    were such before it, and 1 and 21 before LayerProject's errors were charged by their parts,
-    docs/results.md): the second pass's lower bounds with the curved pass are never below those
-    without it, are above them for some margin, certify an image that they did not, and hold the
-    sampled deviations and an own attack on each margin."""
+    """On the 3-block q2 digits ViT at ε 0.05, test images 5 and 6 (5 is the one of the first 30 that
+    the curved pass alone certifies since LayerProject's part across the tokens is charged through
+    the functional's range; 2 and 8 were such before it, 3 and 16 before the shared budget was taken
+    exactly, 1 and 21 before LayerProject's errors were charged by their parts, docs/results.md): the
+    second pass's lower bounds with the curved pass are never below those without it, are above them
+    for some margin, certify an image that they did not, and hold the sampled deviations and an own
+    attack on each margin."""
     net, _ = load_vit(ZOO / "digits-d32-b3-h2-c0.5-q2.safetensors")
-    x, y = first_test_images("digits", net, 9)
-    x, y = x[[2, 8]].double(), y[[2, 8]]
+    x, y = first_test_images("digits", net, 7)
+    x, y = x[[5, 6]].double(), y[[5, 6]]
     with torch.inference_mode():
         low, _, certified, _ = TaylorNet(net, x, y).one_pass(0.05, slice(None), "taylor", refine=True)
         monkeypatch.setattr(attention, "CURVED_MAX", 0)
