@@ -175,10 +175,12 @@ class NormRecord:
     k_hi: Tensor | None = None
 
     def charge(self, Lam: Tensor) -> Tensor:
-        """An upper bound of Σ_t ⟨Λ_t, e_t⟩ for functionals Λ [B, C, n, d], [B, C] (docs/bounds.md §5.1,
-        "LayerNorm's charge"): ⟨Λ_t, e_t⟩ = ⟨λ_t, e_h⟩ with λ_t = C(√d·γ ⊙ Λ_t) (e_h is centred), so each
-        token's error is charged at ‖λ_t‖/g ≤ ‖Λ_t‖ times err_t, or by its parts along ẑ₀ and across
-        it, at |λ_t·ẑ₀| and ‖λ_t − (λ_t·ẑ₀)ẑ₀‖, whichever is smaller in all."""
+        """An upper bound of −Σ_t ⟨Λ_t, e_t⟩ (what the errors take from a lower bound) for functionals Λ
+        [B, C, n, d], [B, C] (docs/bounds.md §5.1, "LayerNorm's charge"): ⟨Λ_t, e_t⟩ = ⟨λ_t, e_h⟩ with
+        λ_t = C(√d·γ ⊙ Λ_t) (e_h is centred), so each token's error is charged at ‖λ_t‖/g ≤ ‖Λ_t‖ times
+        err_t, or by its parts along ẑ₀ and across it, at |λ_t·ẑ₀| and ‖λ_t − (λ_t·ẑ₀)ẑ₀‖ (the part across
+        one-sided where the functional's range says less: "Across, by the functional's range"),
+        whichever is smaller in all. One-sided: an upper bound of +Σ_t ⟨Λ_t, e_t⟩ is this charge of −Λ."""
         lam = Lam * self.weights
         lam = lam - lam.mean(-1, keepdim=True)
         # rounding: λ_t and its parts are computed; 4d·u of ‖λ_t‖ covers them (ẑ₀ a unit vector to ulps)

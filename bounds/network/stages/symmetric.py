@@ -64,8 +64,9 @@ def on_half_disc(box: Box, closed: Closed, nu: Tensor, r: Tensor, a_lo: Tensor, 
 
 def charge_by_parts(along: Tensor, perp: Tensor, U: Tensor, K_U: Tensor, P: Tensor, K_P: Tensor,
                     budget: Tensor, across: Tensor | None = None) -> Tensor:
-    """An upper bound of Σ_t |⟨Λ_t, e_t⟩| [B, C] from each token's error parts (docs/bounds.md §5.1,
-    "LayerProject's error along the token"): |⟨Λ_t, e_t⟩| ≤ along_t·U_t + perp_t·P_t and
+    """An upper bound of Σ_t |⟨Λ_t, e_t⟩| [B, C] (of −Σ_t ⟨Λ_t, e_t⟩ alone where ``along`` or
+    ``across`` below is one-sided, as the backward pass needs) from each token's error parts
+    (docs/bounds.md §5.1, "LayerProject's error along the token"): |⟨Λ_t, e_t⟩| ≤ along_t·U_t + perp_t·P_t and
     ≤ (along_t·K_U + perp_t·K_P)‖Δ_t‖², with ``along`` ≥ |Λ_t·u_t| and ``perp`` ≥ ‖Λ_t − (Λ_t·u_t)u_t‖
     [B, C, n] (rounding included by the caller), the parts' bounds and ratios [B, n]; or of Σ_t
     −⟨Λ_t, e_t⟩ alone with ``along`` ≥ (Λ_t·u_t)⁺ where the part along u_t is never positive (as
