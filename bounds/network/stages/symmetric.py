@@ -15,8 +15,11 @@ from ..budget import shared
 
 # the most multiply-adds (functionals × tokens × d × the set's columns) a backward step spends on the
 # ranges of the functionals' parts across the tokens (:func:`across_corners`): every pass over the
-# margins, and the units' ranges of the digits ViTs; not the thousands of units of a Fashion-MNIST block
-ACROSS_WORK = 2**29
+# margins and the units' ranges of the zoo's ViTs (at most 1.5·10¹⁰ on the Fashion-MNIST ones, 1–3 s on
+# one core); far above it a range is skipped, never wrong
+ACROSS_WORK = 2**37
+# the most entries the supports of a chunk of functionals hold at once (1 GiB of float64)
+ACROSS_CHUNK = 2**27
 # rings and sectors of the (a, b) half-disc: the bound's excess over the true maximum is about the
 # error's change across a cell, measured against a fine grid in the tests
 CELLS = 48
@@ -97,11 +100,13 @@ def across_corners(reach, V: Tensor, eps: float, k_lo: Tensor, k_hi: Tensor, pad
     supports would cost more than :data:`ACROSS_WORK` multiply-adds; +inf where k is not finite."""
     if reach is None:
         return None
-    C, n, d = V.shape[1:]
+    B, C, n, d = V.shape
     width = reach.G.shape[-1] + reach.A.shape[-1] + reach.Q.shape[-2] * reach.Q.shape[-1] + d
     if C * n * d * width > ACROSS_WORK:
         return None
-    mid, half = reach.ranges(V, eps)
+    step = max(1, ACROSS_CHUNK // (B * n * width))  # functionals a chunk, each C-slice's ranges its own
+    mid, half = (torch.cat(part, 1) for part in zip(*(reach.ranges(V[:, i:i + step], eps)
+                                                       for i in range(0, C, step)), strict=True))
     half = half * (1 + 1e-12)  # the supports' rounding, a few ulps of each norm and sum
     w_lo, w_hi = mid - half, mid + half
     finite = (torch.isfinite(k_lo) & torch.isfinite(k_hi))[:, None]

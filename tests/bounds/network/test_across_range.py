@@ -228,3 +228,21 @@ def test_layernorms_charge_holds_the_errors_of_the_sets_deviations(seed, P, eps,
     if thin:
         old = replace(rec, reach=None).charge(Lam)
         assert (charge <= old).all() and (charge[:, :2] < 0.9 * old[:, :2]).any()
+
+
+def test_chunks_of_functionals_give_the_same_charge(monkeypatch):
+    """across_corners takes its functionals a few at a time where their supports would hold more than
+    ACROSS_CHUNK entries: the charge is the same, bit for bit, and a step over ACROSS_WORK keeps the
+    charge without the range."""
+    import bounds.network.stages.symmetric as symmetric
+
+    S, raw = the_set(0, 2, 3, 0.15, 0.6)
+    log: list = []
+    project(S, raw, R, 0.15, 1, log)
+    rec = log[0]
+    Lam = torch.randn(2, 7, 5, 6, generator=torch.Generator().manual_seed(3), dtype=F64)
+    whole = rec.step(Lam).charge
+    monkeypatch.setattr(symmetric, "ACROSS_CHUNK", 1)
+    assert torch.equal(rec.step(Lam).charge, whole)
+    monkeypatch.setattr(symmetric, "ACROSS_WORK", 1)
+    torch.testing.assert_close(rec.step(Lam).charge, replace(rec, reach=None).step(Lam).charge)
