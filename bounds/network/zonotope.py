@@ -179,17 +179,14 @@ class DeviationSet:
 
     def along_range(self, u: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         """The range of u_tᵀΔ_t over the set for one functional u [B, n, d] a token: its centre and
-        half-width [B, n] from each part's support (the first order's, the symbols', the groups'
-        over their budgets, and the balls')."""
-        half = (eps * along_u(u, self.G).norm(dim=-1)
-                + torch.einsum("bnd,bndm->bnm", u, self.A).abs().sum(-1)
-                + self.grouped(torch.einsum("bnd,bndkg->bnkg", u, self.Q).norm(dim=-1))
-                + self.token_ball_along(u[:, :, None])[..., 0])
-        return (u * self.c).sum(-1), half
+        half-width [B, n] (:meth:`ranges` with C = 1)."""
+        mid, half = self.ranges(u[:, None], eps)
+        return mid[:, 0], half[:, 0]
 
     def ranges(self, V: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         """The ranges of v_tᵀΔ_t over the set for C functionals V [B, C, n, d], one a token each: their
-        centres and half-widths [B, C, n], from each part's support as :meth:`along_range`'s."""
+        centres and half-widths [B, C, n], from each part's support (the first order's, the symbols',
+        the groups' over their budgets, and the balls')."""
         G = self.G
         if G.dim() > 3 and G.shape[0] > 1 and G.stride(0) == 0:  # one set of columns for every image
             first = torch.einsum("bcnd,ndp->bcnp", V, G[0])

@@ -29,7 +29,7 @@ from ..budget import shared
 from ..record import Step
 from ..zonotope import DeviationSet
 from .ffn import Refine
-from .symmetric import abs_low, across_corners, charge_by_parts, hyp, on_half_disc
+from .symmetric import abs_low, across_corners, charge_by_parts, hyp, norm_range, on_half_disc
 
 # rings and sectors of LayerNorm's half-disc (:func:`norm_error`): its error changes along a and b alike,
 # so its bound converges as 1/cells (48: 10 % above a fine grid at r = ‖z₀‖/2, 96: 5 %, 192: 2.5 %)
@@ -194,8 +194,7 @@ class NormRecord:
         perp = lp.norm(dim=-1) + pad
         alpha = alpha.abs() + pad
         # −⟨λ_⊥, e_h⟩ = (1/ρ₀ − 1/ρ)·⟨λ_⊥, Δ_t⟩ (docs/bounds.md §5.1, "Across, by the functional's range")
-        across = None if self.reach is None else across_corners(self.reach, lp, self.eps, self.k_lo,
-                                                                 self.k_hi, pad, self.radii)
+        across = across_corners(self.reach, lp, self.eps, self.k_lo, self.k_hi, pad, self.radii)
         parts = charge_by_parts(alpha, perp, self.along, self.along_K, self.across, self.across_K,
                                 self.budget, across)
         return torch.minimum(whole, parts)
@@ -273,13 +272,8 @@ def layer_norm(S: DeviationSet, raw: Tensor, norm: nn.LayerNorm, eps: float, k: 
             E, K = norm_error(nu, d * norm.eps, 1.0, r, a_lo, a_hi, part)
             E, K = (torch.where(t.isnan(), torch.inf, t) for t in (E, K))  # a ball reaching z = 0
             parts += [torch.minimum(E, err / g), torch.minimum(K, whole_K)]
-        # 1/ρ₀ − 1/ρ on the cut ball, which e_h's part across ẑ₀ takes: ρ² = ‖z₀ + CΔ‖² + c with
-        # ‖z₀ + CΔ‖² = m² + 2ma + ‖CΔ‖² ≤ m² + 2m·a_hi + r², and ≥ (m + a)² ≥ its least over a's range
-        c = d * norm.eps
-        low = torch.maximum(torch.maximum(nu + a_lo, -(nu + a_hi)), torch.zeros_like(nu))
-        rho_lo = (low.square() + c).sqrt() * (1 - 1e-12)
-        rho_hi = (nu.square() + 2 * nu * torch.minimum(a_hi, r) + r.square() + c).clamp_min(0).sqrt()
-        rho_hi = rho_hi * (1 + 1e-12)
+        # 1/ρ₀ − 1/ρ on the cut ball, which e_h's part across ẑ₀ takes: ρ² = ‖z₀ + CΔ‖² + d·e
+        rho_lo, rho_hi = norm_range(nu, r, a_lo, a_hi, d * norm.eps)
         inv0 = 1 / rho0
         # a ball reaching z = 0 with c = 0 has 1/ρ unbounded: k_lo = −inf (or NaN), and no bound is taken
         k_lo = (inv0 - 1 / rho_lo) - 1e-12 * (inv0 + 1 / rho_lo)

@@ -16,7 +16,7 @@ from ..record import Step
 from ..zonotope import DeviationSet, columns, relu_relaxation, symbols
 from .ffn import Refine, relu_bounds
 from .projection_error import exact_error
-from .symmetric import across_corners, charge_by_parts
+from .symmetric import across_corners, charge_by_parts, norm_range
 
 # A straddling token needs its radius below its clean norm (the decomposition's remainder blows up at
 # the origin); beyond it the token is bounded by LayerProject's 1-Lipschitz property alone.
@@ -154,10 +154,8 @@ def project(S: DeviationSet, raw: Tensor, R: float, eps: float, k: int,
         # the linear part L_t = base_t·(I − [tangential]·u_tu_tᵀ) (0 at a wild token), symmetric, kept
         # as its two scalars: the backward pass applies it through u_tᵀΛ_t, O(d) a functional
         base = torch.where(wild, 0.0, torch.where(use_t, R / nu, 1.0))
-        # φ(s) = min(1, R/s) at s = ‖x₀ + Δ‖, which the part across u of either form's error takes:
-        # s² = ν² + 2νa + ‖Δ‖² ≤ ν² + 2ν·a_hi + r² and s ≥ ν + a_lo (each widened for its rounding)
-        s_hi = (nu**2 + r**2 + 2 * nu * torch.minimum(a_hi, r)).clamp_min(0).sqrt() * (1 + 1e-12)
-        s_lo = (nu + torch.maximum(a_lo, -r)).clamp_min(0) * (1 - 1e-12)
+        # φ(s) = min(1, R/s) at s = ‖x₀ + Δ‖, which the part across u of either form's error takes
+        s_lo, s_hi = norm_range(nu, r, torch.maximum(a_lo, -r), a_hi)
         phi_lo = torch.clamp(R / s_hi * (1 - 1e-12), max=1.0)
         phi_hi = torch.where(s_lo > 0, torch.clamp(R / s_lo.clamp_min(torch.finfo(raw.dtype).tiny)
                                                    * (1 + 1e-12), max=1.0), 1.0)
@@ -296,7 +294,7 @@ class ProjectRecord:
         d] (``pad`` [B, C, n] of rounding in each): e_⊥ = (φ − κ_t)Δ_⊥ with κ_t = base_t, and ⟨Λ_⊥, Δ_⊥⟩ =
         ⟨Λ_⊥, Δ_t⟩, so −⟨Λ_⊥, e_⊥⟩ = (κ_t − φ)·⟨Λ_⊥, Δ_t⟩ with κ_t − φ ∈ [κ_t − φ_hi, κ_t − φ_lo]
         (:func:`.symmetric.across_corners`; docs/bounds.md §5.1, "Across, by the functional's range")."""
-        if self.reach is None:
+        if self.reach is None:  # no set kept (and no φ range): the charge by parts alone
             return None
         out = across_corners(self.reach, lp, self.eps, self.base - self.phi_hi, self.base - self.phi_lo, pad,
                              self.radius)

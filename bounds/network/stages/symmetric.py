@@ -90,6 +90,17 @@ def charge_by_parts(along: Tensor, perp: Tensor, U: Tensor, K_U: Tensor, P: Tens
     return shared(level_on, caps, budget[:, None]) + torch.where(on, 0.0, level).sum(-1)
 
 
+def norm_range(nu: Tensor, r: Tensor, a_lo: Tensor, a_hi: Tensor, c: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Bounds [B, n] of (‖x₀ + v‖² + c)^½ over the token's ball ‖v‖ ≤ r cut to a = uᵀv ∈ [a_lo, a_hi]
+    (‖x₀‖ = ν, u = x₀/ν; c ≥ 0), each widened by 1e-12 for its rounding: ‖x₀ + v‖² = ν² + 2νa + ‖v‖² ≤
+    ν² + 2ν·min(a_hi, r) + r², and ≥ (ν + a)², whose least over a's range is max(ν + a_lo, −(ν + a_hi),
+    0)² (docs/bounds.md §5.1, "Across, by the functional's range")."""
+    low = torch.maximum(torch.maximum(nu + a_lo, -(nu + a_hi)), torch.zeros_like(nu))
+    lo = (low.square() + c).sqrt() * (1 - 1e-12)
+    hi = (nu.square() + 2 * nu * torch.minimum(a_hi, r) + r.square() + c).clamp_min(0).sqrt() * (1 + 1e-12)
+    return lo, hi
+
+
 def across_corners(reach, V: Tensor, eps: float, k_lo: Tensor, k_hi: Tensor, pad: Tensor,
                    radius: Tensor) -> Tensor | None:
     """Upper bounds [B, C, n] of k·⟨v, Δ_t⟩ over every k ∈ [k_lo, k_hi] [B, n] and every deviation Δ of
