@@ -336,13 +336,16 @@ def _along(layer: DotMHA, rows: RowStats, f: RowFactors, V: Tensor, Rv: Tensor, 
         logits = torch.minimum(1.75 * s.square() * g3 * sigma * su, CUMULANT4 * s * diam * g3 * su.square())
         per = 1.5 * s * sigma * sq + logits + f.keys[:, None] * along * (sq + curve_g2(s) * su)
     else:
+        # the row is its logits' part, (p' − p)·Yλ − Cov_p(δ, Yλ), plus its values' part, (p' − p)·ΓC_lλ,
+        # and each takes the smaller of its two forms: the second-order one above, or the first-order
+        # one, in which p' − p holds the span of Yλ and of ΓC_lλ to ½‖p' − p‖₁ ≤ tanh(s/4) times it.
+        # Where s is a few units, e^s makes the second-order form the larger (the BatchNorm ViT's
+        # block 1); where e^s overflowed (∞·0: NaN), fmin takes the first-order form alone
+        tv = torch.tanh(s / 4)
         logits = torch.minimum(sigma * curve_g2(s) * su, curve_h2(s) * diam * su.square())
-        per = sigma * sq + logits + f.keys[:, None] * along * curve_g1(s) * su
-        # the first-order form: the attention's change along Λ_i and its linear part, each on its own
-        # (p' − p holds the span of Yλ and of ΓC_lλ to a quarter of s times it, or to all of it);
-        # where s is a few units, e^s makes the form above the larger (the BatchNorm ViT's block 1)
-        first = torch.clamp(s / 4, max=1) * (diam + f.reach[:, None] * along) + su * sigma
-        per = torch.fmin(per, first)  # where e^s overflowed (∞·0: NaN), the first-order form alone
+        logits = torch.fmin(sigma * sq + logits, tv * diam + su * sigma)
+        values = torch.fmin(f.keys[:, None] * along * curve_g1(s) * su, tv * f.reach[:, None] * along)
+        per = logits + values
     # a row Λ_i = 0 reads nothing, even where e^s overflowed (0·∞ would be NaN, read as ∞)
     per = torch.where((Lam != 0).any(-1)[:, :, None], per, 0.0)
     return nan_inf(per.sum(2) * (1 + ROUND_REL))

@@ -130,7 +130,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             # remainder whole, as it would in a batch of its own, so that no bound depends on its batch
             rowwise = rest > enough  # [B]
             plain = rest
-            whole, rows = set_remainder(layer, parts, box, r, own, spread)
+            whole, rows = set_remainder(layer, parts, box, r, own, spread, spans)
             rest = torch.minimum(rest, whole)
             # each output token's share, for functionals that read a few tokens (§5.1)
             stats, factors, v_rows = row_factors(layer, X, r, spans, own, spread)

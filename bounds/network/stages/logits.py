@@ -22,6 +22,8 @@ from ..zonotope import DeviationSet, box_norms
 
 # each norm's own rounding: a relative 1e-12 covers products of a few hundred terms in float64
 ROUND = 1e-12
+# the most entries :func:`pair_spans` holds at once (2²⁴ float64: 128 MiB), rows formed a few at a time
+PAIR_CHUNK = 2**24
 
 
 @dataclass(frozen=True)
@@ -237,10 +239,38 @@ def set_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: LogitBox,
     # its largest entry; ROUND covers the sums, a relative 1e-10 of the row's largest entry the centring
     quad = (box.whole - box.linear).clamp_min(0)
     rest = 2 * (entry / root + quad).amax(-1) + ball_span / root
-    spans = (pairs.amax((-1, -2)) / root + rest) * (1 + ROUND)
-    spans = spans + 2e-10 * (box.linear + box.centre.abs()).amax(-1)
+    # or every part pair by pair (§5.1, "The logits' rows on the set"): the symbols' and the groups'
+    # differences between keys j and k, the quadratic part at its two entries; the smaller is kept
+    paired = torch.minimum(pairs.amax((-1, -2)) / root + rest, pair_spans(S, M, pairs, quad, root)
+                           + ball_span / root)
+    spans = paired * (1 + ROUND) + 2e-10 * (box.linear + box.centre.abs()).amax(-1)
     return RowReadings(torch.minimum(first + spread, box.spread(P)), torch.minimum(spans, box.spans()),
                        first, spread)
+
+
+def pair_spans(S: DeviationSet, M: MappedLogits, pairs: Tensor, quad: Tensor, root: float) -> Tensor:
+    """max over keys j, k of an upper bound of u_ij − u_ik for every row, [B, h, n], E's share left out
+    (docs/bounds.md §5.1, "The logits' rows on the set"): ``pairs`` [B, h, i, j, k] (the G part's and the
+    shift's, before ÷√d_h) plus the symbols' Σ_m |L(A)_ij,m − L(A)_ik,m|, the groups' ‖L(Q)_ij − L(Q)_ik‖
+    under their budget (both ÷√d_h) and the quadratic part's bound at both entries, ``quad`` [B, h, i, j].
+    A shared move of the two keys' logits cancels here, where the sum of each one's largest bound pays
+    it twice. Formed a few rows at a time (:data:`PAIR_CHUNK` entries)."""
+    B, h, n = pairs.shape[:3]
+    wide = max(1, M.A.shape[-1], M.Q.shape[-2] * M.Q.shape[-1])
+    step = max(1, PAIR_CHUNK // (B * h * n * n * wide))
+    out = []
+    for i in range(0, n, step):
+        rows = slice(i, i + step)
+        diff = pairs[:, :, rows]
+        if M.A.shape[-1]:
+            A = M.A[:, :, rows]  # [B, h, i, j, m]
+            diff = diff + (A[..., :, None, :] - A[..., None, :, :]).abs().sum(-1)
+        if M.Q.shape[-2]:
+            Q = M.Q[:, :, rows]  # [B, h, i, j, k, g]
+            diff = diff + S.grouped((Q[..., :, None, :, :] - Q[..., None, :, :, :]).norm(dim=-1))
+        q = quad[:, :, rows]
+        out.append((diff / root + q[..., :, None] + q[..., None, :]).amax((-1, -2)))
+    return torch.cat(out, 2)
 
 
 def softmax_box(P: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
@@ -261,7 +291,8 @@ def softmax_box(P: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def set_remainder(layer: DotMHA, parts, box: LogitBox, r: Tensor,
-                  own: Tensor | None = None, spread: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                  own: Tensor | None = None, spread: Tensor | None = None,
+                  spans: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Bounds of ‖F(X + Γ) − F(X) − J_F(X)[Γ]‖ over the set whose logits lie in ``box``, whose radius is
     at most ``r`` [B] and whose tokens' radii are at most ``own`` [B, n] (default r): the whole [B] and
     each output token's row [B, n] (docs/bounds.md §5.1, "Attention's remainder on the set"). With P'
@@ -269,8 +300,10 @@ def set_remainder(layer: DotMHA, parts, box: LogitBox, r: Tensor,
     R_l = (P'_l − P_l)Y_l + (P'_l − P_l)ΓC_l − dP_l[Γ]Y_l, bounded row by row:
 
     * ‖(p'_i − p_i)ᵀY‖ ≤ min(Σ_j u_ij‖Y_j − ȳ_i‖, m_i·diam(Y)), u_ij ≥ |p'_ij − p_ij| from
-      :func:`softmax_box` and m_i ≥ the mass p' moves;
-    * ‖(p'_i − p_i)ᵀΓC_l‖ ≤ min(‖u_i‖·r, Σ_j u_ij·own_j)·‖C_l‖ (over rows, ‖U‖_F·r·‖C_l‖);
+      :func:`softmax_box` and m_i ≥ the mass p' moves: the box's, or tanh(s_i/4) where ``spans``
+      [B, h, n] bounds the rows' logit spans s_i (docs/bounds.md §5.1, "At large logit spans");
+    * ‖(p'_i − p_i)ᵀΓC_l‖ ≤ min(‖u_i‖·r, Σ_j u_ij·own_j, m_i·reach)·‖C_l‖ (over rows, the first or the
+      third), reach ≥ max_{j≠k} ‖Γ_j‖ + ‖Γ_k‖;
     * ‖dP[Γ]_iᵀY‖ = ‖Cov_{p_i}(δ_i, Y)‖ ≤ std_{p_i}(δ_i)·σ_i, σ_i² = Σ_j p_ij‖Y_j − ȳ_i‖², the std
       at most ``spread`` [B, h, n] (:func:`set_rows`), or that of the box about its p_i-weighted
       centre and half the row's span.
@@ -286,10 +319,18 @@ def set_remainder(layer: DotMHA, parts, box: LogitBox, r: Tensor,
     Yc = (Y[:, :, None] - Ybar[:, :, :, None]).norm(dim=-1)  # [B, h, i, j]: ‖Y_j − ȳ_i‖
     diam = (Y[:, :, :, None] - Y[:, :, None]).norm(dim=-1).amax((-1, -2))  # [B, h]
     mass = torch.minimum(up.sum(-1), down.sum(-1))
+    if spans is not None:  # ½‖p' − p‖₁ ≤ tanh(s/4) where the row's logits span at most s
+        mass = torch.minimum(mass, torch.tanh(spans / 4) * (1 + 1e-12))
     first = torch.minimum((u * Yc).sum(-1), mass * diam[..., None])  # [B, h, n]
     C = layer.C_norm()[None, :, None]
     norm = lambda t: t.square().sum(-1).sqrt()  # over rows
     second = u.norm(dim=-1) * r[:, None, None] * C  # [B, h, n]; over rows ‖U‖_F·r·‖C_l‖
+    # the moved mass times the span of Γ_kC_l over the keys: the two largest token radii, or √2·r
+    reach = math.sqrt(2) * r[:, None, None]
+    if own is not None:
+        top = torch.minimum(own, r[:, None]).topk(min(2, own.shape[-1]), dim=-1).values.sum(-1)
+        reach = torch.minimum(reach, top[:, None, None])
+    second = torch.minimum(second, mass * reach * C)
     whole_second = norm(second)
     if own is not None:
         second = torch.minimum(second, (u * own[:, None, None]).sum(-1) * C)

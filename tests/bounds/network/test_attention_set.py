@@ -48,6 +48,27 @@ def test_softmax_box_holds_every_sampled_change_and_its_corners_attain_it(n, wid
         assert torch.allclose((s + corner).softmax(-1)[:, j], low[:, j], rtol=1e-12, atol=1e-300)
 
 
+@pytest.mark.parametrize("n,seed", [(2, 0), (5, 1), (17, 2)])
+def test_the_moved_mass_is_at_most_tanh_of_a_quarter_span_and_two_keys_attain_it(n, seed):
+    """½‖softmax(L + u) − softmax(L)‖₁ ≤ tanh(s/4), s = max u − min u (docs/bounds.md §5.1, "At large
+    logit spans"), on random rows and shifts up to saturation; and two keys attain it: p = (q, 1 − q)
+    with q = 1/(e^{s/2} + 1) and u = (s, 0), so that no smaller function of s bounds the mass."""
+    gen = torch.Generator().manual_seed(seed)
+    for scale in (0.1, 1.0, 4.0, 30.0):
+        L = torch.randn(500, n, generator=gen, dtype=torch.float64) * 3
+        u = torch.randn(500, n, generator=gen, dtype=torch.float64) * scale
+        u = torch.where(torch.rand(500, n, generator=gen, dtype=torch.float64) < 0.3, u.sign() * scale, u)
+        moved = 0.5 * ((L + u).softmax(-1) - L.softmax(-1)).abs().sum(-1)
+        s = u.amax(-1) - u.amin(-1)
+        assert (moved <= torch.tanh(s / 4) + 1e-15).all()
+    for s in (0.01, 0.5, 2.0, 8.0):
+        q = 1 / (math.exp(s / 2) + 1)
+        p = torch.tensor([q, 1 - q], dtype=torch.float64)
+        moved = (p.log() + torch.tensor([s, 0.0], dtype=torch.float64)).softmax(-1) - p
+        assert abs(0.5 * float(moved.abs().sum()) - math.tanh(s / 4)) < 1e-12
+        assert math.tanh(s / 4) < min(1.0, s / 4)  # below the bound it replaces
+
+
 def set_points(S, eps: float, count: int, gen: torch.Generator) -> torch.Tensor:
     """[count, B, n, d]: points c + Gδ + Aζ of the set (‖δ‖ = ε or less, ζ at corners of the box or
     inside it; the groups and balls at 0, which the set allows)."""
@@ -133,7 +154,10 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
         S, X = stages[f"{before}{k}"], clean[k]
         parts, r, box, readings = read_on_set(S, layer, X, eps)
         spread, row_spans = readings.spread, readings.spans
-        rows, set_tokens = set_remainder(layer, parts, box, r, S.token_radii(eps), spread)
+        rows, set_tokens = set_remainder(layer, parts, box, r, S.token_radii(eps), spread, row_spans)
+        # the spans' total variation (tanh(s/4)) only lowers the box's moved mass
+        plain_rows, plain_tokens = set_remainder(layer, parts, box, r, S.token_radii(eps), spread)
+        assert (rows <= plain_rows).all() and (set_tokens <= plain_tokens).all()
         spans = remainder(layer, X, r, core=parts.xi, spans=row_spans)
         tokens = row_remainders(layer, X, r, row_spans, S.token_radii(eps), spread)  # [B, n]
         narrower = narrower or bool((spread < box.spread(parts.P) * (1 - 1e-6)).any())
@@ -176,6 +200,47 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
     assert narrower  # the set's rows see what the box cannot, in every case
     assert sharper or not second_below
     assert cleaner == clean_below
+
+
+@pytest.mark.parametrize("kind,seed,qk,eps", [("project", 15, 2.0, 0.05), ("batch", 17, 8.0, 0.1)])
+def test_the_spans_pair_by_pair_are_a_dense_construction_and_below_twice_the_largest_entry(kind, seed, qk,
+                                                                                          eps):
+    """pair_spans against its bound assembled key pair by key pair from the mapped parts (the G part's
+    distance from G's columns themselves, every symbol's difference at its sign, each group's
+    difference under the budget, the quadratic part at both entries), to 1e-9; the spans never above
+    the form that pays every part but G and the shift at twice its largest entry, and below it
+    somewhere (docs/bounds.md §5.1, "The logits' rows on the set")."""
+    from bounds.network.stages.logits import map_logits, pair_spans
+
+    tn, stages, clean, before = staged(kind, seed, qk, eps)
+    lower = False
+    with torch.no_grad():
+        for k, layer in enumerate(tn.layers):
+            S, X = stages[f"{before}{k}"], clean[k]
+            parts, _, box, readings = read_on_set(S, layer, X, eps)
+            M = map_logits(S, layer, parts)
+            root = math.sqrt(layer.d_h)
+            quad = (box.whole - box.linear).clamp_min(0)
+            shift_pairs = M.shift[..., :, None] - M.shift[..., None, :]
+            n = M.shift.shape[-1]
+            want = torch.full_like(M.shift[..., 0], -math.inf)  # [B, h, i]
+            twice = torch.zeros_like(M.shift[..., 0])
+            for j, kk in itertools.product(range(n), range(n)):
+                g = eps * (M.G[..., j, :] - M.G[..., kk, :]).norm(dim=-1) + shift_pairs[..., j, kk]
+                a = (M.A[..., j, :] - M.A[..., kk, :]).abs().sum(-1)
+                q = S.grouped((M.Q[..., j, :, :] - M.Q[..., kk, :, :]).norm(dim=-1))
+                total = (g + a + q) / root + quad[..., j] + quad[..., kk]
+                want = torch.maximum(want, total)
+                twice = torch.maximum(twice, g / root)
+            entry = (M.A.abs().sum(-1) + S.grouped(M.Q.norm(dim=-1))) / root + quad
+            twice = twice + 2 * entry.amax(-1)
+            pairs = eps * (M.G[..., :, None, :] - M.G[..., None, :, :]).norm(dim=-1) + shift_pairs
+            got = pair_spans(S, M, pairs, quad, root)
+            assert torch.allclose(got, want, rtol=1e-9, atol=1e-12), k
+            # the G part's pair term uses the centred Gram there; both bound the same differences
+            assert (got <= twice * (1 + 1e-9) + 1e-12).all(), k
+            lower = lower or bool((readings.spans < twice * 0.95).any())
+    assert lower
 
 
 def functionals(B: int, n: int, d: int, layer, gen: torch.Generator) -> torch.Tensor:
@@ -234,7 +299,8 @@ def test_the_remainder_along_a_functional_reads_the_values_as_a_dense_constructi
                                                                                        saturated):
     """functional_rows against the same row bound assembled from dense float64 quantities (C_l = W^V_l W^O_l
     formed, σ_i(λ) from pairwise differences, ‖C_lλ‖ and the span of X C_l λ directly), each head and row
-    apart the smaller of its second-order and first-order forms, to 1e-9."""
+    apart, its logits' part and its values' part each the smaller of its second-order and first-order
+    forms, to 1e-9."""
     from bounds.remainder.row_bounds import curve_g1, curve_g2, curve_h2
 
     tn, stages, clean, before = staged(kind, seed, qk, eps)
@@ -262,11 +328,15 @@ def test_the_remainder_along_a_functional_reads_the_values_as_a_dense_constructi
                     span = yk.max() - yk.min()
                     logits = torch.minimum(sigma * curve_g2(s) * su, curve_h2(s) * span * su**2)
                     keys = f.keys[b, head, i] * (C @ lam).norm()
-                    second = sigma * sq + logits + keys * curve_g1(s) * su
-                    first = min(float(s) / 4, 1.0) * (span + reach[b] * (C @ lam).norm()) + su * sigma
-                    # where e^s overflows the second-order form is ∞·0 (NaN): the first-order form alone
-                    want[b, c, i] += torch.fmin(second, first)
-                    took_first = took_first or not bool(second <= first)
+                    # ½‖p' − p‖₁ ≤ tanh(s/4) where the logits' change spans at most s
+                    tv = math.tanh(float(s) / 4)
+                    # the logits' part and the values' part, each the smaller of its two forms; where
+                    # e^s overflows the second-order form is ∞·0 (NaN): the first-order form alone
+                    parts = [(sigma * sq + logits, tv * span + su * sigma),
+                             (keys * curve_g1(s) * su, tv * reach[b] * (C @ lam).norm())]
+                    for second, first in parts:
+                        want[b, c, i] += torch.fmin(second, first)
+                        took_first = took_first or not bool(second <= first)
             assert torch.allclose(got, want, rtol=2e-9, atol=1e-14), (k, float((got - want).abs().max()))
     assert took_first == saturated
 

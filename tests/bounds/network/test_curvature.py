@@ -144,22 +144,24 @@ def test_the_charge_holds_an_ascent_on_the_ball_and_is_below_the_rows_somewhere(
 
 
 def test_the_margins_left_short_take_the_curved_pass_soundly_and_certify_more(monkeypatch):
-    """On the 3-block q2 digits ViT at ε 0.05, test images 5 and 6 (5 is the one of the first 30 that
-    the curved pass alone certifies since LayerProject's part across the tokens is charged through
-    the functional's range; 2 and 8 were such before it, 3 and 16 before the shared budget was taken
-    exactly, 1 and 21 before LayerProject's errors were charged by their parts, docs/results.md): the
+    """On the 3-block q2 digits ViT at ε 0.04, test images 11 and 17 (11 is the one of the first 30
+    that the curved pass alone certifies there since attention's row bound takes its logits' and
+    values' parts apart and the spans pair by pair; at ε 0.05 none is left, where 5 was before it, 2
+    and 8 before LayerProject's part across the tokens was charged through the functional's range, 3
+    and 16 before the shared budget was taken exactly, 1 and 21 before LayerProject's errors were
+    charged by their parts, docs/results.md): the
     second pass's lower bounds with the curved pass are never below those without it, are above them
     for some margin, certify an image that they did not, and hold the sampled deviations and an own
     attack on each margin."""
     net, _ = load_vit(ZOO / "digits-d32-b3-h2-c0.5-q2.safetensors")
-    x, y = first_test_images("digits", net, 7)
-    x, y = x[[5, 6]].double(), y[[5, 6]]
+    x, y = first_test_images("digits", net, 18)
+    x, y = x[[11, 17]].double(), y[[11, 17]]
     with torch.inference_mode():
-        low, _, certified, _ = TaylorNet(net, x, y).one_pass(0.05, slice(None), "taylor", refine=True)
+        low, _, certified, _ = TaylorNet(net, x, y).one_pass(0.04, slice(None), "taylor", refine=True)
         monkeypatch.setattr(attention, "CURVED_MAX", 0)
-        flat, _, flat_certified, _ = TaylorNet(net, x, y).one_pass(0.05, slice(None), "taylor", refine=True)
+        flat, _, flat_certified, _ = TaylorNet(net, x, y).one_pass(0.04, slice(None), "taylor", refine=True)
     finite = torch.isfinite(low)
     assert (low[finite] >= flat[finite]).all() and (low[finite] > flat[finite]).any()
     assert int(certified.sum()) > int(flat_certified.sum())
-    lower = margins_hold(net, x, y, low, 0.05, 16, 5)
-    attacked_margins_hold(net, x, y, lower, 0.05, 60)
+    lower = margins_hold(net, x, y, low, 0.04, 16, 5)
+    attacked_margins_hold(net, x, y, lower, 0.04, 60)
