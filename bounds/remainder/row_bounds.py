@@ -279,7 +279,8 @@ def row_bound(rows: RowStats, f: RowFactors, v: Tensor) -> Tensor:
 FUNCTIONALS = 2048
 
 
-def functional_rows(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam: Tensor) -> Tensor:
+def functional_rows(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam: Tensor,
+                    values: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """A bound of |⟨Λ_i, R(Γ)_i⟩| for functionals Λ [B, C, n, d] on attention's output, per functional
     and output row, summed over heads, [B, C, n] (docs/bounds.md §5.1, "Attention's remainder along a
     functional"): :func:`row_remainders`' row bound with the values X C_l read along Λ_i, σ_i(Λ_i) =
@@ -288,12 +289,25 @@ def functional_rows(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam
     row's; it is far below where Λ_i reads directions the values barely spread along. Each head and
     row pays the smaller of that and the same row's first-order form (docs/bounds.md §5.1, "at large
     logit spans"): min(1, s/4)·(span(X C_l Λ_i) + reach·‖C_lΛ_i‖) + std(u)·σ_i(Λ_i), which does not
-    grow with e^s."""
+    grow with e^s. ``values`` (spread, span), each [B, C, h, n]: upper bounds of std_{p_i}(ΓC_lΛ_i) and
+    of the span of ΓC_lΛ_i over the keys, read on the set (:func:`bounds.network.stages.attention.
+    value_ranges`), taken where they are below keys_i‖C_lΛ_i‖ and reach·‖C_lΛ_i‖."""
     V = torch.einsum("bnd,hde->bhne", X, layer.W_v)  # [B, h, k, e]
     # ‖C_l Λ_i‖ = ‖W^V_l (W^O_l Λ_i)‖ = ‖R_l W^O_l Λ_i‖ with W^V_l = Q_l R_l: d_h-wide
     Rv = torch.linalg.qr(layer.W_v, mode="r").R  # [h, e, e]
     # its tensors are a few times Λ's: at most so many functionals at once
-    return torch.cat([_along(layer, rows, f, V, Rv, part) for part in Lam.split(FUNCTIONALS, 1)], 1)
+    return torch.cat([_along(layer, rows, f, V, Rv, part, values=_part(values, at, part))
+                      for at, part in _parts(Lam)], 1)
+
+
+def _parts(Lam: Tensor):
+    """(first index, functionals) of Λ's chunks of :data:`FUNCTIONALS`."""
+    return ((at, Lam[:, at:at + FUNCTIONALS]) for at in range(0, Lam.shape[1], FUNCTIONALS))
+
+
+def _part(values: tuple[Tensor, Tensor] | None, at: int, part: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The chunk of ``values`` that goes with the functionals ``part`` from index ``at``."""
+    return None if values is None else tuple(v[:, at:at + part.shape[1]] for v in values)
 
 
 # the fourth joint cumulant E[ũ³Ỹ] − 3E[ũ²]E[ũỸ] of a row over the ball is at most
@@ -301,7 +315,8 @@ def functional_rows(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam
 CUMULANT4 = 1 + 3 / (2 * math.sqrt(2))
 
 
-def functional_beyond(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam: Tensor) -> Tensor:
+def functional_beyond(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam: Tensor,
+                      values: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """A bound of |⟨Λ_i, (R − Q₂)(Γ)_i⟩| for functionals Λ [B, C, n, d] on attention's output, per
     functional and output row, summed over heads, [B, C, n], where Q₂ = ½D²F(X)[Γ, Γ] is the whole
     second-order term (docs/bounds.md §5.1, "Attention's remainder along a functional, its second order
@@ -315,14 +330,14 @@ def functional_beyond(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, L
     side's terms beyond Cov_p(δ, ΓC_l). Every term is of order r³."""
     V = torch.einsum("bnd,hde->bhne", X, layer.W_v)
     Rv = torch.linalg.qr(layer.W_v, mode="r").R
-    return torch.cat([_along(layer, rows, f, V, Rv, part, beyond=True)
-                      for part in Lam.split(FUNCTIONALS, 1)], 1)
+    return torch.cat([_along(layer, rows, f, V, Rv, part, beyond=True, values=_part(values, at, part))
+                      for at, part in _parts(Lam)], 1)
 
 
 def _along(layer: DotMHA, rows: RowStats, f: RowFactors, V: Tensor, Rv: Tensor, Lam: Tensor,
-           beyond: bool = False) -> Tensor:
+           beyond: bool = False, values: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """:func:`functional_rows` on a few functionals, with X W^V_l (``V``) and W^V_l's R factor (``Rv``);
-    with ``beyond``, :func:`functional_beyond`."""
+    with ``beyond``, :func:`functional_beyond`; ``values`` as there."""
     w = torch.einsum("hef,bcif->bchie", layer.W_o, Lam)  # W^O_l Λ_i: [B, C, h, i, e]
     y = torch.einsum("bhke,bchie->bchik", V, w)  # (X C_l Λ_i)_k
     P = rows.P[:, None]  # [B, 1, h, i, k]
@@ -331,10 +346,14 @@ def _along(layer: DotMHA, rows: RowStats, f: RowFactors, V: Tensor, Rv: Tensor, 
     diam = y.amax(-1) - y.amin(-1)
     along = torch.einsum("hfe,bchie->bchif", Rv, w).norm(dim=-1)
     s, sq, su = (t[:, None] for t in (f.s, f.sq, f.su))
+    # std_p(ΓC_lΛ_i) and the span of ΓC_lΛ_i over the keys: from the keys' radii, or read on the set
+    spread, span = f.keys[:, None] * along, f.reach[:, None] * along
+    if values is not None:
+        spread, span = torch.minimum(spread, values[0]), torch.minimum(span, values[1])
     if beyond:
         g3 = curve_g3(s)
         logits = torch.minimum(1.75 * s.square() * g3 * sigma * su, CUMULANT4 * s * diam * g3 * su.square())
-        per = 1.5 * s * sigma * sq + logits + f.keys[:, None] * along * (sq + curve_g2(s) * su)
+        per = 1.5 * s * sigma * sq + logits + spread * (sq + curve_g2(s) * su)
     else:
         # the row is its logits' part, (p' − p)·Yλ − Cov_p(δ, Yλ), plus its values' part, (p' − p)·ΓC_lλ,
         # and each takes the smaller of its two forms: the second-order one above, or the first-order
@@ -344,8 +363,7 @@ def _along(layer: DotMHA, rows: RowStats, f: RowFactors, V: Tensor, Rv: Tensor, 
         tv = torch.tanh(s / 4)
         logits = torch.minimum(sigma * curve_g2(s) * su, curve_h2(s) * diam * su.square())
         logits = torch.fmin(sigma * sq + logits, tv * diam + su * sigma)
-        values = torch.fmin(f.keys[:, None] * along * curve_g1(s) * su, tv * f.reach[:, None] * along)
-        per = logits + values
+        per = logits + torch.fmin(spread * curve_g1(s) * su, tv * span)
     # a row Λ_i = 0 reads nothing, even where e^s overflowed (0·∞ would be NaN, read as ∞)
     per = torch.where((Lam != 0).any(-1)[:, :, None], per, 0.0)
     return nan_inf(per.sum(2) * (1 + ROUND_REL))

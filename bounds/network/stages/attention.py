@@ -51,6 +51,11 @@ NORM_J = 2048
 # Δ₁ (attention frozen at P_l(X)) and δ₂ of eq. 28 (ξ_l: no Lanczos), a first-order remainder;
 # ``lofast_half`` the same with softmax ½-Lipschitz (§2.2)
 SPLITS = ("taylor", "lofast", "lofast_half")
+# the most functionals whose values' deviations a backward step reads on the set (:func:`value_ranges`):
+# the margins' passes (classes − 1, twice through a final norm's sign), not the units' ranges
+RANGED_MAX = 32
+# the most entries the supports of a chunk of those functionals hold at once (1 GiB of float64)
+VALUE_CHUNK = 2**27
 # ``best``: each margin takes the better of these splits' sound bounds (docs/bounds.md §5.1, "The
 # best split"); the second runs only on the images the first leaves uncertified. Each certifies
 # images the other does not (docs/scale.md); δ₂ itself is never below its half, so it is not tried
@@ -157,7 +162,8 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
                   tok=mix_tokens(layer, parts, blocks, S.tok, split))
     if log is not None:
         log.append(AttentionRecord(f"attention{k}", layer, X, J, rest, parts, split, rows, along, r,
-                                   rowwise=rowwise))
+                                   rowwise=rowwise, reach=None if along is None else S,
+                                   eps=0.0 if eps is None else eps))
     return out.add_ball(f"attention{k}", rest, rows)
 
 
@@ -375,6 +381,11 @@ class AttentionRecord:
     curved: bool = False
     # [B]: the images whose remainder the rows bound; ``along`` serves those alone (None: every image)
     rowwise: Tensor | None = None
+    # the set entering the stage at radius ``eps``, where its rows are known: the values' deviations
+    # along each functional are read off it (:func:`value_ranges`) for the passes of at most
+    # :data:`RANGED_MAX` functionals
+    reach: DeviationSet | None = None
+    eps: float = 0.0
 
     def step(self, Lam: Tensor) -> Step:
         """Λ ↦ JᵀΛ (or Δ₁ᵀΛ for LoFAST's split), the remainder charged at ‖Λ‖_F·ρ, or at Σ_t ‖Λ_t‖ρ_t
@@ -387,18 +398,49 @@ class AttentionRecord:
             # on the images the rows bound (an image alone in its batch would have none)
             mine = (lambda v: v) if self.rowwise is None else (
                 lambda v: torch.where(self.rowwise[:, None], v, torch.inf))
-            rows = functional_rows(self.layer, self.X, *self.along, Lam)
+            values = None
+            if self.reach is not None and Lam.shape[1] <= RANGED_MAX:
+                values = value_ranges(self.layer, self.reach, self.eps, self.along[0].P, Lam)
+            rows = functional_rows(self.layer, self.X, *self.along, Lam, values)
             charge = torch.minimum(charge, mine(rows.sum(-1) * (1 + 1e-12)))
             if self.curved and Lam.shape[1] <= CURVED_MAX:
                 # the second order exactly along Λ, the rest row by row (docs/bounds.md §5.1)
                 second = 0.5 * negative_curvature(self.layer, self.X, Lam) * self.radius[:, None] ** 2
-                beyond = functional_beyond(self.layer, self.X, *self.along, Lam).sum(-1)
+                beyond = functional_beyond(self.layer, self.X, *self.along, Lam, values).sum(-1)
                 charge = torch.minimum(charge, mine((second + beyond) * (1 + 1e-12)))
         if self.split == "taylor":
             moved = transpose_apply(self.layer, self.X, self.J, Lam, self.parts)
         else:
             moved = delta1_transpose(self.layer, self.parts, Lam)
         return Step(moved, charge=charge)
+
+
+def value_ranges(layer: DotMHA, S: DeviationSet, eps: float, P: Tensor, Lam: Tensor) -> tuple[Tensor, Tensor]:
+    """Upper bounds of std_{p_i}(z) and of max_k z_k − min_k z_k for the values' deviations along each
+    functional, z_k = Γ_kC_lΛ_i over the keys k, for every Γ of the set ``S`` (at radius ``eps``), each
+    [B, C, h, n] (docs/bounds.md §5.1, "The values along a functional, on the set"): each key's range of
+    ⟨C_lΛ_i, Γ_k⟩ is the set's support along that d-vector at token k (``DeviationSet.ranges``), so
+    the span is the largest top less the least bottom, and Var_p(z) ≤ Σ_k p_k (z_k − c)² with c the
+    p-weighted centre of the ranges. ``P`` [B, h, n, n]: the clean rows."""
+    B, C, n, d = Lam.shape
+    w = torch.einsum("hde,hef,bcif->bchid", layer.W_v, layer.W_o, Lam)  # C_lΛ_i: [B, C, h, i, d]
+    V = w.reshape(B, C * layer.h * n, 1, d).expand(-1, -1, n, -1)  # the same vector at every key
+    width = S.G.shape[-1] + S.A.shape[-1] + S.Q.shape[-2] * S.Q.shape[-1] + d
+    step = max(1, VALUE_CHUNK // (B * n * width))
+    mid, half = (torch.cat(part, 1) for part in zip(*(S.ranges(V[:, i:i + step], eps)
+                                                       for i in range(0, V.shape[1], step)), strict=True))
+    mid, half = (t.reshape(B, C, layer.h, n, n) for t in (mid, half))  # [B, C, h, i, k]
+    # the supports' rounding (a few ulps of each norm and sum), and C_lΛ_i's own: its entries are off
+    # by at most a relative d·u of ‖C_l‖‖Λ_i‖ each, so ⟨w − w_exact, Γ_k⟩ ≤ 1e-12·‖C_l‖‖Λ_i‖ times
+    # the key's radius
+    pad = 1e-12 * layer.C_norm()[None, None, :, None, None] * Lam.norm(dim=-1)[:, :, None, :, None]
+    half = half * (1 + 1e-12) + pad * S.token_radii(eps)[:, None, None, None, :]
+    lo, hi = mid - half, mid + half
+    p = P[:, None]  # [B, 1, h, i, k]
+    centre = (p * mid).sum(-1, keepdim=True)
+    spread = (p * ((mid - centre).abs() + half).square()).sum(-1).sqrt() * (1 + 1e-12)
+    span = (hi.amax(-1) - lo.amin(-1)) * (1 + 1e-12)
+    return spread, span
 
 
 def curved_log(log: list) -> list | None:

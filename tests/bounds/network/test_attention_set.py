@@ -290,6 +290,61 @@ def test_the_remainder_along_a_functional_holds_the_true_deviations_and_never_ex
     assert below_rows
 
 
+@pytest.mark.parametrize("kind,seed,qk,eps,below,second_below,clean_below", CASES)
+def test_the_values_along_a_functional_read_on_the_set_hold_the_true_deviations(kind, seed, qk, eps, below,
+                                                                               second_below, clean_below):
+    """value_ranges: std_{p_i}(z) and the span over the keys of z_k = Γ_kC_lΛ_i (C_l = W^V_l W^O_l formed
+    densely) at the set's points and at the true deviations of sampled perturbations are within its
+    bounds; they are below the keys' radii's forms somewhere; and functional_rows with them is never
+    above it without them, below it somewhere, and holds |⟨Λ_i, R(Γ)_i⟩| at the same deviations
+    (docs/bounds.md §5.1, "The values along a functional, on the set")."""
+    from bounds.network.stages.attention import value_ranges
+
+    _, x, attn_in, _ = inputs(kind, seed, qk)
+    tn, stages, clean, before = staged(kind, seed, qk, eps)
+    gen = torch.Generator().manual_seed(seed + 300)
+    with torch.no_grad():
+        moved = [attn_in(x + d) for d in perturbations(x, eps, 6, gen)]
+    tighter = lower = False
+    for k, layer in enumerate(tn.layers):
+        S, X = stages[f"{before}{k}"], clean[k]
+        parts, r, _, readings = read_on_set(S, layer, X, eps)
+        own = S.token_radii(eps)
+        stats, factors, _ = row_factors(layer, X, r, readings.spans, own, readings.spread)
+        Lam = functionals(X.shape[0], *X.shape[1:], layer, gen)
+        with torch.no_grad():
+            spread, span = value_ranges(layer, S, eps, parts.P, Lam)  # [B, C, h, i]
+            plain = functional_rows(layer, X, stats, factors, Lam)
+            ranged = functional_rows(layer, X, stats, factors, Lam, (spread, span))
+        assert (ranged <= plain).all(), k
+        lower = lower or bool((ranged < plain * (1 - 1e-6)).any())
+        C = torch.einsum("hde,hef->hdf", layer.W_v, layer.W_o)  # [h, d, d]
+        w = torch.einsum("hdf,bcif->bchid", C, Lam)
+        radius_form = factors.reach[:, None] * w.norm(dim=-1)
+        tighter = tighter or bool((span < radius_form * 0.9).any())
+        # the assembly, one functional, head and row at a time, from the set's per-token supports
+        rows = (0, X.shape[1] - 1)
+        for b, c, h, i in itertools.product(range(X.shape[0]), (0, 5, 7), range(layer.h), rows):
+            v = w[b, c, h, i]
+            mid, half = S.ranges(v.expand(X.shape[0], 1, X.shape[1], -1).contiguous(), eps)
+            mid, half, p = mid[b, 0], half[b, 0], parts.P[b, h, i]
+            want_spread = (p * ((mid - (p * mid).sum()).abs() + half).square()).sum().sqrt()
+            want_span = (mid + half).max() - (mid - half).min()
+            assert torch.allclose(spread[b, c, h, i], want_spread, rtol=1e-9, atol=1e-13), (k, b, c, h, i)
+            assert torch.allclose(span[b, c, h, i], want_span, rtol=1e-9, atol=1e-13), (k, b, c, h, i)
+        P = parts.P[:, None]  # [B, 1, h, i, k]
+        for dev in [m[k] - X for m in moved] + list(set_points(S, eps, 6, gen)):
+            z = torch.einsum("bkd,bchid->bchik", dev, w)
+            std = (P * (z - (P * z).sum(-1, keepdim=True)).square()).sum(-1).sqrt()
+            assert (std <= spread * (1 + 1e-9) + 1e-12).all(), (k, "spread")
+            assert (z.amax(-1) - z.amin(-1) <= span * (1 + 1e-9) + 1e-12).all(), (k, "span")
+            with torch.enable_grad():
+                R = remainder_rows(layer, X, dev)  # [B, n, d]
+            true = torch.einsum("bcnd,bnd->bcn", Lam, R).abs()
+            assert (true <= ranged * (1 + 1e-9) + 1e-12).all(), (k, float((true - ranged).max()))
+    assert tighter and lower
+
+
 # (norm, seed, q/k scale, ε, whether the first-order form is the smaller at some head and row): soft
 # attention pays the second-order form everywhere; saturated attention (q/k sharp, ε large) the first
 @pytest.mark.parametrize("kind,seed,qk,eps,saturated", [("project", 15, 2.0, 0.05, False),
