@@ -162,7 +162,7 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
                   tok=mix_tokens(layer, parts, blocks, S.tok, split))
     if log is not None:
         log.append(AttentionRecord(f"attention{k}", layer, X, J, rest, parts, split, rows, along, r,
-                                   rowwise=rowwise, reach=None if along is None else S,
+                                   rowwise=rowwise, reach=S if along is not None and quadratic else None,
                                    eps=0.0 if eps is None else eps))
     return out.add_ball(f"attention{k}", rest, rows)
 
@@ -381,9 +381,9 @@ class AttentionRecord:
     curved: bool = False
     # [B]: the images whose remainder the rows bound; ``along`` serves those alone (None: every image)
     rowwise: Tensor | None = None
-    # the set entering the stage at radius ``eps``, where its rows are known: the values' deviations
-    # along each functional are read off it (:func:`value_ranges`) for the passes of at most
-    # :data:`RANGED_MAX` functionals
+    # the set entering the stage at radius ``eps``, where its rows are known, in the second pass: the
+    # values' deviations along each functional are read off it (:func:`value_ranges`) for the passes of
+    # at most :data:`RANGED_MAX` functionals (the first pass decides most images without them)
     reach: DeviationSet | None = None
     eps: float = 0.0
 
