@@ -51,9 +51,14 @@ NORM_J = 2048
 # Δ₁ (attention frozen at P_l(X)) and δ₂ of eq. 28 (ξ_l: no Lanczos), a first-order remainder;
 # ``lofast_half`` the same with softmax ½-Lipschitz (§2.2)
 SPLITS = ("taylor", "lofast", "lofast_half")
-# the most functionals whose values' deviations a backward step reads on the set (:func:`value_ranges`):
-# the margins' passes (classes − 1, twice through a final norm's sign), not the units' ranges
-RANGED_MAX = 32
+# the most distinct rows, and multiply-adds, an image's values' supports along a backward step's
+# functionals (:func:`value_ranges`) may take: the margins' rows (classes − 1 at each token, 153 and
+# 7·10⁹ on the Fashion-MNIST ViTs) and the rows of a block's units right after the attention, one per
+# neuron (on the digits ViTs 90–128 and 10⁸), not the units' rows further back, where every token's
+# row is its own (19,328 and 3·10⁹ at the 2-block q2 model's block 0: the image's time twice over for
+# a hundredth of a margin), nor the Fashion-MNIST ViTs' units (512 neurons, 2·10¹¹)
+VALUE_ROWS = 256
+VALUE_WORK = 2**33
 # the most entries the supports of a chunk of those functionals hold at once (1 GiB of float64)
 VALUE_CHUNK = 2**27
 # ``best``: each margin takes the better of these splits' sound bounds (docs/bounds.md §5.1, "The
@@ -382,8 +387,8 @@ class AttentionRecord:
     # [B]: the images whose remainder the rows bound; ``along`` serves those alone (None: every image)
     rowwise: Tensor | None = None
     # the set entering the stage at radius ``eps``, where its rows are known, in the second pass: the
-    # values' deviations along each functional are read off it (:func:`value_ranges`) for the passes of
-    # at most :data:`RANGED_MAX` functionals (the first pass decides most images without them)
+    # values' deviations along each functional are read off it (:func:`value_ranges`), where their
+    # supports cost at most :data:`VALUE_WORK` (the first pass decides most images without them)
     reach: DeviationSet | None = None
     eps: float = 0.0
 
@@ -399,7 +404,7 @@ class AttentionRecord:
             mine = (lambda v: v) if self.rowwise is None else (
                 lambda v: torch.where(self.rowwise[:, None], v, torch.inf))
             values = None
-            if self.reach is not None and Lam.shape[1] <= RANGED_MAX:
+            if self.reach is not None:
                 values = value_ranges(self.layer, self.reach, self.eps, self.along[0].P, Lam)
             rows = functional_rows(self.layer, self.X, *self.along, Lam, values)
             charge = torch.minimum(charge, mine(rows.sum(-1) * (1 + 1e-12)))
@@ -415,31 +420,56 @@ class AttentionRecord:
         return Step(moved, charge=charge)
 
 
-def value_ranges(layer: DotMHA, S: DeviationSet, eps: float, P: Tensor, Lam: Tensor) -> tuple[Tensor, Tensor]:
+def value_ranges(layer: DotMHA, S: DeviationSet, eps: float, P: Tensor, Lam: Tensor
+                 ) -> tuple[Tensor, Tensor] | None:
     """Upper bounds of std_{p_i}(z) and of max_k z_k − min_k z_k for the values' deviations along each
     functional, z_k = Γ_kC_lΛ_i over the keys k, for every Γ of the set ``S`` (at radius ``eps``), each
     [B, C, h, n] (docs/bounds.md §5.1, "The values along a functional, on the set"): each key's range of
     ⟨C_lΛ_i, Γ_k⟩ is the set's support along that d-vector at token k (``DeviationSet.ranges``), so
     the span is the largest top less the least bottom, and Var_p(z) ≤ Σ_k p_k (z_k − c)² with c the
-    p-weighted centre of the ranges. ``P`` [B, h, n, n]: the clean rows."""
+    p-weighted centre of the ranges. ``P`` [B, h, n, n]: the clean rows.
+
+    The supports are read once per distinct row Λ_i ≠ 0 of an image: a unit's functional reads one
+    token, and a block's units of one neuron read the same row at every token. A row Λ_i = 0 pays
+    nothing (0 here); an image with more than :data:`VALUE_ROWS` distinct rows, or whose supports
+    would cost more than :data:`VALUE_WORK` multiply-adds, keeps the keys' radii's forms (∞ here), each
+    image on its own rows, so that no image's bound depends on the others in its batch; None where no
+    image's fit."""
     B, C, n, d = Lam.shape
-    w = torch.einsum("hde,hef,bcif->bchid", layer.W_v, layer.W_o, Lam)  # C_lΛ_i: [B, C, h, i, d]
-    V = w.reshape(B, C * layer.h * n, 1, d).expand(-1, -1, n, -1)  # the same vector at every key
+    h = layer.h
+    live = (Lam != 0).any(-1)  # [B, C, n]
     width = S.G.shape[-1] + S.A.shape[-1] + S.Q.shape[-2] * S.Q.shape[-1] + d
+    rows = [torch.unique(Lam[b][live[b]], dim=0, return_inverse=True) for b in range(B)]
+    fits = [0 < len(u) <= VALUE_ROWS and len(u) * h * n * d * width <= VALUE_WORK for u, _ in rows]
+    if not any(fits):
+        return None
+    U = max(len(u) for (u, _), fit in zip(rows, fits, strict=True) if fit)
+    lam = Lam.new_zeros(B, U, d)  # each image's distinct rows, padded with zeros
+    for b, ((u, _), fit) in enumerate(zip(rows, fits, strict=True)):
+        if fit:
+            lam[b, :len(u)] = u
+    w = torch.einsum("hde,hef,buf->buhd", layer.W_v, layer.W_o, lam)  # C_lΛ_i: [B, U, h, d]
+    V = w.reshape(B, U * h, 1, d).expand(-1, -1, n, -1)  # the same vector at every key
     step = max(1, VALUE_CHUNK // (B * n * width))
     mid, half = (torch.cat(part, 1) for part in zip(*(S.ranges(V[:, i:i + step], eps)
                                                        for i in range(0, V.shape[1], step)), strict=True))
-    mid, half = (t.reshape(B, C, layer.h, n, n) for t in (mid, half))  # [B, C, h, i, k]
+    mid, half = (t.reshape(B, U, h, n) for t in (mid, half))  # [B, U, h, k]
     # the supports' rounding (a few ulps of each norm and sum), and C_lΛ_i's own: its entries are off
     # by at most a relative d·u of ‖C_l‖‖Λ_i‖ each, so ⟨w − w_exact, Γ_k⟩ ≤ 1e-12·‖C_l‖‖Λ_i‖ times
     # the key's radius
-    pad = 1e-12 * layer.C_norm()[None, None, :, None, None] * Lam.norm(dim=-1)[:, :, None, :, None]
-    half = half * (1 + 1e-12) + pad * S.token_radii(eps)[:, None, None, None, :]
-    lo, hi = mid - half, mid + half
-    p = P[:, None]  # [B, 1, h, i, k]
-    centre = (p * mid).sum(-1, keepdim=True)
-    spread = (p * ((mid - centre).abs() + half).square()).sum(-1).sqrt() * (1 + 1e-12)
-    span = (hi.amax(-1) - lo.amin(-1)) * (1 + 1e-12)
+    pad = 1e-12 * layer.C_norm()[None, None, :, None] * lam.norm(dim=-1)[:, :, None, None]
+    half = half * (1 + 1e-12) + pad * S.token_radii(eps)[:, None, None, :]
+    spread, span = Lam.new_zeros(B, C, h, n), Lam.new_zeros(B, C, h, n)
+    for b, ((_, inverse), fit) in enumerate(zip(rows, fits, strict=True)):
+        if not fit:
+            spread[b], span[b] = torch.inf, torch.inf
+            continue
+        c, i = live[b].nonzero().unbind(-1)
+        m, r = mid[b, inverse], half[b, inverse]  # [L, h, k]
+        p = P[b][:, i].transpose(0, 1)  # [L, h, k]: row i's clean weights
+        centre = (p * m).sum(-1, keepdim=True)
+        spread[b, c, :, i] = (p * ((m - centre).abs() + r).square()).sum(-1).sqrt() * (1 + 1e-12)
+        span[b, c, :, i] = ((m + r).amax(-1) - (m - r).amin(-1)) * (1 + 1e-12)
     return spread, span
 
 

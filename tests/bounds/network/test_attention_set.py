@@ -312,6 +312,12 @@ def test_the_values_along_a_functional_read_on_the_set_hold_the_true_deviations(
         own = S.token_radii(eps)
         stats, factors, _ = row_factors(layer, X, r, readings.spans, own, readings.spread)
         Lam = functionals(X.shape[0], *X.shape[1:], layer, gen)
+        # and units' functionals: one row each, the same two rows at every token (one per neuron)
+        units = torch.zeros(X.shape[0], 2 * X.shape[1], *X.shape[1:], dtype=X.dtype)
+        rows = torch.randn(X.shape[0], 2, X.shape[-1], generator=gen, dtype=X.dtype)
+        for t in range(X.shape[1]):
+            units[:, 2 * t, t], units[:, 2 * t + 1, t] = rows[:, 0], rows[:, 1]
+        Lam = torch.cat([Lam, units], 1)
         with torch.no_grad():
             spread, span = value_ranges(layer, S, eps, parts.P, Lam)  # [B, C, h, i]
             plain = functional_rows(layer, X, stats, factors, Lam)
@@ -323,8 +329,9 @@ def test_the_values_along_a_functional_read_on_the_set_hold_the_true_deviations(
         radius_form = factors.reach[:, None] * w.norm(dim=-1)
         tighter = tighter or bool((span < radius_form * 0.9).any())
         # the assembly, one functional, head and row at a time, from the set's per-token supports
-        rows = (0, X.shape[1] - 1)
-        for b, c, h, i in itertools.product(range(X.shape[0]), (0, 5, 7), range(layer.h), rows):
+        last = X.shape[1] - 1
+        picks = ((0, 0), (5, 0), (7, last), (8, 0), (9, 0), (8 + 2 * last, last), (9 + 2 * last, last))
+        for b, (c, i), h in itertools.product(range(X.shape[0]), picks, range(layer.h)):
             v = w[b, c, h, i]
             mid, half = S.ranges(v.expand(X.shape[0], 1, X.shape[1], -1).contiguous(), eps)
             mid, half, p = mid[b, 0], half[b, 0], parts.P[b, h, i]
@@ -343,6 +350,40 @@ def test_the_values_along_a_functional_read_on_the_set_hold_the_true_deviations(
             true = torch.einsum("bcnd,bnd->bcn", Lam, R).abs()
             assert (true <= ranged * (1 + 1e-9) + 1e-12).all(), (k, float((true - ranged).max()))
     assert tighter and lower
+
+
+def test_the_values_are_read_per_image_and_kept_to_the_radii_over_the_limits(monkeypatch):
+    """value_ranges on a batch equals it on each image alone, bit for bit (a unit-like functional's
+    duplicated rows read once); an image whose distinct rows exceed VALUE_ROWS, or whose supports
+    exceed VALUE_WORK, keeps the keys' radii's forms (∞ here, and functional_rows as without them);
+    with no image within the limits, None."""
+    import bounds.network.stages.attention as attention
+    from bounds.network.stages.attention import value_ranges
+
+    tn, stages, clean, before = staged("project", 15, 2.0, 0.05)
+    S, X, layer = stages[f"{before}1"], clean[1], tn.layers[1]
+    parts, r, _, readings = read_on_set(S, layer, X, 0.05)
+    gen = torch.Generator().manual_seed(3)
+    Lam = functionals(X.shape[0], *X.shape[1:], layer, gen)
+    Lam[1, :, 1:] = 0  # image 1: one row a functional, 8 distinct rows; image 0: 8·n
+    with torch.no_grad():
+        whole = value_ranges(layer, S, 0.05, parts.P, Lam)
+        for b in range(X.shape[0]):
+            alone = tn.stages(0.05, images=torch.tensor([b]), refuse=False)
+            Sb = dict((name, T) for name, T, _ in alone)[f"{before}1"]
+            one = value_ranges(layer, Sb, 0.05, parts.P[b:b + 1], Lam[b:b + 1])
+            for got, want in zip(one, whole, strict=True):
+                assert torch.equal(got[0], want[b]), b
+        monkeypatch.setattr(attention, "VALUE_ROWS", 8)
+        spread, span = value_ranges(layer, S, 0.05, parts.P, Lam)
+        assert torch.isinf(spread[0]).all() and torch.isinf(span[0]).all()
+        assert torch.equal(spread[1], whole[0][1]) and torch.equal(span[1], whole[1][1])
+        stats, factors, _ = row_factors(layer, X, r, readings.spans, S.token_radii(0.05), readings.spread)
+        plain = functional_rows(layer, X, stats, factors, Lam)
+        assert torch.equal(functional_rows(layer, X, stats, factors, Lam, (spread, span))[0], plain[0])
+        monkeypatch.setattr(attention, "VALUE_ROWS", 256)
+        monkeypatch.setattr(attention, "VALUE_WORK", 0)
+        assert value_ranges(layer, S, 0.05, parts.P, Lam) is None
 
 
 # (norm, seed, q/k scale, ε, whether the first-order form is the smaller at some head and row): soft
