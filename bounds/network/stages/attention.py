@@ -53,12 +53,13 @@ NORM_J = 2048
 SPLITS = ("taylor", "lofast", "lofast_half")
 # the most distinct rows, and multiply-adds, an image's values' supports along a backward step's
 # functionals (:func:`value_ranges`) may take: the margins' rows (classes − 1 at each token, 153 and
-# 7·10⁹ on the Fashion-MNIST ViTs) and the rows of a block's units right after the attention, one per
-# neuron (on the digits ViTs 90–128 and 10⁸), not the units' rows further back, where every token's
-# row is its own (19,328 and 3·10⁹ at the 2-block q2 model's block 0: the image's time twice over for
-# a hundredth of a margin), nor the Fashion-MNIST ViTs' units (512 neurons, 2·10¹¹)
+# up to 1.1·10¹⁰ on the Fashion-MNIST ViTs, whose sets carry thousands of symbols) and the rows of a
+# block's units right after the attention, one per neuron (on the digits ViTs 90–128 and 10⁸), not the
+# units' rows further back, where every token's row is its own (19,328 at the 2-block q2 model's block
+# 0: the image's time twice over for a hundredth of a margin), nor the Fashion-MNIST ViTs' units (512
+# neurons); the work limit keeps a wide set's supports from the margins of larger models
 VALUE_ROWS = 256
-VALUE_WORK = 2**33
+VALUE_WORK = 2**36
 # the most entries the supports of a chunk of those functionals hold at once (1 GiB of float64)
 VALUE_CHUNK = 2**27
 # ``best``: each margin takes the better of these splits' sound bounds (docs/bounds.md §5.1, "The
