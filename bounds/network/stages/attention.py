@@ -440,7 +440,7 @@ def value_ranges(layer: DotMHA, S: DeviationSet, eps: float, P: Tensor, Lam: Ten
     h = layer.h
     live = (Lam != 0).any(-1)  # [B, C, n]
     width = S.G.shape[-1] + S.A.shape[-1] + S.Q.shape[-2] * S.Q.shape[-1] + d
-    rows = [torch.unique(Lam[b][live[b]], dim=0, return_inverse=True) for b in range(B)]
+    rows = [_distinct(Lam[b][live[b]]) for b in range(B)]
     fits = [0 < len(u) <= VALUE_ROWS and len(u) * h * n * d * width <= VALUE_WORK for u, _ in rows]
     if not any(fits):
         return None
@@ -472,6 +472,17 @@ def value_ranges(layer: DotMHA, S: DeviationSet, eps: float, P: Tensor, Lam: Ten
         spread[b, c, :, i] = (p * ((m - centre).abs() + r).square()).sum(-1).sqrt() * (1 + 1e-12)
         span[b, c, :, i] = ((m + r).amax(-1) - (m - r).amin(-1)) * (1 + 1e-12)
     return spread, span
+
+
+def _distinct(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """The distinct rows of ``rows`` [L, d] and each row's index among them, [L]. torch.unique has no
+    derivative, so the rows are found on a detached copy and taken from ``rows`` itself at each one's
+    first place: the same values, through autograd where the slopes' tuning differentiates Λ."""
+    unique, inverse = torch.unique(rows.detach(), dim=0, return_inverse=True)
+    at = torch.arange(len(rows), device=rows.device)
+    first = torch.full((len(unique),), len(rows), dtype=at.dtype, device=rows.device)
+    first = first.scatter_reduce(0, inverse, at, "amin")
+    return rows[first], inverse
 
 
 def curved_log(log: list) -> list | None:
