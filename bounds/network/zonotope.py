@@ -183,10 +183,23 @@ class DeviationSet:
         mid, half = self.ranges(u[:, None], eps)
         return mid[:, 0], half[:, 0]
 
-    def ranges(self, V: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    def support_width(self) -> int:
+        """The columns a support along one functional and token reads (G's, the symbols', the groups',
+        and d for E): its multiply-adds are d times this."""
+        return self.G.shape[-1] + self.A.shape[-1] + self.Q.shape[-2] * self.Q.shape[-1] + self.c.shape[-1]
+
+    def ranges(self, V: Tensor, eps: float, chunk: int | None = None) -> tuple[Tensor, Tensor]:
         """The ranges of v_tᵀΔ_t over the set for C functionals V [B, C, n, d], one a token each: their
         centres and half-widths [B, C, n], from each part's support (the first order's, the symbols',
-        the groups' over their budgets, and the balls')."""
+        the groups' over their budgets, and the balls'). With ``chunk``, a few functionals at a time,
+        holding at most that many entries at once (one functional at least): each functional's range
+        is its own, so the chunks' are the whole's, bit for bit."""
+        if chunk is not None:
+            B, C, n = V.shape[:3]
+            step = max(1, chunk // (B * n * self.support_width()))
+            if step < C:
+                parts = [self.ranges(V[:, i:i + step], eps) for i in range(0, C, step)]
+                return tuple(torch.cat(part, 1) for part in zip(*parts, strict=True))
         G = self.G
         if G.dim() > 3 and G.shape[0] > 1 and G.stride(0) == 0:  # one set of columns for every image
             first = torch.einsum("bcnd,ndp->bcnp", V, G[0])

@@ -242,13 +242,19 @@ def row_factors(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None
         keys = torch.minimum(keys, own_keys * (1 + ROUND_REL))
     sq = rows.A[None, :, None] * g * keys / math.sqrt(layer.d_h)
     su = sd + sq  # ≥ std_p(u), u = δ + q
-    # the two largest keys' radii together, at most √2·r (‖Γ_j‖² + ‖Γ_k‖² ≤ r²): the span of Γ_k w over
-    # the keys is at most reach·‖w‖
-    reach = math.sqrt(2) * rr
-    if own is not None:
-        reach = torch.minimum(reach, g.topk(min(2, g.shape[-1]), dim=-1).values.sum(-1, keepdim=True))
-    reach = reach.expand_as(su)  # [B, h, n]
+    reach = key_reach(r, own)[:, None, None].expand_as(su)  # [B, h, n]
     return rows, RowFactors(s, sq, su, keys.expand_as(su), reach), v
+
+
+def key_reach(r: Tensor, own: Tensor | None = None) -> Tensor:
+    """An upper bound of max_{j≠k} ‖Γ_j‖ + ‖Γ_k‖ over ‖Γ‖_F ≤ r [B], [B]: √2·r (‖Γ_j‖² + ‖Γ_k‖² ≤ r²),
+    or the two largest token radii ``own`` [B, n] (each at most r) where smaller; the span of Γ_k w
+    over the keys is at most it times ‖w‖."""
+    reach = math.sqrt(2) * r
+    if own is None:
+        return reach
+    top = torch.minimum(own, r[:, None]).topk(min(2, own.shape[-1]), dim=-1).values.sum(-1)
+    return torch.minimum(reach, top)
 
 
 def row_remainders(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None,
@@ -287,9 +293,10 @@ def functional_rows(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam
     std_{p_i}(X C_l Λ_i) and diam(X C_l Λ_i) in place of σ_i‖Λ_i‖ and diam(X C_l)‖Λ_i‖, and keys_i‖C_lΛ_i‖
     in place of v_i‖Λ_i‖. Each is at most its counterpart, so the bound never exceeds ‖Λ_i‖ times the
     row's; it is far below where Λ_i reads directions the values barely spread along. Each head and
-    row pays the smaller of that and the same row's first-order form (docs/bounds.md §5.1, "at large
-    logit spans"): min(1, s/4)·(span(X C_l Λ_i) + reach·‖C_lΛ_i‖) + std(u)·σ_i(Λ_i), which does not
-    grow with e^s. ``values`` (spread, span), each [B, C, h, n]: upper bounds of std_{p_i}(ΓC_lΛ_i) and
+    row pays, for its logits' part and its values' part apart, the smaller of that form's and the
+    first-order form's (docs/bounds.md §5.1, "At large logit spans"): tanh(s/4)·span(X C_l Λ_i) +
+    std(u)·σ_i(Λ_i) and tanh(s/4)·reach·‖C_lΛ_i‖, which do not grow with e^s. ``values`` (spread, span),
+    each [B, C, h, n]: upper bounds of std_{p_i}(ΓC_lΛ_i) and
     of the span of ΓC_lΛ_i over the keys, read on the set (:func:`bounds.network.stages.attention.
     value_ranges`), taken where they are below keys_i‖C_lΛ_i‖ and reach·‖C_lΛ_i‖."""
     V = torch.einsum("bnd,hde->bhne", X, layer.W_v)  # [B, h, k, e]

@@ -439,7 +439,7 @@ def value_ranges(layer: DotMHA, S: DeviationSet, eps: float, P: Tensor, Lam: Ten
     B, C, n, d = Lam.shape
     h = layer.h
     live = (Lam != 0).any(-1)  # [B, C, n]
-    width = S.G.shape[-1] + S.A.shape[-1] + S.Q.shape[-2] * S.Q.shape[-1] + d
+    width = S.support_width()
     rows = [_distinct(Lam[b][live[b]]) for b in range(B)]
     fits = [0 < len(u) <= VALUE_ROWS and len(u) * h * n * d * width <= VALUE_WORK for u, _ in rows]
     if not any(fits):
@@ -451,10 +451,7 @@ def value_ranges(layer: DotMHA, S: DeviationSet, eps: float, P: Tensor, Lam: Ten
             lam[b, :len(u)] = u
     w = torch.einsum("hde,hef,buf->buhd", layer.W_v, layer.W_o, lam)  # C_lΛ_i: [B, U, h, d]
     V = w.reshape(B, U * h, 1, d).expand(-1, -1, n, -1)  # the same vector at every key
-    step = max(1, VALUE_CHUNK // (B * n * width))
-    mid, half = (torch.cat(part, 1) for part in zip(*(S.ranges(V[:, i:i + step], eps)
-                                                       for i in range(0, V.shape[1], step)), strict=True))
-    mid, half = (t.reshape(B, U, h, n) for t in (mid, half))  # [B, U, h, k]
+    mid, half = (t.reshape(B, U, h, n) for t in S.ranges(V, eps, chunk=VALUE_CHUNK))  # [B, U, h, k]
     # the supports' rounding (a few ulps of each norm and sum), and C_lΛ_i's own: its entries are off
     # by at most a relative d·u of ‖C_l‖‖Λ_i‖ each, so ⟨w − w_exact, Γ_k⟩ ≤ 1e-12·‖C_l‖‖Λ_i‖ times
     # the key's radius

@@ -18,6 +18,7 @@ from torch import Tensor
 from models import DotMHA
 
 from ...norms import gram_norm
+from ...remainder.row_bounds import key_reach
 from ..zonotope import DeviationSet, box_norms
 
 # each norm's own rounding: a relative 1e-12 covers products of a few hundred terms in float64
@@ -325,12 +326,8 @@ def set_remainder(layer: DotMHA, parts, box: LogitBox, r: Tensor,
     C = layer.C_norm()[None, :, None]
     norm = lambda t: t.square().sum(-1).sqrt()  # over rows
     second = u.norm(dim=-1) * r[:, None, None] * C  # [B, h, n]; over rows ‖U‖_F·r·‖C_l‖
-    # the moved mass times the span of Γ_kC_l over the keys: the two largest token radii, or √2·r
-    reach = math.sqrt(2) * r[:, None, None]
-    if own is not None:
-        top = torch.minimum(own, r[:, None]).topk(min(2, own.shape[-1]), dim=-1).values.sum(-1)
-        reach = torch.minimum(reach, top[:, None, None])
-    second = torch.minimum(second, mass * reach * C)
+    # the moved mass times the span of Γ_kC_l over the keys
+    second = torch.minimum(second, mass * key_reach(r, own)[:, None, None] * C)
     whole_second = norm(second)
     if own is not None:
         second = torch.minimum(second, (u * own[:, None, None]).sum(-1) * C)

@@ -111,13 +111,10 @@ def across_corners(reach, V: Tensor, eps: float, k_lo: Tensor, k_hi: Tensor, pad
     supports would cost more than :data:`ACROSS_WORK` multiply-adds; +inf where k is not finite."""
     if reach is None:
         return None
-    B, C, n, d = V.shape
-    width = reach.G.shape[-1] + reach.A.shape[-1] + reach.Q.shape[-2] * reach.Q.shape[-1] + d
-    if C * n * d * width > ACROSS_WORK:
+    _, C, n, d = V.shape
+    if C * n * d * reach.support_width() > ACROSS_WORK:
         return None
-    step = max(1, ACROSS_CHUNK // (B * n * width))  # functionals a chunk, each C-slice's ranges its own
-    mid, half = (torch.cat(part, 1) for part in zip(*(reach.ranges(V[:, i:i + step], eps)
-                                                       for i in range(0, C, step)), strict=True))
+    mid, half = reach.ranges(V, eps, chunk=ACROSS_CHUNK)
     half = half * (1 + 1e-12)  # the supports' rounding, a few ulps of each norm and sum
     w_lo, w_hi = mid - half, mid + half
     finite = (torch.isfinite(k_lo) & torch.isfinite(k_hi))[:, None]
