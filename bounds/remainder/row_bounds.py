@@ -217,13 +217,19 @@ class RowFactors:
     su: Tensor
     keys: Tensor
     reach: Tensor
+    # per key, [B, h, n, n], where the set's pairs are known (docs/bounds.md §5.1, "The logits' part per
+    # key"): ``excess`` ≥ p_kφ(w_k) and ``moved`` ≥ |p'_k − p_k|; ``radii`` [B, n] ≥ each token's ‖Γ_k‖
+    excess: Tensor | None = None
+    moved: Tensor | None = None
+    radii: Tensor | None = None
 
 
 def row_factors(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None,
-                own: Tensor | None = None, spread: Tensor | None = None
-                ) -> tuple[RowStats, RowFactors, Tensor]:
+                own: Tensor | None = None, spread: Tensor | None = None,
+                keyed: tuple[Tensor, Tensor] | None = None) -> tuple[RowStats, RowFactors, Tensor]:
     """:func:`row_remainders`' parts: the clean point's :class:`RowStats` at radius ``r`` [B], the rows'
-    :class:`RowFactors`, and v [B, h, n] ≥ std_{p_i}(Γ C_l) over the deviations considered."""
+    :class:`RowFactors`, and v [B, h, n] ≥ std_{p_i}(Γ C_l) over the deviations considered. ``keyed``:
+    (excess, moved) per key (``RowReadings``), for the functionals' per-key forms."""
     rr = r[:, None, None]
     rows = row_stats(layer, X, rr)
     s = rows.s if spans is None else torch.minimum(rows.s, spans)
@@ -243,7 +249,9 @@ def row_factors(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None
     sq = rows.A[None, :, None] * g * keys / math.sqrt(layer.d_h)
     su = sd + sq  # ≥ std_p(u), u = δ + q
     reach = key_reach(r, own)[:, None, None].expand_as(su)  # [B, h, n]
-    return rows, RowFactors(s, sq, su, keys.expand_as(su), reach), v
+    excess, moved = (None, None) if keyed is None else keyed
+    radii = None if own is None else torch.minimum(own, r[:, None])
+    return rows, RowFactors(s, sq, su, keys.expand_as(su), reach, excess, moved, radii), v
 
 
 def key_reach(r: Tensor, own: Tensor | None = None) -> Tensor:
@@ -295,10 +303,13 @@ def functional_rows(layer: DotMHA, X: Tensor, rows: RowStats, f: RowFactors, Lam
     row's; it is far below where Λ_i reads directions the values barely spread along. Each head and
     row pays, for its logits' part and its values' part apart, the smaller of that form's and the
     first-order form's (docs/bounds.md §5.1, "At large logit spans"): tanh(s/4)·span(X C_l Λ_i) +
-    std(u)·σ_i(Λ_i) and tanh(s/4)·reach·‖C_lΛ_i‖, which do not grow with e^s. ``values`` (spread, span),
-    each [B, C, h, n]: upper bounds of std_{p_i}(ΓC_lΛ_i) and
-    of the span of ΓC_lΛ_i over the keys, read on the set (:func:`bounds.network.stages.attention.
-    value_ranges`), taken where they are below keys_i‖C_lΛ_i‖ and reach·‖C_lΛ_i‖."""
+    std(u)·σ_i(Λ_i) and tanh(s/4)·reach·‖C_lΛ_i‖, which do not grow with e^s. ``values`` (spread, span,
+    middles, halves), the first two [B, C, h, n]: upper bounds of std_{p_i}(ΓC_lΛ_i) and of the span
+    of ΓC_lΛ_i over the keys, read on the set (:func:`bounds.network.stages.attention.value_ranges`),
+    taken where they are below keys_i‖C_lΛ_i‖ and reach·‖C_lΛ_i‖; the last two each key's range
+    [B, C, h, n, k]. Where the factors carry each key's excess and moved weight (``RowFactors``), each
+    part also takes its per-key form (docs/bounds.md §5.1, "The logits' part per key": the logits'
+    Σ_k p_kφ(w_k)ỹ_k plus σ_i(Λ_i)·std(q), the values' Σ_k |p'_k − p_k|·|z_k − c|)."""
     V = torch.einsum("bnd,hde->bhne", X, layer.W_v)  # [B, h, k, e]
     # ‖C_l Λ_i‖ = ‖W^V_l (W^O_l Λ_i)‖ = ‖R_l W^O_l Λ_i‖ with W^V_l = Q_l R_l: d_h-wide
     Rv = torch.linalg.qr(layer.W_v, mode="r").R  # [h, e, e]
@@ -370,10 +381,53 @@ def _along(layer: DotMHA, rows: RowStats, f: RowFactors, V: Tensor, Rv: Tensor, 
         tv = torch.tanh(s / 4)
         logits = torch.minimum(sigma * curve_g2(s) * su, curve_h2(s) * diam * su.square())
         logits = torch.fmin(sigma * sq + logits, tv * diam + su * sigma)
-        per = logits + torch.fmin(spread * curve_g1(s) * su, tv * span)
+        valued = torch.fmin(spread * curve_g1(s) * su, tv * span)
+        if f.excess is not None:  # each key on its own (docs/bounds.md §5.1, "The logits' part per key")
+            logits = torch.fmin(logits, sigma * sq + keyed_logits(f.excess[:, None], centred))
+            valued = torch.fmin(valued, keyed_values(f.moved[:, None], along, f.radii, values))
+        per = logits + valued
     # a row Λ_i = 0 reads nothing, even where e^s overflowed (0·∞ would be NaN, read as ∞)
     per = torch.where((Lam != 0).any(-1)[:, :, None], per, 0.0)
     return nan_inf(per.sum(2) * (1 + ROUND_REL))
+
+
+def keyed_logits(excess: Tensor, centred: Tensor) -> Tensor:
+    """|Σ_k p_kφ(w_k)ỹ_k| ≤ max(Σ_k excess_k ỹ_k⁺, Σ_k excess_k ỹ_k⁻), the logits' part of a row less
+    Cov_p(q, y), [...] (docs/bounds.md §5.1, "The logits' part per key"): ``excess`` [..., k] ≥ p_kφ(w_k)
+    ≥ 0 and ``centred`` [..., k] the values along the row's functional less their p-weighted mean,
+    ỹ_k. The centring's rounding, a relative 1e-13 of the values' largest, is paid on every key's
+    excess."""
+    pos, neg = centred.clamp_min(0), (-centred).clamp_min(0)
+    tot = lambda t: torch.where(t > 0, excess * t, 0.0).sum(-1)  # ∞·0 (an overflowed excess) is 0
+    pad = 1e-13 * centred.abs().amax(-1) * torch.where(excess.isfinite(), excess, torch.inf).sum(-1)
+    return torch.maximum(tot(pos), tot(neg)) + pad
+
+
+def keyed_values(moved: Tensor, along: Tensor, radii: Tensor | None,
+                 values: tuple[Tensor, Tensor] | None) -> Tensor:
+    """|(p' − p)·z| ≤ Σ_k |p'_k − p_k|·max|z_k − c| with c the weighted median of the ranges' middles
+    (p' − p sums to 0), for z_k = ⟨C_lλ, Γ_k⟩, [B, C, h, i] (docs/bounds.md §5.1, "The logits' part per
+    key"): ``moved`` [B, 1, h, i, k] ≥ |p'_k − p_k|; each key's range is that read on the set
+    (``values``' third and fourth: middles and half-widths, [B, C, h, i, k]) or, without it, within
+    ±radii_k·‖C_lλ‖ (``along`` [B, C, h, i]; ``radii`` [B, k]); ∞ where neither is known."""
+    if radii is None and (values is None or len(values) < 4):
+        return torch.full_like(along, torch.inf)
+    lo = hi = None
+    if radii is not None:
+        hi = radii[:, None, None, None, :] * along[..., None] * (1 + 1e-12)
+        lo = -hi
+    if values is not None and len(values) > 2:  # the set's range, within the radius's where both are known
+        vlo, vhi = values[2] - values[3], values[2] + values[3]
+        lo, hi = (vlo, vhi) if lo is None else (torch.maximum(lo, vlo), torch.minimum(hi, vhi))
+    mid, half = (lo + hi) / 2, (hi - lo) / 2
+    w = moved.expand_as(mid)
+    order = mid.argsort(-1)
+    m, ww = mid.gather(-1, order), w.gather(-1, order)
+    cum = ww.cumsum(-1)
+    at = (cum < 0.5 * cum[..., -1:]).sum(-1, keepdim=True).clamp_max(mid.shape[-1] - 1)
+    c = m.gather(-1, at)  # a weighted median: Σ_k w_k|m_k − c| is least there
+    dev = (mid - c).abs() + half
+    return torch.where(w > 0, w * dev, 0.0).sum(-1) * (1 + 1e-12)
 
 
 def local_remainder(layer: DotMHA, X: Tensor, eps, rows: RowStats | None = None) -> Tensor:

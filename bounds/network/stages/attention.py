@@ -144,7 +144,8 @@ def attention(S: DeviationSet, layer: DotMHA, X: Tensor, k: int, log: list | Non
             whole, rows = set_remainder(layer, parts, box, r, own, spread, spans)
             rest = torch.minimum(rest, whole)
             # each output token's share, for functionals that read a few tokens (§5.1)
-            stats, factors, v_rows = row_factors(layer, X, r, spans, own, spread)
+            stats, factors, v_rows = row_factors(layer, X, r, spans, own, spread,
+                                                 keyed=(readings.excess, readings.moved))
             own_rows = row_bound(stats, factors, v_rows)
             along = (stats, factors)  # the same rows along each functional of the backward pass (§5.1)
             rows = torch.minimum(torch.minimum(own_rows, rows), rest[:, None])
@@ -422,10 +423,12 @@ class AttentionRecord:
 
 
 def value_ranges(layer: DotMHA, S: DeviationSet, eps: float, P: Tensor, Lam: Tensor
-                 ) -> tuple[Tensor, Tensor] | None:
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
     """Upper bounds of std_{p_i}(z) and of max_k z_k − min_k z_k for the values' deviations along each
     functional, z_k = Γ_kC_lΛ_i over the keys k, for every Γ of the set ``S`` (at radius ``eps``), each
-    [B, C, h, n] (docs/bounds.md §5.1, "The values along a functional, on the set"): each key's range of
+    [B, C, h, n], and each key's range itself, its middle and half-width [B, C, h, n, k] (a row Λ_i = 0:
+    0 and 0; an image over the limits: 0 and ∞) (docs/bounds.md §5.1, "The values along a functional,
+    on the set"): each key's range of
     ⟨C_lΛ_i, Γ_k⟩ is the set's support along that d-vector at token k (``DeviationSet.ranges``), so
     the span is the largest top less the least bottom, and Var_p(z) ≤ Σ_k p_k (z_k − c)² with c the
     p-weighted centre of the ranges. ``P`` [B, h, n, n]: the clean rows.
@@ -458,9 +461,10 @@ def value_ranges(layer: DotMHA, S: DeviationSet, eps: float, P: Tensor, Lam: Ten
     pad = 1e-12 * layer.C_norm()[None, None, :, None] * lam.norm(dim=-1)[:, :, None, None]
     half = half * (1 + 1e-12) + pad * S.token_radii(eps)[:, None, None, :]
     spread, span = Lam.new_zeros(B, C, h, n), Lam.new_zeros(B, C, h, n)
+    middles, halves = Lam.new_zeros(B, C, h, n, n), Lam.new_zeros(B, C, h, n, n)
     for b, ((_, inverse), fit) in enumerate(zip(rows, fits, strict=True)):
         if not fit:
-            spread[b], span[b] = torch.inf, torch.inf
+            spread[b], span[b], halves[b] = torch.inf, torch.inf, torch.inf
             continue
         c, i = live[b].nonzero().unbind(-1)
         m, r = mid[b, inverse], half[b, inverse]  # [L, h, k]
@@ -468,7 +472,8 @@ def value_ranges(layer: DotMHA, S: DeviationSet, eps: float, P: Tensor, Lam: Ten
         centre = (p * m).sum(-1, keepdim=True)
         spread[b, c, :, i] = (p * ((m - centre).abs() + r).square()).sum(-1).sqrt() * (1 + 1e-12)
         span[b, c, :, i] = ((m + r).amax(-1) - (m - r).amin(-1)) * (1 + 1e-12)
-    return spread, span
+        middles[b, c, :, i], halves[b, c, :, i] = m, r
+    return spread, span, middles, halves
 
 
 def _distinct(rows: Tensor) -> tuple[Tensor, Tensor]:

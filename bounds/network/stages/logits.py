@@ -160,6 +160,10 @@ class RowReadings:
     spans: Tensor
     first: Tensor
     other: Tensor
+    # [B, h, n, n] each, or None (docs/bounds.md §5.1, "The logits' part per key"): ``excess`` ≥
+    # p_ijφ(w_ij), φ(w) = e^w − 1 − w, and ``moved`` ≥ |p'_ij − p_ij|, w_ij = log(p'_ij/p_ij) over the set
+    excess: Tensor | None = None
+    moved: Tensor | None = None
 
 
 def set_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: LogitBox,
@@ -242,24 +246,71 @@ def set_rows(S: DeviationSet, layer: DotMHA, parts, eps: float, box: LogitBox,
     rest = 2 * (entry / root + quad).amax(-1) + ball_span / root
     # or every part pair by pair (§5.1, "The logits' rows on the set"): the symbols' and the groups'
     # differences between keys j and k, the quadratic part at its two entries; the smaller is kept
-    paired = torch.minimum(pairs.amax((-1, -2)) / root + rest, pair_spans(S, M, pairs, quad, root)
-                           + ball_span / root)
-    spans = paired * (1 + ROUND) + 2e-10 * (box.linear + box.centre.abs()).amax(-1)
+    slack = 2e-10 * (box.linear + box.centre.abs()).amax(-1)
+    paired, lo, hi = pair_spans(S, M, pairs, quad, root, P=P, extra=ball_span / root,
+                                plain=(rest, slack))
+    paired = torch.minimum(pairs.amax((-1, -2)) / root + rest, paired + ball_span / root)
+    spans = paired * (1 + ROUND) + slack
+    excess, moved = key_excess(P, lo, hi, box)
     return RowReadings(torch.minimum(first + spread, box.spread(P)), torch.minimum(spans, box.spans()),
-                       first, spread)
+                       first, spread, excess, moved)
 
 
-def pair_spans(S: DeviationSet, M: MappedLogits, pairs: Tensor, quad: Tensor, root: float) -> Tensor:
+def key_excess(P: Tensor, lo: Tensor, hi: Tensor, box: LogitBox) -> tuple[Tensor, Tensor]:
+    """Upper bounds of p_kφ(w_k) (φ(w) = e^w − 1 − w) and of |p'_k − p_k| = p_k|e^{w_k} − 1| for every
+    key of every row P [B, h, n, n], with w_k = log(p'_k/p_k) within [``lo``, ``hi``] (:func:`log_ratios`)
+    and within softmax's box of ``box`` (docs/bounds.md §5.1, "The logits' part per key"). φ is convex
+    with its least value 0 at w = 0, so it is greatest at an end; e^w − 1 likewise. A weight that
+    underflowed to 0 pays the box's bound of p'_k, as p_kφ(w_k) ≤ p'_k + p_k|w_k| and p_k|w_k| is below
+    1e-290 there (p_k < 2⁻¹⁰²² and |w_k| below the few hundred units of a finite logit's change)."""
+    low, high = softmax_box(P, box.centre - box.whole, box.centre + box.whole)
+    live = P > 0
+    logp = P.log()
+    tol = 1e-12 * (1 + logp.abs())
+    lo = torch.where(live, torch.maximum(lo, low.log() - logp - tol), 0.0)
+    hi = torch.where(live, torch.minimum(hi, high.log() - logp + tol), 0.0)
+    phi = lambda w: torch.expm1(w) - w
+    # expm1 and the products: a relative 1e-12 covers their few ulps; 1e-300 the weights' underflow
+    excess = P * torch.maximum(phi(lo), phi(hi)) * (1 + 1e-12)
+    excess = torch.where(live, excess, high + 1e-290)
+    tiny = 4 * torch.finfo(P.dtype).eps  # as set_remainder: each weight's rounding
+    box_moved = torch.maximum(high - P, P - low).clamp_min(0) + tiny
+    moved = P * torch.maximum(-torch.expm1(lo), torch.expm1(hi)) * (1 + 1e-12) + 1e-300
+    moved = torch.where(live, torch.minimum(moved, box_moved), box_moved)
+    return excess, moved
+
+
+def log_ratios(P: Tensor, D: Tensor) -> tuple[Tensor, Tensor]:
+    """Bounds of w_k = log(p'_k/p_k) for rows P [..., n] (keys k) whose logits' change u obeys
+    u_j − u_k ≤ D[..., j, k] for every pair, [..., n] each (docs/bounds.md §5.1, "The logits' part per
+    key"): w_k = −log Σ_j p_j e^{u_j − u_k}, which falls as each u_j − u_k grows, so it lies in
+    [−log Σ_j p_j e^{D_jk}, −log Σ_j p_j e^{−D_kj}] (D_kk read as 0: u_k − u_k is); each end is widened
+    by a relative 1e-12 (and an absolute 1e-12) for logsumexp's rounding."""
+    logp = P.log()
+    n = D.shape[-1]
+    D = D.masked_fill(torch.eye(n, dtype=torch.bool, device=D.device), 0.0)
+    lo = -(logp[..., :, None] + D).logsumexp(-2)
+    hi = -(logp[..., None, :] - D).logsumexp(-1)
+    return lo - 1e-12 * (1 + lo.abs()), hi + 1e-12 * (1 + hi.abs())
+
+
+def pair_spans(S: DeviationSet, M: MappedLogits, pairs: Tensor, quad: Tensor, root: float,
+               P: Tensor | None = None, extra: Tensor | None = None,
+               plain: tuple[Tensor, Tensor] | None = None):
     """max over keys j, k of an upper bound of u_ij − u_ik for every row, [B, h, n], E's share left out
     (docs/bounds.md §5.1, "The logits' rows on the set"): ``pairs`` [B, h, i, j, k] (the G part's and the
     shift's, before ÷√d_h) plus the symbols' Σ_m |L(A)_ij,m − L(A)_ik,m|, the groups' ‖L(Q)_ij − L(Q)_ik‖
     under their budget (both ÷√d_h) and the quadratic part's bound at both entries, ``quad`` [B, h, i, j].
     A shared move of the two keys' logits cancels here, where the sum of each one's largest bound pays
-    it twice. Formed a few rows at a time (:data:`PAIR_CHUNK` entries)."""
+    it twice. Formed a few rows at a time (:data:`PAIR_CHUNK` entries).
+
+    Given the clean rows ``P`` [B, h, n, n], E's share ``extra`` [B, h, n] and ``plain`` (rest, slack),
+    each [B, h, n] (``pairs``/√d_h + rest bounds every pair as well; slack the rows' absolute rounding),
+    it also returns :func:`log_ratios` of each pair's smaller bound, [B, h, n, n] each: (spans, lo, hi)."""
     B, h, n = pairs.shape[:3]
     wide = max(1, M.A.shape[-1], M.Q.shape[-2] * M.Q.shape[-1])
     step = max(1, PAIR_CHUNK // (B * h * n * n * wide))
-    out = []
+    out, los, his = [], [], []
     for i in range(0, n, step):
         rows = slice(i, i + step)
         diff = pairs[:, :, rows]
@@ -270,8 +321,17 @@ def pair_spans(S: DeviationSet, M: MappedLogits, pairs: Tensor, quad: Tensor, ro
             Q = M.Q[:, :, rows]  # [B, h, i, j, k, g]
             diff = diff + S.grouped((Q[..., :, None, :, :] - Q[..., None, :, :, :]).norm(dim=-1))
         q = quad[:, :, rows]
-        out.append((diff / root + q[..., :, None] + q[..., None, :]).amax((-1, -2)))
-    return torch.cat(out, 2)
+        D = diff / root + q[..., :, None] + q[..., None, :]
+        out.append(D.amax((-1, -2)))
+        if P is not None:
+            rest, slack = (t[:, :, rows, None, None] for t in plain)
+            D = torch.minimum(D + extra[:, :, rows, None, None], pairs[:, :, rows] / root + rest)
+            lo, hi = log_ratios(P[:, :, rows], D * (1 + ROUND) + slack)
+            los.append(lo)
+            his.append(hi)
+    if P is None:
+        return torch.cat(out, 2)
+    return torch.cat(out, 2), torch.cat(los, 2), torch.cat(his, 2)
 
 
 def softmax_box(P: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:

@@ -311,6 +311,8 @@ def test_the_values_along_a_functional_read_on_the_set_hold_the_true_deviations(
         parts, r, _, readings = read_on_set(S, layer, X, eps)
         own = S.token_radii(eps)
         stats, factors, _ = row_factors(layer, X, r, readings.spans, own, readings.spread)
+        keyed = row_factors(layer, X, r, readings.spans, own, readings.spread,
+                            keyed=(readings.excess, readings.moved))[1]
         Lam = functionals(X.shape[0], *X.shape[1:], layer, gen)
         # and units' functionals: one row each, the same two rows at every token (one per neuron)
         units = torch.zeros(X.shape[0], 2 * X.shape[1], *X.shape[1:], dtype=X.dtype)
@@ -319,10 +321,13 @@ def test_the_values_along_a_functional_read_on_the_set_hold_the_true_deviations(
             units[:, 2 * t, t], units[:, 2 * t + 1, t] = rows[:, 0], rows[:, 1]
         Lam = torch.cat([Lam, units], 1)
         with torch.no_grad():
-            spread, span = value_ranges(layer, S, eps, parts.P, Lam)  # [B, C, h, i]
+            spread, span, middles, halves = value_ranges(layer, S, eps, parts.P, Lam)  # [B, C, h, i(, k)]
             plain = functional_rows(layer, X, stats, factors, Lam)
             ranged = functional_rows(layer, X, stats, factors, Lam, (spread, span))
+            # each key on its own too (docs/bounds.md §5.1, "The logits' part per key")
+            per_key = functional_rows(layer, X, stats, keyed, Lam, (spread, span, middles, halves))
         assert (ranged <= plain).all(), k
+        assert (per_key <= ranged).all(), k
         lower = lower or bool((ranged < plain * (1 - 1e-6)).any())
         C = torch.einsum("hde,hef->hdf", layer.W_v, layer.W_o)  # [h, d, d]
         w = torch.einsum("hdf,bcif->bchid", C, Lam)
@@ -345,10 +350,14 @@ def test_the_values_along_a_functional_read_on_the_set_hold_the_true_deviations(
             std = (P * (z - (P * z).sum(-1, keepdim=True)).square()).sum(-1).sqrt()
             assert (std <= spread * (1 + 1e-9) + 1e-12).all(), (k, "spread")
             assert (z.amax(-1) - z.amin(-1) <= span * (1 + 1e-9) + 1e-12).all(), (k, "span")
+            live = (Lam != 0).any(-1)[:, :, None, :, None]  # each key's range, on the rows read
+            off = ((z - middles).abs() - halves).where(live, -1.0)
+            assert (off <= 1e-9 * halves + 1e-12).all(), (k, "key")
             with torch.enable_grad():
                 R = remainder_rows(layer, X, dev)  # [B, n, d]
             true = torch.einsum("bcnd,bnd->bcn", Lam, R).abs()
             assert (true <= ranged * (1 + 1e-9) + 1e-12).all(), (k, float((true - ranged).max()))
+            assert (true <= per_key * (1 + 1e-9) + 1e-12).all(), (k, float((true - per_key).max()))
     assert tighter and lower
 
 
@@ -375,7 +384,7 @@ def test_the_values_are_read_per_image_and_kept_to_the_radii_over_the_limits(mon
             for got, want in zip(one, whole, strict=True):
                 assert torch.equal(got[0], want[b]), b
         monkeypatch.setattr(attention, "VALUE_ROWS", 8)
-        spread, span = value_ranges(layer, S, 0.05, parts.P, Lam)
+        spread, span = value_ranges(layer, S, 0.05, parts.P, Lam)[:2]
         assert torch.isinf(spread[0]).all() and torch.isinf(span[0]).all()
         assert torch.equal(spread[1], whole[0][1]) and torch.equal(span[1], whole[1][1])
         stats, factors, _ = row_factors(layer, X, r, readings.spans, S.token_radii(0.05), readings.spread)
