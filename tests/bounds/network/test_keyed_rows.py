@@ -103,7 +103,8 @@ def test_the_values_per_key_form_is_the_least_over_c_of_its_dense_construction(s
     R = radii[:, None, None, None, :] * along[..., None]
     lo, hi = torch.maximum(mid - half, -R), torch.minimum(mid + half, R)
     m, hw = (lo + hi) / 2, (hi - lo) / 2
-    tries = (moved[..., None, :] * ((m[..., None, :] - m[..., :, None]).abs() + hw[..., None, :])).sum(-1)  # each c = m_j
+    # c = m_j for each j: [..., j, k]
+    tries = (moved[..., None, :] * ((m[..., None, :] - m[..., :, None]).abs() + hw[..., None, :])).sum(-1)
     assert torch.allclose(got, tries.amin(-1), rtol=1e-10, atol=1e-14)
     for _ in range(50):  # (p' − p)·z with |p'_k − p_k| ≤ moved_k summing to 0, and z in its ranges
         d = (torch.rand(B, 1, h, n, n, generator=gen, dtype=torch.float64) * 2 - 1) * moved
