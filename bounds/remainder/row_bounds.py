@@ -383,33 +383,51 @@ def _along(layer: DotMHA, rows: RowStats, f: RowFactors, V: Tensor, Rv: Tensor, 
         logits = torch.fmin(sigma * sq + logits, tv * diam + su * sigma)
         valued = torch.fmin(spread * curve_g1(s) * su, tv * span)
         if f.excess is not None:  # each key on its own (docs/bounds.md §5.1, "The logits' part per key")
-            logits = torch.fmin(logits, sigma * sq + keyed_logits(f.excess[:, None], centred))
-            valued = torch.fmin(valued, keyed_values(f.moved[:, None], along, f.radii, values))
+            # Σ_k p_kφ(w_k) = κ ≤ s²/8 and Σ_k |p'_k − p_k| ≤ 2tanh(s/4): budgets over the keys
+            kappa = (s.square() / 8 * (1 + 1e-12)).expand_as(sigma)
+            logits = torch.fmin(logits, sigma * sq + keyed_logits(f.excess[:, None], centred, kappa))
+            valued = torch.fmin(valued, keyed_values(f.moved[:, None], along, f.radii, values,
+                                                     (2 * tv * (1 + 1e-12)).expand_as(sigma)))
         per = logits + valued
     # a row Λ_i = 0 reads nothing, even where e^s overflowed (0·∞ would be NaN, read as ∞)
     per = torch.where((Lam != 0).any(-1)[:, :, None], per, 0.0)
     return nan_inf(per.sum(2) * (1 + ROUND_REL))
 
 
-def keyed_logits(excess: Tensor, centred: Tensor) -> Tensor:
-    """|Σ_k p_kφ(w_k)ỹ_k| ≤ max(Σ_k excess_k ỹ_k⁺, Σ_k excess_k ỹ_k⁻), the logits' part of a row less
-    Cov_p(q, y), [...] (docs/bounds.md §5.1, "The logits' part per key"): ``excess`` [..., k] ≥ p_kφ(w_k)
-    ≥ 0 and ``centred`` [..., k] the values along the row's functional less their p-weighted mean,
-    ỹ_k. The centring's rounding, a relative 1e-13 of the values' largest, is paid on every key's
-    excess."""
+def knapsack(gain: Tensor, cap: Tensor, budget: Tensor | None) -> Tensor:
+    """max Σ_k x_k·gain_k over 0 ≤ x_k ≤ cap_k with Σ_k x_k ≤ ``budget``, [...] for gain, cap ≥ 0 [..., k]
+    and budget [...] (None: no budget, Σ_k cap_k·gain_k): the largest gains filled first. ∞·0 is 0."""
+    if budget is None:
+        return torch.where(gain > 0, cap * gain, 0.0).sum(-1)
+    g, at = gain.sort(-1, descending=True)
+    c = cap.expand_as(gain).gather(-1, at)
+    # what the larger gains took, an exclusive sum (c.cumsum − c would be ∞ − ∞ at an ∞ cap)
+    before = torch.cat([torch.zeros_like(c[..., :1]), c[..., :-1].cumsum(-1)], -1)
+    x = torch.minimum(c, (budget[..., None] - before).clamp_min(0))
+    return torch.where((g > 0) & (x > 0), x * g, 0.0).sum(-1)
+
+
+def keyed_logits(excess: Tensor, centred: Tensor, budget: Tensor | None = None) -> Tensor:
+    """|Σ_k p_kφ(w_k)ỹ_k| ≤ max(Σ_k x_kỹ_k⁺, Σ_k x_kỹ_k⁻) at most, over 0 ≤ x_k ≤ excess_k with Σ_k x_k ≤
+    ``budget`` (:func:`knapsack`), the logits' part of a row less Cov_p(q, y), [...] (docs/bounds.md
+    §5.1, "The logits' part per key"): ``excess`` [..., k] ≥ p_kφ(w_k) ≥ 0, whose sum is κ = log E_p
+    e^{u − ū} ≤ s²/8 (``budget`` [...], Hoeffding's lemma), and ``centred`` [..., k] the values along
+    the row's functional less their p-weighted mean, ỹ_k. The centring's rounding, a relative 1e-13 of
+    the values' largest, is paid on every key's excess."""
     pos, neg = centred.clamp_min(0), (-centred).clamp_min(0)
-    tot = lambda t: torch.where(t > 0, excess * t, 0.0).sum(-1)  # ∞·0 (an overflowed excess) is 0
-    pad = 1e-13 * centred.abs().amax(-1) * torch.where(excess.isfinite(), excess, torch.inf).sum(-1)
-    return torch.maximum(tot(pos), tot(neg)) + pad
+    pad = 1e-13 * centred.abs().amax(-1) * excess.sum(-1)
+    return torch.maximum(knapsack(pos, excess, budget), knapsack(neg, excess, budget)) * (1 + 1e-12) + pad
 
 
 def keyed_values(moved: Tensor, along: Tensor, radii: Tensor | None,
-                 values: tuple[Tensor, Tensor] | None) -> Tensor:
+                 values: tuple[Tensor, Tensor] | None, budget: Tensor | None = None) -> Tensor:
     """|(p' − p)·z| ≤ Σ_k |p'_k − p_k|·max|z_k − c| with c the weighted median of the ranges' middles
     (p' − p sums to 0), for z_k = ⟨C_lλ, Γ_k⟩, [B, C, h, i] (docs/bounds.md §5.1, "The logits' part per
     key"): ``moved`` [B, 1, h, i, k] ≥ |p'_k − p_k|; each key's range is that read on the set
     (``values``' third and fourth: middles and half-widths, [B, C, h, i, k]) or, without it, within
-    ±radii_k·‖C_lλ‖ (``along`` [B, C, h, i]; ``radii`` [B, k]); ∞ where neither is known."""
+    ±radii_k·‖C_lλ‖ (``along`` [B, C, h, i]; ``radii`` [B, k]); ∞ where neither is known. As
+    Σ_k |p'_k − p_k| ≤ 2tanh(s/4), ``budget`` [B, C, h, i] (that bound) caps the moved weight in all:
+    the keys farthest from c take it first (:func:`knapsack`)."""
     if radii is None and (values is None or len(values) < 4):
         return torch.full_like(along, torch.inf)
     lo = hi = None
@@ -427,7 +445,7 @@ def keyed_values(moved: Tensor, along: Tensor, radii: Tensor | None,
     at = (cum < 0.5 * cum[..., -1:]).sum(-1, keepdim=True).clamp_max(mid.shape[-1] - 1)
     c = m.gather(-1, at)  # a weighted median: Σ_k w_k|m_k − c| is least there
     dev = (mid - c).abs() + half
-    return torch.where(w > 0, w * dev, 0.0).sum(-1) * (1 + 1e-12)
+    return knapsack(dev, w, budget) * (1 + 1e-12)
 
 
 def local_remainder(layer: DotMHA, X: Tensor, eps, rows: RowStats | None = None) -> Tensor:

@@ -112,3 +112,45 @@ def test_the_values_per_key_form_is_the_least_over_c_of_its_dense_construction(s
         d = d * (moved / d.abs().clamp_min(1e-300)).amin(-1, keepdim=True).clamp_max(1)
         z = lo + torch.rand(B, C, h, n, n, generator=gen, dtype=torch.float64) * (hi - lo)
         assert ((d * z).sum(-1).abs() <= got * (1 + 1e-12)).all()
+
+
+@pytest.mark.parametrize("n,seed", [(1, 0), (4, 1), (17, 2)])
+def test_the_knapsack_is_the_linear_programs_optimum(n, seed):
+    """knapsack = max Σ x·gain over 0 ≤ x ≤ cap, Σ x ≤ budget, as scipy's linprog finds it (budgets
+    below, between and above the caps' sum; zero gains and caps; an ∞ cap)."""
+    from scipy.optimize import linprog
+
+    from bounds.remainder.row_bounds import knapsack
+
+    gen = torch.Generator().manual_seed(seed)
+    for trial in range(20):
+        gain = torch.rand(n, generator=gen, dtype=torch.float64) * 3
+        cap = torch.rand(n, generator=gen, dtype=torch.float64)
+        gain = torch.where(torch.rand(n, generator=gen, dtype=torch.float64) < 0.2, 0.0, gain)
+        cap = torch.where(torch.rand(n, generator=gen, dtype=torch.float64) < 0.2, 0.0, cap)
+        if trial % 5 == 4:
+            cap[0] = torch.inf
+        total = float(cap[cap.isfinite()].sum() + 0.1)
+        budget = torch.tensor(float(torch.rand(1, generator=gen)) * 1.5 * total, dtype=torch.float64)
+        bounds = [(0, None if c.isinf() else float(c)) for c in cap]
+        best = linprog(-gain.numpy(), A_ub=[[1.0] * n], b_ub=[float(budget)], bounds=bounds, method="highs")
+        assert abs(float(knapsack(gain, cap, budget)) + best.fun) <= 1e-9 * (1 + abs(best.fun))
+    assert torch.equal(knapsack(gain, cap, None), torch.where(gain > 0, cap * gain, 0.0).sum())
+
+
+@pytest.mark.parametrize("n,scale,seed", [(2, 0.5, 0), (9, 3.0, 1), (17, 20.0, 2)])
+def test_the_keys_excess_sums_to_kappa_within_hoeffdings_budget(n, scale, seed):
+    """Σ_k p_kφ(w_k) = log E_p e^{u − ū} ≤ s²/8 (s the span of u) on random rows up to saturation: the
+    budget keyed_logits takes."""
+    gen = torch.Generator().manual_seed(seed)
+    L = torch.randn(400, n, generator=gen, dtype=torch.float64) * 3
+    u = torch.randn(400, n, generator=gen, dtype=torch.float64) * scale
+    u = torch.where(torch.rand(400, n, generator=gen, dtype=torch.float64) < 0.3, u.sign() * scale, u)
+    p = L.softmax(-1)
+    w = (L + u).log_softmax(-1) - L.log_softmax(-1)
+    total = (p * phi(w)).sum(-1)
+    ubar = (p * u).sum(-1, keepdim=True)
+    kappa = (p * (u - ubar).exp()).sum(-1).log()
+    assert torch.allclose(total, kappa, rtol=1e-9, atol=1e-12)
+    span = u.amax(-1) - u.amin(-1)
+    assert (total <= span.square() / 8 * (1 + 1e-12) + 1e-15).all()
