@@ -420,7 +420,7 @@ def keyed_logits(excess: Tensor, centred: Tensor, budget: Tensor | None = None) 
 
 
 def keyed_values(moved: Tensor, along: Tensor, radii: Tensor | None,
-                 values: tuple[Tensor, Tensor] | None, budget: Tensor | None = None) -> Tensor:
+                 values: tuple[Tensor, ...] | None, budget: Tensor | None = None) -> Tensor:
     """|(p' − p)·z| ≤ Σ_k |p'_k − p_k|·max|z_k − c| with c the weighted median of the ranges' middles
     (p' − p sums to 0), for z_k = ⟨C_lλ, Γ_k⟩, [B, C, h, i] (docs/bounds.md §5.1, "The logits' part per
     key"): ``moved`` [B, 1, h, i, k] ≥ |p'_k − p_k|; each key's range is that read on the set
@@ -434,7 +434,7 @@ def keyed_values(moved: Tensor, along: Tensor, radii: Tensor | None,
     if radii is not None:
         hi = radii[:, None, None, None, :] * along[..., None] * (1 + 1e-12)
         lo = -hi
-    if values is not None and len(values) > 2:  # the set's range, within the radius's where both are known
+    if values is not None and len(values) > 2:  # the set's range, within the radius's where both known
         vlo, vhi = values[2] - values[3], values[2] + values[3]
         lo, hi = (vlo, vhi) if lo is None else (torch.maximum(lo, vlo), torch.minimum(hi, vhi))
     mid, half = (lo + hi) / 2, (hi - lo) / 2

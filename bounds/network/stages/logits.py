@@ -296,7 +296,7 @@ def log_ratios(P: Tensor, D: Tensor) -> tuple[Tensor, Tensor]:
 
 def pair_spans(S: DeviationSet, M: MappedLogits, pairs: Tensor, quad: Tensor, root: float,
                P: Tensor | None = None, extra: Tensor | None = None,
-               plain: tuple[Tensor, Tensor] | None = None):
+               plain: tuple[Tensor, Tensor] | None = None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """max over keys j, k of an upper bound of u_ij − u_ik for every row, [B, h, n], E's share left out
     (docs/bounds.md §5.1, "The logits' rows on the set"): ``pairs`` [B, h, i, j, k] (the G part's and the
     shift's, before ÷√d_h) plus the symbols' Σ_m |L(A)_ij,m − L(A)_ik,m|, the groups' ‖L(Q)_ij − L(Q)_ik‖
