@@ -284,7 +284,19 @@ def row_bound(rows: RowStats, f: RowFactors, v: Tensor) -> Tensor:
     # Var_{p_t}(u)·max_k ‖Y_k − ȳ_t‖ ≤ e^{ts}Var_p(u)·diam(Y) (h₂(s)·Var(u)·diam), the smaller where the
     # row's spread is well below its span
     logits = torch.minimum(rows.sigma * curve_g2(s) * su, curve_h2(s) * rows.diamY[..., None] * su.square())
-    per = rows.sigma * sq + logits + v * curve_g1(s) * su
+    logits = rows.sigma * sq + logits
+    valued = v * curve_g1(s) * su
+    if f.excess is not None:  # each key on its own (docs/bounds.md §5.1, "The logits' part per key"):
+        # ‖Σ_k p_kφ(w_k)(Y_k − ȳ)‖ ≤ Σ_k p_kφ(w_k)‖Y_k − ȳ‖ under κ ≤ s²/8, and ‖(p' − p)ᵀΓC_l‖ ≤
+        # ‖C_l‖Σ_k |p'_k − p_k|‖Γ_k‖ under the moved mass 2tanh(s/4)
+        kappa = s.square() / 8 * (1 + 1e-12)
+        keyed = knapsack(rows.Yc, f.excess, kappa) * (1 + 1e-12)
+        logits = torch.fmin(logits, rows.sigma * sq + keyed)
+        if f.radii is not None:
+            mass = 2 * torch.tanh(s / 4) * (1 + 1e-12)
+            moved = rows.C * knapsack(f.radii[:, None, None, :].expand_as(f.moved), f.moved, mass)
+            valued = torch.fmin(valued, moved * (1 + 1e-12))
+    per = logits + valued
     # where e^s overflows a product may be ∞·0: NaN read as ∞ (no bound there)
     return nan_inf(per.sum(1) * (1 + ROUND_REL))
 

@@ -149,7 +149,7 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
         stages = dict((name, S) for name, S, _ in stages)
         clean = attn_in(x)
         moved = [attn_in(x + d) for d in perturbations(x, eps, 8, gen)]
-    tighter = narrower = sharper = cleaner = False
+    tighter = narrower = sharper = cleaner = per_key = False
     for k, layer in enumerate(tn.layers):
         S, X = stages[f"{before}{k}"], clean[k]
         parts, r, box, readings = read_on_set(S, layer, X, eps)
@@ -160,6 +160,11 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
         assert (rows <= plain_rows).all() and (set_tokens <= plain_tokens).all()
         spans = remainder(layer, X, r, core=parts.xi, spans=row_spans)
         tokens = row_remainders(layer, X, r, row_spans, S.token_radii(eps), spread)  # [B, n]
+        # each key on its own too (docs/bounds.md §5.1, "The logits' part per key")
+        keyed = row_bound(*row_factors(layer, X, r, row_spans, S.token_radii(eps), spread,
+                                       keyed=(readings.excess, readings.moved)))
+        assert (keyed <= tokens).all()
+        per_key = per_key or bool((keyed < tokens * (1 - 1e-6)).any())
         narrower = narrower or bool((spread < box.spread(parts.P) * (1 - 1e-6)).any())
         assert fits(layer, S)
         second = second_order_rows(S, layer, parts, eps, box, readings, S.token_radii(eps))
@@ -189,7 +194,7 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
             assert (span <= row_spans * (1 + 1e-9) + 1e-12).all(), (k, "span")
             with torch.enable_grad():
                 per_token = remainder_norm(layer, X, dev)
-            for bound in (tokens, set_tokens, second, *alone):
+            for bound in (tokens, keyed, set_tokens, second, *alone):
                 assert (per_token <= bound * (1 + 1e-9) + 1e-12).all(), (k, "per token")
             true = per_token.norm(dim=-1)
             for bound in (rows, spans):
@@ -198,6 +203,9 @@ def test_the_remainders_on_the_set_hold_its_points_and_the_true_deviations(kind,
         tighter = tighter or bool((torch.minimum(rows, spans) < ball * (1 - 1e-6)).any())
     assert tighter or not below
     assert narrower  # the set's rows see what the box cannot, in every case
+    # and the keys, one at a time, what the rows' statistics cannot: everywhere but the softest attention
+    # (q/k at half scale), where the second-order forms are the smaller at every token
+    assert per_key or qk < 1
     assert sharper or not second_below
     assert cleaner == clean_below
 
