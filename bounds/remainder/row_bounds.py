@@ -234,10 +234,11 @@ def row_factors(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None
     rows = row_stats(layer, X, rr)
     s = rows.s if spans is None else torch.minimum(rows.s, spans)
     v, own_keys = rows.v, None
+    radii = None if own is None else torch.minimum(own, r[:, None])  # [B, n]: ‖Γ_k‖, each at most r
     if own is not None:  # (Σ_k p_k own_k²)^½ ≥ std_p of what each key moves within its own radius
-        own_keys = (rows.P * torch.minimum(own, r[:, None]).square()[:, None, None]).sum(-1).sqrt()
+        own_keys = (rows.P * radii.square()[:, None, None]).sum(-1).sqrt()
         v = torch.minimum(v, own_keys * rows.C * (1 + ROUND_REL))  # std_p(ΓC) ≤ (Σ_k p_k ‖Γ_k C‖²)^½
-    g = rr if own is None else torch.minimum(own, r[:, None])[:, None]  # [B, 1, n]: ‖Γ_i‖
+    g = rr if own is None else radii[:, None]  # [B, 1, n]: ‖Γ_i‖
     lam = rows.lam.sqrt()
     sd = (g * rows.a + lam * rows.Vn * rr) / math.sqrt(layer.d_h)  # ≥ std_p(δ) over the ball
     if spread is not None:
@@ -250,7 +251,6 @@ def row_factors(layer: DotMHA, X: Tensor, r: Tensor, spans: Tensor | None = None
     su = sd + sq  # ≥ std_p(u), u = δ + q
     reach = key_reach(r, own)[:, None, None].expand_as(su)  # [B, h, n]
     excess, moved = (None, None) if keyed is None else keyed
-    radii = None if own is None else torch.minimum(own, r[:, None])
     return rows, RowFactors(s, sq, su, keys.expand_as(su), reach, excess, moved, radii), v
 
 

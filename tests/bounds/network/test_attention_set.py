@@ -129,6 +129,17 @@ def staged(kind: str, seed: int, qk: float, eps: float):
         return tn, dict((name, S) for name, S, _ in tn.stages(eps, refuse=False)), attn_in(x), before
 
 
+def staged_moves(kind: str, seed: int, qk: float, eps: float, salt: int):
+    """:func:`staged`, with attention's inputs at 6 sampled perturbations of the images (each block's)
+    and the generator that drew them (seeded ``seed + salt``), to draw more."""
+    _, x, attn_in, _ = inputs(kind, seed, qk)
+    tn, stages, clean, before = staged(kind, seed, qk, eps)
+    gen = torch.Generator().manual_seed(seed + salt)
+    with torch.no_grad():
+        moved = [attn_in(x + d) for d in perturbations(x, eps, 6, gen)]
+    return tn, stages, clean, before, moved, gen
+
+
 def read_on_set(S, layer, X: torch.Tensor, eps: float):
     """(attention's parts with ξ, the set's radius, its logit box, its rows' readings) at block input X."""
     parts = dataclasses.replace(attention_parts(layer, X), xi=xi(layer, X))
@@ -271,11 +282,7 @@ def test_the_remainder_along_a_functional_holds_the_true_deviations_and_never_ex
     """|⟨Λ_i, R(Γ)_i⟩| ≤ functional_rows on the set's points and sampled perturbations, with the set's
     own radii, spans and spread (docs/bounds.md §5.1, "Attention's remainder along a functional"); the
     bound is at most ‖Λ_i‖ times the row's (row_remainders), and below it for some functional."""
-    _, x, attn_in, _ = inputs(kind, seed, qk)
-    tn, stages, clean, before = staged(kind, seed, qk, eps)
-    gen = torch.Generator().manual_seed(seed + 200)
-    with torch.no_grad():
-        moved = [attn_in(x + d) for d in perturbations(x, eps, 6, gen)]
+    tn, stages, clean, before, moved, gen = staged_moves(kind, seed, qk, eps, 200)
     below_rows = False
     for k, layer in enumerate(tn.layers):
         S, X = stages[f"{before}{k}"], clean[k]
@@ -308,11 +315,7 @@ def test_the_values_along_a_functional_read_on_the_set_hold_the_true_deviations(
     (docs/bounds.md §5.1, "The values along a functional, on the set")."""
     from bounds.network.stages.attention import value_ranges
 
-    _, x, attn_in, _ = inputs(kind, seed, qk)
-    tn, stages, clean, before = staged(kind, seed, qk, eps)
-    gen = torch.Generator().manual_seed(seed + 300)
-    with torch.no_grad():
-        moved = [attn_in(x + d) for d in perturbations(x, eps, 6, gen)]
+    tn, stages, clean, before, moved, gen = staged_moves(kind, seed, qk, eps, 300)
     tighter = lower = False
     for k, layer in enumerate(tn.layers):
         S, X = stages[f"{before}{k}"], clean[k]

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_attention_set import read_on_set, set_points, staged
-from test_taylor_net import perturbations
+from test_attention_set import read_on_set, set_points, staged_moves
 
 from bounds.network.stages.logits import log_ratios, softmax_box
 from bounds.remainder.row_bounds import keyed_logits, keyed_values
@@ -65,13 +64,7 @@ def test_the_log_ratios_hold_every_sampled_change_and_a_corner_attains_them(n, w
 def test_the_keys_excess_and_moved_weight_hold_the_set_and_beat_the_box(kind, seed, qk, eps):
     """At the set's points and at the true deviations of sampled perturbations, each key's
     p_kφ(w_k) ≤ excess_k and |p'_k − p_k| ≤ moved_k; and somewhere moved is below softmax's box."""
-    from test_attention_set import inputs
-
-    _, x, attn_in, _ = inputs(kind, seed, qk)
-    tn, stages, clean, before = staged(kind, seed, qk, eps)
-    gen = torch.Generator().manual_seed(seed + 7)
-    with torch.no_grad():
-        moved_inputs = [attn_in(x + d) for d in perturbations(x, eps, 6, gen)]
+    tn, stages, clean, before, moved_inputs, gen = staged_moves(kind, seed, qk, eps, 7)
     below = False
     for k, layer in enumerate(tn.layers):
         S, X = stages[f"{before}{k}"], clean[k]
